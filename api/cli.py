@@ -1,0 +1,158 @@
+"""The ``stagewright`` command line.
+
+Subcommands are thin: they parse arguments, call the planner, and print. Every error a
+person can cause is reported as one line on stderr (exit status 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from planner.errors import StagewrightError
+from planner.schedules import SCHEDULE_NAMES, format_timeline, generate
+from planner.simulate import Durations, SimulationResult, simulate
+
+__all__ = ["main"]
+
+_SPLIT_SCHEDULES = ("v-min", "v-half", "v-zb")
+
+
+def _times(text: str) -> float | list[float]:
+    """A duration: one number for every stage, or a comma-separated list, one per stage."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number or a comma-separated list of numbers (e.g. 1.0 or 1,1,1.2,1)"
+        ) from None
+    return values[0] if len(values) == 1 else values
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stagewright",
+        description="Plan, simulate and run pipeline-parallel training of large language models.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sim = commands.add_parser(
+        "simulate",
+        help="simulate one pipeline schedule and show its timeline",
+        description=(
+            "Generate a schedule and price it with the simulator. Times are per stage (per "
+            "chunk for V schedules, which hold two stages a device); schedules without a B/W "
+            "split run B+W as one backward."
+        ),
+    )
+    sim.add_argument("--schedule", required=True, choices=SCHEDULE_NAMES)
+    sim.add_argument("--devices", required=True, type=int, help="pipeline devices (p or d)")
+    sim.add_argument(
+        "--microbatches",
+        required=True,
+        type=int,
+        help="micro-batches per batch (per batch for 2bw)",
+    )
+    sim.add_argument("--f", required=True, type=_times, metavar="TF", help="forward time")
+    sim.add_argument(
+        "--b",
+        required=True,
+        type=_times,
+        metavar="TB",
+        help="backward-for-input time (the whole backward if --w is 0)",
+    )
+    sim.add_argument(
+        "--w", type=_times, default=0.0, metavar="TW", help="backward-for-weights time (default 0)"
+    )
+    sim.add_argument(
+        "--comm",
+        type=float,
+        default=0.0,
+        metavar="C",
+        help="point-to-point time added to every edge between two devices",
+    )
+    sim.add_argument(
+        "--transfer", type=float, default=0.0, help="time of one BPipe EVICT or LOAD (default 0)"
+    )
+    sim.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="BPipe transfers block the device instead of overlapping compute",
+    )
+    sim.add_argument("--chunks", type=int, default=2, help="chunks per device for interleaved")
+    sim.add_argument(
+        "--batches",
+        type=int,
+        default=2,
+        help="batches a 2bw schedule runs without a flush (default 2)",
+    )
+    sim.add_argument("--width", type=int, default=100, help="columns of the text timeline")
+    sim.add_argument("--json", action="store_true", help="print the contract's JSON")
+    sim.set_defaults(handler=_simulate)
+    return parser
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    if args.devices < 1 or args.microbatches < 1:
+        raise StagewrightError("--devices and --microbatches must be at least 1")
+    if args.width < 10:
+        raise StagewrightError("--width must be at least 10 columns")
+    schedule = generate(
+        args.schedule,
+        args.devices,
+        args.microbatches,
+        num_chunks=args.chunks,
+        num_batches=args.batches,
+        check=False,
+    )
+    durations = Durations(
+        forward=args.f,
+        backward=args.b,
+        weight=args.w,
+        comm=args.comm,
+        transfer=args.transfer,
+        overlap_transfers=not args.no_overlap,
+    )
+    result = simulate(schedule, durations)
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_contract(), indent=2) + "\n")
+    else:
+        sys.stdout.write(_describe(result, args.width) + "\n")
+    return 0
+
+
+def _describe(result: SimulationResult, width: int) -> str:
+    schedule = result.schedule
+    lines = [
+        f"schedule {schedule.name}: {schedule.num_devices} devices, {schedule.num_stages} stages, "
+        f"{schedule.total_microbatches} micro-batches"
+        + (f" in {schedule.num_batches} batches" if schedule.num_batches > 1 else ""),
+        f"makespan {result.makespan:.6g}   bubble fraction {result.bubble_fraction:.4f}",
+        "",
+        "device   start        end       busy   peak activations (x one micro-batch of the model)",
+    ]
+    for device, (stats, peak) in enumerate(
+        zip(result.devices, result.peak_activation, strict=True)
+    ):
+        lines.append(
+            f"{device:>6} {stats.start:>8.4g} {stats.end:>10.4g} {stats.busy:>10.4g}   {peak:.4f}"
+        )
+    lines += ["", format_timeline(schedule, result.start, result.end, result.makespan, width)]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except StagewrightError as exc:
+        sys.stderr.write(f"stagewright {args.command}: error: {exc}\n")
+        return 2
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

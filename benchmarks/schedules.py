@@ -1,0 +1,73 @@
+"""Bubble fraction and peak activation of every schedule, and the simulator's speed.
+
+    python benchmarks/schedules.py            # the README's table (about a minute)
+
+F/B/W times are the V-shape paper's Table 5 (Qi et al. 2024, Appendix D.2: single-pass
+times of the 9.6B model at micro-batch size 4: F 12.96 ms, B 13.22 ms, W 9.76 ms). They are
+times of one V-shape stage (half of a device's layers), so schedules with one stage per
+device get twice that per stage, interleaved (2 chunks) the same as V. Schedules without a
+B/W split run B+W as one backward. Micro-batches: 4 x devices (a multiple of d, as
+interleaved needs). Peak activation is in micro-batches of the whole model (1F1B = 1.0).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.schedules import SCHEDULE_NAMES, generate  # noqa: E402
+from planner.simulate import Durations, simulate  # noqa: E402
+
+F_MS, B_MS, W_MS = 12.96, 13.22, 9.76  # Table 5, 9.6B, micro-batch 4
+PER_CHUNK = {"interleaved", "v-min", "v-half", "v-zb"}
+
+
+def durations_for(name: str) -> Durations:
+    scale = 1.0 if name in PER_CHUNK else 2.0
+    return Durations(F_MS * scale, B_MS * scale, W_MS * scale)
+
+
+def table() -> str:
+    lines = [
+        "| schedule | "
+        + " | ".join(f"d={d} bubble | d={d} peak act." for d in (4, 8, 16, 32))
+        + " |",
+        "|---|" + "---|---|" * 4,
+    ]
+    for name in SCHEDULE_NAMES:
+        cells = []
+        for d in (4, 8, 16, 32):
+            result = simulate(generate(name, d, 4 * d, check=False), durations_for(name))
+            cells += [f"{result.bubble_fraction:.3f}", f"{max(result.peak_activation):.3f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def speed(devices: int = 64, microbatches: int = 512, repeats: int = 3) -> str:
+    lines = [
+        f"| schedule | actions | generate (s) | simulate p50 of {repeats} (s) |",
+        "|---|---|---|---|",
+    ]
+    for name in SCHEDULE_NAMES:
+        started = time.perf_counter()
+        schedule = generate(name, devices, microbatches, check=False)
+        generated = time.perf_counter() - started
+        runs = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            simulate(schedule, durations_for(name))
+            runs.append(time.perf_counter() - started)
+        actions = sum(len(row) for row in schedule.actions)
+        lines.append(f"| {name} | {actions} | {generated:.2f} | {statistics.median(runs):.3f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print("Bubble fraction and peak activation (Table 5 times, m = 4d):\n")
+    print(table())
+    print("\nSimulator speed, 64 devices x 512 micro-batches:\n")
+    print(speed())

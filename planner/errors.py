@@ -1,0 +1,43 @@
+"""The planner's exception tree.
+
+Every error a person can cause by bad input derives from :class:`StagewrightError` and
+carries a message that says what to change. The interfaces (CLI, REST) translate this tree
+once, at their boundary; nothing below them prints or exits.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "InvalidScheduleError",
+    "ScheduleConfigError",
+    "SimulationError",
+    "StagewrightError",
+]
+
+
+class StagewrightError(ValueError):
+    """Base of all errors caused by input that stagewright cannot honour."""
+
+
+class ScheduleConfigError(StagewrightError):
+    """A schedule was requested with parameters it cannot be built for.
+
+    Example: interleaved 1F1B with a number of micro-batches that is not a multiple of the
+    number of devices.
+    """
+
+
+class InvalidScheduleError(StagewrightError):
+    """A schedule (generated, hand-written or loaded from JSON) breaks a rule of the IR.
+
+    ``rule`` is the number of the violated rule in :mod:`planner.schedules._validate`, so that
+    tests and tools can tell violations apart without parsing the message.
+    """
+
+    def __init__(self, rule: int, message: str) -> None:
+        super().__init__(f"rule {rule}: {message}")
+        self.rule = rule
+
+
+class SimulationError(StagewrightError):
+    """The simulator was given durations or options it cannot use."""

@@ -1,0 +1,177 @@
+"""BPipe: activation balancing by evicting saved activations to a pair device
+(Kim et al., ICML 2023, "BPipe: Memory-Balanced Pipeline Parallelism").
+
+Stage s of a p-stage 1F1B pipeline holds up to p - s micro-batches while stage p - 1 - s holds
+s + 1, so evictor s sends activations to acceptor p - 1 - s and loads them back before their
+backward, keeping every stage at or below mu_opt = ceil((p + 2) / 2) (§3.3).
+
+The transfer schedule follows the paper's Algorithm 1, read over the device's action order:
+- warm-up: when the next forward would exceed mu_opt, evict the latest saved micro-batch,
+  overlapped with the current forward (lines 9-13);
+- a backward whose micro-batch was evicted gets its LOAD one step earlier, overlapped with the
+  preceding forward in the steady phase (lines 14-18), or right before it in the cool-down,
+  where the device waits for the gradient anyway;
+- in the steady phase that load plus the forward would exceed mu_opt, so one more micro-batch
+  is evicted, overlapped with the backward before (lines 19-23).
+Which micro-batch is evicted is Belady's choice, the one whose backward comes furthest in the
+future (§3.4); in 1F1B that is always the latest forward, C[i-3] of Algorithm 1, so this is
+the paper's algorithm exactly, and the same rule yields the interleaved variant of Appendix A
+(mu_opt = p * v + 1 in units of one chunk's micro-batch).
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.schedules._basic import interleaved, one_f_one_b, require
+from planner.schedules._engine import compile_schedule, run_timing
+from planner.schedules._ir import Action, ActionKind, Schedule
+
+__all__ = ["bpipe", "bpipe_mu_opt", "plan_transfers"]
+
+F, BW, EVICT, LOAD = ActionKind.F, ActionKind.BW, ActionKind.EVICT, ActionKind.LOAD
+
+
+def bpipe_mu_opt(num_devices: int, num_chunks: int = 1) -> int:
+    """The balanced number of saved micro-batches per stage: ceil((p + 2) / 2) for 1F1B
+    (§3.3), p * v + 1 chunk-micro-batches for interleaved 1F1B with v chunks (Appendix A)."""
+    if num_chunks == 1:
+        return math.ceil((num_devices + 2) / 2)
+    return num_devices * num_chunks + 1
+
+
+def plan_transfers(
+    compute: list[Action], capacity: int
+) -> tuple[list[list[tuple[ActionKind, tuple[int, int]]]], int]:
+    """Transfers for one device: ``result[i]`` lists (EVICT|LOAD, (stage, microbatch)) issued
+    just before ``compute[i]`` (overlapping it). Returns the transfers and the peak number of
+    saved micro-batches the device then holds (loads and evictions in flight counted)."""
+    n = len(compute)
+    key = [(a.stage, a.microbatch) for a in compute]
+    is_f = [a.kind is F for a in compute]
+    is_bwd = [a.kind is BW or a.kind is ActionKind.W for a in compute]
+    backward_at = {key[i]: i for i in range(n) if compute[i].kind.is_backward}
+    transfers: list[list[tuple[ActionKind, tuple[int, int]]]] = [[] for _ in range(n)]
+    held: set[tuple[int, int]] = set()
+    evicted: set[tuple[int, int]] = set()
+    loaded_at: dict[tuple[int, int], int] = {}
+
+    def load_position(i: int) -> int | None:
+        """Where the LOAD for the backward at i goes: i - 1 if a forward precedes it
+        (steady phase), else i itself (cool-down: the device is waiting anyway)."""
+        return i - 1 if i > 0 and is_f[i - 1] else i
+
+    def loads_issued_at(i: int) -> list[tuple[int, int]]:
+        found = []
+        for j in (i, i + 1):
+            if j < n and compute[j].kind.is_backward and key[j] in evicted:
+                if load_position(j) == i:
+                    found.append(key[j])
+        return found
+
+    peak = 0
+    for i in range(n):
+        for item in loads_issued_at(i):
+            evicted.discard(item)
+            held.add(item)
+            loaded_at[item] = i
+            transfers[i].append((LOAD, item))
+        if is_f[i]:
+            held.add(key[i])
+        peak = max(peak, len(held))
+        if is_bwd[i]:
+            held.discard(key[i])
+        if i + 1 >= n:
+            break
+        demand = len(held) + (1 if is_f[i + 1] else 0)
+        # Loads that would be issued at i + 1 if nothing else changes.
+        upcoming = loads_issued_at(i + 1)
+        demand += len(upcoming)
+        busy = {key[i], key[i + 1], *upcoming}
+        while demand > capacity:
+            candidates = [k for k in held if k not in busy]
+            if not candidates:
+                break
+            victim = max(candidates, key=lambda k: backward_at.get(k, n))
+            held.discard(victim)
+            evicted.add(victim)
+            transfers[i].append((EVICT, victim))
+            demand -= 1
+    return transfers, peak
+
+
+def bpipe(num_devices: int, num_microbatches: int, num_chunks: int = 1) -> Schedule:
+    """1F1B (or interleaved 1F1B with ``num_chunks`` > 1) plus BPipe's transfer schedule.
+
+    Device r and device p - 1 - r form an evictor/acceptor pair; only devices that would
+    exceed mu_opt evict (for 1F1B: stages s <= floor((p - 4) / 2), §3.3)."""
+    p = num_devices
+    require(p >= 2, f"bpipe: needs at least 2 devices, got {p}")
+    base = (
+        one_f_one_b(p, num_microbatches)
+        if num_chunks == 1
+        else interleaved(p, num_microbatches, num_chunks)
+    )
+    capacity = bpipe_mu_opt(p, num_chunks)
+    rows: list[list[Action]] = []
+    pairs: list[list[int]] = []
+    for r, row in enumerate(base.actions):
+        compute = [a for a in row if a.kind is F or a.kind is BW]
+        transfers, _ = plan_transfers(compute, capacity)
+        if not any(transfers):
+            rows.append(list(row))
+            continue
+        acceptor = p - 1 - r
+        assert acceptor > r, f"device {r} would evict but is not in the evictor half"
+        pairs.append([r, acceptor])
+        new_row: list[Action] = []
+        position = 0
+        for action in row:
+            if action.kind is F or action.kind is BW:
+                for kind, (stage, mb) in transfers[position]:
+                    new_row.append(Action(kind, stage, mb, base.chunk_of(stage), peer=acceptor))
+                position += 1
+            new_row.append(action)
+        rows.append(new_row)
+    evictor_only = Schedule(
+        "bpipe", p, num_microbatches, base.stage_devices, tuple(tuple(r) for r in rows)
+    )
+    name = "bpipe" if num_chunks == 1 else "bpipe-interleaved"
+    meta = {"mu_opt": capacity, "pairs": pairs, "num_chunks": num_chunks}
+    with_mirrors = _add_acceptor_mirrors(evictor_only, rows)
+    return Schedule(name, p, num_microbatches, base.stage_devices, with_mirrors, meta=meta)
+
+
+def _add_acceptor_mirrors(
+    evictor_only: Schedule, rows: list[list[Action]]
+) -> tuple[tuple[Action, ...], ...]:
+    """Put each transfer's mirror on the acceptor's list where the acceptor would be when the
+    evictor issues it (timed with a typical F:B = 1:2), so that an executor posts the receive
+    (or the send back) in time and a person reading the lists sees both ends."""
+    compiled = compile_schedule(evictor_only)
+    durations = [1.0 if a.kind is F else 2.0 for a in compiled.action_of]
+    timing = run_timing(compiled, durations, transfer=0.5)
+    mirrors: dict[int, list[tuple[float, Action]]] = {}
+    for i, action in enumerate(compiled.action_of):
+        if action.kind.is_transfer:
+            evictor = compiled.device_of[i]
+            assert action.peer is not None
+            mirror = Action(action.kind, action.stage, action.microbatch, action.chunk, evictor)
+            mirrors.setdefault(action.peer, []).append((timing.start[i], mirror))
+    out = []
+    for device, row in enumerate(rows):
+        pending = sorted(mirrors.get(device, []), key=lambda item: item[0])
+        if not pending:
+            out.append(tuple(row))
+            continue
+        base = compiled.offsets[device]
+        merged: list[Action] = []
+        k = 0
+        for position, action in enumerate(row):
+            while k < len(pending) and pending[k][0] <= timing.start[base + position]:
+                merged.append(pending[k][1])
+                k += 1
+            merged.append(action)
+        merged += [m for _, m in pending[k:]]
+        out.append(tuple(merged))
+    return tuple(out)

@@ -1,0 +1,308 @@
+"""Timing engine: start and end of every action of a schedule, given durations.
+
+This is the one place that knows the execution semantics of the IR; the simulator (which
+adds memory and metrics on top) and the validator (which uses it to find deadlocks) share it.
+
+Semantics
+---------
+- Each device runs its compute actions (F, B, W, BW, OPTIMIZER_STEP) one at a time, in list
+  order; an action starts when the device is free and its inputs have arrived.
+- Inputs: F(s, m) needs F(s-1, m); B/BW(s, m) needs B/BW(s+1, m) (the last stage needs its own
+  F, which computes the loss) and, if the activations were evicted, their LOAD; W(s, m) needs
+  B(s, m). An input produced on another device arrives ``comm`` later.
+- EVICT/LOAD on the evictor's list are asynchronous copies: issued when the device reaches them
+  (after the previous compute action ends), run one at a time on the device's copy engine,
+  overlap the next compute action, and the compute action after that one waits for them. A
+  LOAD also waits for its EVICT. With ``overlap_transfers=False`` they run on the compute lane
+  instead and block the device.
+- SEND/RECV, WEIGHT_VERSION and the acceptor's EVICT/LOAD mirrors take no time: the engine
+  models communication as latency on the edges above, and the executor uses the markers to
+  post its sends and receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.errors import InvalidScheduleError
+from planner.schedules._ir import Action, ActionKind, Schedule
+
+__all__ = [
+    "COMPUTE",
+    "MARKER",
+    "TRANSFER",
+    "CompiledSchedule",
+    "Timing",
+    "compile_schedule",
+    "run_timing",
+]
+
+# Lanes of an action, as integer codes so the hot loop avoids enum comparisons.
+COMPUTE, TRANSFER, MARKER = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class CompiledSchedule:
+    """Flat arrays over all actions (index = global action id, devices in order).
+
+    Every action has at most two inputs: ``dep_a``/``dep_b`` hold the producer's id or -1, and
+    ``cross_a``/``cross_b`` whether it lives on another device (so ``comm`` applies)."""
+
+    schedule: Schedule
+    device_of: list[int]
+    action_of: list[Action]
+    lane: list[int]  # COMPUTE / TRANSFER / MARKER
+    dep_a: list[int]
+    cross_a: list[bool]
+    dep_b: list[int]
+    cross_b: list[bool]
+    offsets: list[int]  # first id of each device's list; offsets[-1] == number of actions
+    owner_of_transfer: list[bool]  # EVICT/LOAD on the evictor (False for the acceptor mirror)
+    kinds: list[ActionKind]
+    stages: list[int]
+
+    def inputs(self, i: int) -> list[int]:
+        return [j for j in (self.dep_a[i], self.dep_b[i]) if j >= 0]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Start and end time of every action of a compiled schedule."""
+
+    compiled: CompiledSchedule
+    start: list[float]
+    end: list[float]
+
+
+def compile_schedule(schedule: Schedule) -> CompiledSchedule:
+    """Resolve every action's inputs to action ids. Raises InvalidScheduleError (rule 5)
+    when an input the semantics require is missing from the schedule.
+
+    Written as passes over the ids of one kind at a time rather than one loop with branches:
+    this runs once per simulation and dominates it for large pipelines."""
+    K = ActionKind
+    num_stages = schedule.num_stages
+    total = schedule.total_microbatches
+    stage_devices = schedule.stage_devices
+    action_of = [a for acts in schedule.actions for a in acts]
+    device_of = [d for d, acts in enumerate(schedule.actions) for _ in acts]
+    offsets = [0]
+    for acts in schedule.actions:
+        offsets.append(offsets[-1] + len(acts))
+    n = len(action_of)
+    kinds = [a.kind for a in action_of]
+    stages = [a.stage for a in action_of]
+    slots = [a.stage * total + a.microbatch for a in action_of]
+    owner = [
+        (k is K.EVICT or k is K.LOAD) and stage_devices[s] == d
+        for k, s, d in zip(kinds, stages, device_of, strict=True)
+    ]
+    lane = [_LANE[k] for k in kinds]
+    for i in range(n):
+        if lane[i] == TRANSFER and not owner[i]:
+            lane[i] = MARKER
+
+    ids: dict[ActionKind, list[int]] = {kind: [] for kind in ActionKind}
+    for i, kind in enumerate(kinds):
+        ids[kind].append(i)
+    size = num_stages * total
+
+    def table(*wanted: ActionKind, owned_only: bool = False) -> list[int]:
+        """slot -> id of the first action of a wanted kind (-1 if none)."""
+        out = [-1] * size
+        for kind in wanted:
+            for i in reversed(ids[kind]):
+                if not owned_only or owner[i]:
+                    out[slots[i]] = i
+        return out
+
+    fwd = table(K.F)
+    bwd = table(K.B, K.BW)  # whichever carries the input gradient
+    inb = table(K.B)
+    evict = table(K.EVICT, owned_only=True)
+    load = table(K.LOAD, owned_only=True)
+
+    last_stage = num_stages - 1
+    dep_a = [-1] * n
+    dep_b = [-1] * n
+
+    def link(targets: list[int], producer: list[int], shift: int, what: str) -> None:
+        """dep_a[i] = producer[slot(i) + shift] for every i in targets; all must exist."""
+        for i in targets:
+            j = producer[slots[i] + shift]
+            if j < 0:
+                raise InvalidScheduleError(
+                    5, f"{action_of[i]} needs {what}, which is not in the schedule"
+                )
+            dep_a[i] = j
+
+    link([i for i in ids[K.F] if stages[i] > 0], fwd, -total, "the previous stage's forward")
+    backward = ids[K.B] + ids[K.BW]
+    link(
+        [i for i in backward if stages[i] == last_stage],
+        fwd,
+        0,
+        "its own forward (it computes the loss)",
+    )
+    link(
+        [i for i in backward if stages[i] < last_stage],
+        bwd,
+        total,
+        "the backward of the next stage",
+    )
+    for i in backward:
+        dep_b[i] = load[slots[i]]
+    link(ids[K.W], inb, 0, "its B")
+    link([i for i in ids[K.EVICT] if owner[i]], fwd, 0, "its forward")
+    link([i for i in ids[K.LOAD] if owner[i]], evict, 0, "an EVICT")
+    cross_a = [j >= 0 and device_of[j] != d for j, d in zip(dep_a, device_of, strict=True)]
+    cross_b = [j >= 0 and device_of[j] != d for j, d in zip(dep_b, device_of, strict=True)]
+    return CompiledSchedule(
+        schedule,
+        device_of,
+        action_of,
+        lane,
+        dep_a,
+        cross_a,
+        dep_b,
+        cross_b,
+        offsets,
+        owner,
+        kinds,
+        stages,
+    )
+
+
+_LANE = {
+    ActionKind.F: COMPUTE,
+    ActionKind.B: COMPUTE,
+    ActionKind.W: COMPUTE,
+    ActionKind.BW: COMPUTE,
+    ActionKind.OPTIMIZER_STEP: COMPUTE,
+    ActionKind.EVICT: TRANSFER,
+    ActionKind.LOAD: TRANSFER,
+    ActionKind.SEND_F: MARKER,
+    ActionKind.RECV_F: MARKER,
+    ActionKind.SEND_B: MARKER,
+    ActionKind.RECV_B: MARKER,
+    ActionKind.WEIGHT_VERSION: MARKER,
+}
+
+
+def run_timing(
+    compiled: CompiledSchedule,
+    duration: Sequence[float],
+    *,
+    comm: float = 0.0,
+    transfer: float = 0.0,
+    overlap_transfers: bool = True,
+) -> Timing:
+    """Time every action. ``duration[i]`` is compute action i's duration (ignored for the
+    others); ``comm`` is added to
+    every input that crosses devices; ``transfer`` is the time of one EVICT or LOAD.
+
+    Raises InvalidScheduleError (rule 6) naming the blocked actions when the devices' orders
+    wait on each other in a cycle (a deadlock)."""
+    n = len(compiled.action_of)
+    lane = compiled.lane
+    dep_a, cross_a = compiled.dep_a, compiled.cross_a
+    dep_b, cross_b = compiled.dep_b, compiled.cross_b
+    offsets = compiled.offsets
+    num_devices = len(offsets) - 1
+    dur = duration
+    if len(dur) != n:
+        raise ValueError(f"{len(dur)} durations for {n} actions")
+    start = [0.0] * n
+    end = [-1.0] * n  # -1: not yet timed
+    pointer = offsets[:-1].copy()
+    free = [0.0] * num_devices  # compute lane free at
+    copy_free = [0.0] * num_devices
+    # Pending copy fences per device: [compute actions still to pass, copy end time].
+    fences: list[list[list[float]]] = [[] for _ in range(num_devices)]
+    waiters: dict[int, list[int]] = {}
+    work = list(range(num_devices))
+    timed = 0
+    while work:
+        device = work.pop()
+        i = pointer[device]
+        stop = offsets[device + 1]
+        while i < stop:
+            ready = 0.0
+            j = dep_a[i]
+            if j >= 0:
+                t = end[j]
+                if t < 0:
+                    waiters.setdefault(j, []).append(device)
+                    break
+                ready = t + comm if cross_a[i] else t
+            j = dep_b[i]
+            if j >= 0:
+                t = end[j]
+                if t < 0:
+                    waiters.setdefault(j, []).append(device)
+                    break
+                if cross_b[i]:
+                    t += comm
+                if t > ready:
+                    ready = t
+            kind = lane[i]
+            if kind == COMPUTE:
+                s = free[device]
+                if ready > s:
+                    s = ready
+                pending = fences[device]
+                if pending:
+                    keep = []
+                    for fence in pending:
+                        fence[0] -= 1
+                        if fence[0] <= 0:
+                            if fence[1] > s:
+                                s = fence[1]
+                        else:
+                            keep.append(fence)
+                    fences[device] = keep
+                e = s + dur[i]
+                free[device] = e
+            elif kind == TRANSFER:
+                if overlap_transfers:
+                    s = max(free[device], ready, copy_free[device])
+                    e = s + transfer
+                    copy_free[device] = e
+                    # Overlaps the next compute action; the one after it waits.
+                    fences[device].append([2.0, e])
+                else:
+                    s = max(free[device], ready)
+                    e = s + transfer
+                    free[device] = e
+            else:
+                s = e = free[device]
+            start[i] = s
+            end[i] = e
+            timed += 1
+            woken = waiters.pop(i, None)
+            if woken:
+                work.extend(woken)
+            i += 1
+        pointer[device] = i
+    if timed != n:
+        raise InvalidScheduleError(6, _deadlock_message(compiled, pointer, end))
+    return Timing(compiled, start, end)
+
+
+def _deadlock_message(compiled: CompiledSchedule, pointer: list[int], end: list[float]) -> str:
+    lines = []
+    for device in range(len(compiled.offsets) - 1):
+        i = pointer[device]
+        if i >= compiled.offsets[device + 1]:
+            continue
+        waiting = [
+            f"{compiled.action_of[j]} on device {compiled.device_of[j]}"
+            for j in compiled.inputs(i)
+            if end[j] < 0
+        ]
+        lines.append(
+            f"device {device} is stuck at {compiled.action_of[i]} waiting for "
+            + (", ".join(waiting) or "nothing")
+        )
+    return "deadlock: the devices' action orders wait on each other: " + "; ".join(lines[:6])

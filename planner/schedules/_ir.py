@@ -1,0 +1,294 @@
+"""The schedule IR: per device, an ordered list of typed actions.
+
+One IR serves the simulator (which prices it) and the executor (which runs it), so what the
+planner predicts is what the executor does. A schedule is plain, immutable data; its JSON form
+is what the executor loads.
+
+Terms
+-----
+- *stage*: one contiguous slice of the model's layers, numbered 0..num_stages-1 in forward
+  order. A device may hold several stages (interleaved 1F1B, V-shape).
+- *chunk*: the index of a stage among the stages of its device, in stage order (V-shape:
+  chunk 0 is the stage on the way down, chunk 1 the stage on the way back).
+- *micro-batch*: numbered 0..num_batches*num_microbatches-1; only 2BW runs more than one
+  batch in one schedule (it has no flush between batches).
+
+Action strings
+--------------
+``str(action)`` is ``{stage}{kind}{microbatch}``, as in torch.distributed.pipelining
+(``0F3`` is stage 0, forward, micro-batch 3), with ``@{peer}`` for actions that talk to
+another device and ``v{version}`` for weight-version switches: ``0EVICT1@3``, ``2VERSION8v1``.
+:meth:`Action.parse` reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+from typing import Any
+
+from planner.errors import InvalidScheduleError
+
+__all__ = ["SCHEDULE_FORMAT", "Action", "ActionKind", "Schedule"]
+
+SCHEDULE_FORMAT = "stagewright.schedule/1"
+
+
+class ActionKind(StrEnum):
+    """What an action does. Compute kinds occupy the device; the others move data."""
+
+    F = "F"
+    """Forward pass of one stage for one micro-batch; saves that micro-batch's activations."""
+    B = "B"
+    """Backward for the input only (zero-bubble split); W must follow for the weights."""
+    W = "W"
+    """Backward for the weights; frees the activations that B kept."""
+    BW = "BW"
+    """Fused backward (input and weights); frees the micro-batch's activations."""
+    SEND_F = "SEND_F"
+    """Send a forward output to the device of the next stage (explicit-communication form)."""
+    RECV_F = "RECV_F"
+    """Receive a forward input from the device of the previous stage."""
+    SEND_B = "SEND_B"
+    """Send an input gradient to the device of the previous stage."""
+    RECV_B = "RECV_B"
+    """Receive an output gradient from the device of the next stage."""
+    EVICT = "EVICT"
+    """BPipe: move a micro-batch's saved activations of ``stage`` to the pair device (``peer``).
+
+    On the evictor's list it is issued when the device reaches it and overlaps the next
+    compute action; the compute action after that one waits for it. The acceptor's list
+    carries a mirror with ``peer`` set to the evictor (where it posts the receive)."""
+    LOAD = "LOAD"
+    """BPipe: bring evicted activations back from the pair device before their backward."""
+    OPTIMIZER_STEP = "STEP"
+    """Apply the accumulated gradients of ``stage``; ``microbatch`` is the last one they cover."""
+    WEIGHT_VERSION = "VERSION"
+    """2BW: forwards of ``stage`` from ``microbatch`` on use weight version ``version``."""
+
+    @property
+    def is_compute(self) -> bool:
+        return self in _COMPUTE_KINDS
+
+    @property
+    def is_backward(self) -> bool:
+        return self in (ActionKind.B, ActionKind.BW)
+
+    @property
+    def is_transfer(self) -> bool:
+        return self in (ActionKind.EVICT, ActionKind.LOAD)
+
+    @property
+    def is_p2p(self) -> bool:
+        return self in _P2P_KINDS
+
+
+_COMPUTE_KINDS = frozenset(
+    {ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW, ActionKind.OPTIMIZER_STEP}
+)
+_P2P_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
+# Longest kinds first so that "BW" is not read as "B" followed by garbage.
+_KIND_ALTERNATION = "|".join(sorted((k.value for k in ActionKind), key=len, reverse=True))
+_ACTION_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATION})(\d+)(?:@(\d+))?(?:v(\d+))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one device: ``kind`` applied to (``stage``, ``microbatch``).
+
+    ``chunk`` is the stage's index among its device's stages. ``peer`` names the other device
+    of a SEND/RECV/EVICT/LOAD; ``version`` the weight version of a WEIGHT_VERSION switch.
+    """
+
+    kind: ActionKind
+    stage: int
+    microbatch: int
+    chunk: int = 0
+    peer: int | None = None
+    version: int | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.stage}{self.kind.value}{self.microbatch}"
+        if self.peer is not None:
+            text += f"@{self.peer}"
+        if self.version is not None:
+            text += f"v{self.version}"
+        return text
+
+    @classmethod
+    def parse(cls, text: str, chunk: int = 0) -> Action:
+        """Read an action string (see the module docstring); ``chunk`` is not in the string."""
+        match = _ACTION_RE.match(text.strip())
+        if match is None:
+            raise InvalidScheduleError(
+                1,
+                f"cannot read action {text!r}: expected <stage><kind><microbatch>[@peer][vN] "
+                f"with kind one of {', '.join(k.value for k in ActionKind)}, e.g. '0F3'",
+            )
+        stage, kind, microbatch, peer, version = match.groups()
+        return cls(
+            kind=ActionKind(kind),
+            stage=int(stage),
+            microbatch=int(microbatch),
+            chunk=chunk,
+            peer=None if peer is None else int(peer),
+            version=None if version is None else int(version),
+        )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A complete pipeline schedule: which device does what, in which order.
+
+    The contract: ``actions[d]`` is device ``d``'s list, executed in order; stage ``s`` lives
+    on device ``stage_devices[s]``; every micro-batch passes F through all stages in order and
+    then its backward in reverse order. Timing is not part of the schedule: the simulator
+    derives it from durations, the executor from running it. Use
+    :func:`planner.schedules.validate` to check the rules; generators always return valid
+    schedules.
+    """
+
+    name: str
+    num_devices: int
+    num_microbatches: int
+    stage_devices: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]
+    split_backward: bool = False
+    num_batches: int = 1
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_devices)
+
+    @property
+    def total_microbatches(self) -> int:
+        return self.num_microbatches * self.num_batches
+
+    def stages_of(self, device: int) -> tuple[int, ...]:
+        """The stages held by ``device``, in stage order (index = chunk)."""
+        return tuple(s for s, d in enumerate(self.stage_devices) if d == device)
+
+    @cached_property
+    def _chunk_of_stage(self) -> dict[int, int]:
+        return _chunks(self.stage_devices)
+
+    def chunk_of(self, stage: int) -> int:
+        """The chunk (index among its device's stages) of ``stage``."""
+        return self._chunk_of_stage[stage]
+
+    def iter_actions(self) -> Iterator[tuple[int, int, Action]]:
+        """Yield (device, position in its list, action) for every action."""
+        for device, device_actions in enumerate(self.actions):
+            for position, action in enumerate(device_actions):
+                yield device, position, action
+
+    def count(self, *kinds: ActionKind) -> int:
+        wanted = set(kinds)
+        return sum(1 for acts in self.actions for a in acts if a.kind in wanted)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form the executor runs. Action lists are action strings."""
+        return {
+            "format": SCHEDULE_FORMAT,
+            "name": self.name,
+            "num_devices": self.num_devices,
+            "num_stages": self.num_stages,
+            "num_microbatches": self.num_microbatches,
+            "num_batches": self.num_batches,
+            "split_backward": self.split_backward,
+            "stage_devices": list(self.stage_devices),
+            "meta": _jsonable(self.meta),
+            "actions": [[str(a) for a in acts] for acts in self.actions],
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Schedule:
+        """Read the JSON form back. Structure errors raise InvalidScheduleError (rule 1);
+        call :func:`planner.schedules.validate` for the semantic rules."""
+        if data.get("format") != SCHEDULE_FORMAT:
+            raise InvalidScheduleError(
+                1, f"unknown schedule format {data.get('format')!r}; expected {SCHEDULE_FORMAT!r}"
+            )
+        try:
+            stage_devices = tuple(int(d) for d in data["stage_devices"])
+            num_devices = int(data["num_devices"])
+            rows: Sequence[Sequence[str]] = data["actions"]
+            name = str(data["name"])
+            num_microbatches = int(data["num_microbatches"])
+            num_batches = int(data.get("num_batches", 1))
+            split_backward = bool(data.get("split_backward", False))
+            meta = dict(data.get("meta", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidScheduleError(
+                1, f"schedule JSON is missing or has a bad field: {exc}"
+            ) from exc
+        if len(rows) != num_devices:
+            raise InvalidScheduleError(
+                1, f"'actions' has {len(rows)} device lists but num_devices is {num_devices}"
+            )
+        chunk_of_stage = _chunks(stage_devices)
+        actions = []
+        for row in rows:
+            parsed = []
+            for text in row:
+                action = Action.parse(text)
+                chunk = chunk_of_stage.get(action.stage, 0)
+                parsed.append(
+                    Action(
+                        action.kind,
+                        action.stage,
+                        action.microbatch,
+                        chunk,
+                        action.peer,
+                        action.version,
+                    )
+                )
+            actions.append(tuple(parsed))
+        return cls(
+            name=name,
+            num_devices=num_devices,
+            num_microbatches=num_microbatches,
+            stage_devices=stage_devices,
+            actions=tuple(actions),
+            split_backward=split_backward,
+            num_batches=num_batches,
+            meta=meta,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Schedule:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidScheduleError(1, f"schedule is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise InvalidScheduleError(1, "schedule JSON must be an object")
+        return cls.from_dict(data)
+
+
+def _chunks(stage_devices: Sequence[int]) -> dict[int, int]:
+    """stage -> chunk (index of the stage among its device's stages)."""
+    seen: dict[int, int] = {}
+    chunk_of: dict[int, int] = {}
+    for stage, device in enumerate(stage_devices):
+        chunk_of[stage] = seen.get(device, 0)
+        seen[device] = chunk_of[stage] + 1
+    return chunk_of
+
+
+def _jsonable(value: Any) -> Any:
+    """Meta values may hold tuples; JSON wants lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,304 @@
+"""V-shape schedules: V-Min, V-Half and V-ZB (Qi et al., "Pipeline Parallelism with
+Controllable Memory", 2024).
+
+The model is cut into 2d stages; device i holds stage i (chunk 0, on the way down) and stage
+2d - 1 - i (chunk 1, on the way back), so the device with the longest-lived first stage also
+holds the shortest-lived last one. Backward is split into B (input gradient) and W (weight
+gradient). A schedule is built in the paper's four steps (§2):
+
+1. *building block*: the cells (unit time slots) of one micro-batch's passes, from uniform
+   offsets delta^0 between adjacent passes of the first half of the Fs and of the second half
+   of the Bs, delta^1 for the other halves (§3.1: delta_F^0 = delta_B^1 = delta^0,
+   delta_F^1 = delta_B^0 = delta^1, which balances memory across devices), and small offsets at
+   the turns. V-Min and V-Half take the turns from Appendix F (Tables 8 and 9) for every d;
+   the paper does not tabulate V-ZB's, so we take the smallest collision-free ones, as §3.1
+   prescribes for same-device offsets. W passes fill the free cells after their B (App. F).
+2. *repeat* the block every T = 6 cells (each device does 2 F, 2 B and 2 W per micro-batch)
+   and check that no two passes of a device share a cell (a collision);
+3. *squeeze*: keep each device's order, drop the idle cells (re-time with unit durations);
+4. *reorder* the warm-up and cool-down greedily (Appendix C).
+
+Table 9's columns name the two backward chains the other way round from Appendix A's
+notation; we follow §3.1, whose assignment is the one that balances memory (with the table's
+literal reading V-Half would hold 4/6 of 1F1B's memory on device 1 and 2/6 on device d).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right, insort
+from dataclasses import dataclass
+from itertools import product
+
+from planner.errors import ScheduleConfigError
+from planner.schedules._basic import require
+from planner.schedules._engine import compile_schedule, run_timing
+from planner.schedules._ir import Action, ActionKind, Schedule
+
+__all__ = ["VSHAPE_NAMES", "BlockOffsets", "block_offsets", "building_block", "vshape"]
+
+F, B, W = ActionKind.F, ActionKind.B, ActionKind.W
+REPEAT_INTERVAL = 6  # cells per micro-batch per device: 2 F + 2 B + 2 W, each one unit
+VSHAPE_NAMES = ("v-min", "v-half", "v-zb")
+_DELTAS = {"v-min": (1, 1), "v-half": (2, 1), "v-zb": (4, 2)}
+
+Cell = tuple[int, int, ActionKind]  # (device, chunk, pass)
+
+
+@dataclass(frozen=True)
+class BlockOffsets:
+    """Offsets of a V-shape building block, in cells (Appendix A's notation, 1-indexed d)."""
+
+    delta0: int  # F_i^0 -> F_{i+1}^0 and B_i^1 -> B_{i+1}^1
+    delta1: int  # F_i^1 -> F_{i-1}^1 and B_i^0 -> B_{i-1}^0
+    turn_forward: int  # delta(F_d^0, F_d^1)
+    turn_loss: int  # delta(F_1^1, B_1^1)
+    turn_backward: int  # delta(B_d^1, B_d^0)
+    source: str
+
+
+def block_offsets(name: str, num_devices: int) -> BlockOffsets:
+    """The building block's offsets for ``name`` on d devices (Appendix F, Tables 8 and 9)."""
+    d = num_devices
+    delta0, delta1 = _DELTAS[name]
+    if name == "v-min":
+        return BlockOffsets(delta0, delta1, 1, 3 if d % 3 == 0 else 1, 1, "Table 8")
+    if name == "v-half":
+        return BlockOffsets(delta0, delta1, 2, 4 if d % 2 == 0 else 1, 1, "Table 9")
+    for forward, loss, backward in sorted(
+        product(range(1, REPEAT_INTERVAL), repeat=3), key=lambda t: (sum(t), t)
+    ):
+        offsets = BlockOffsets(
+            delta0, delta1, forward, loss, backward, "smallest collision-free turns"
+        )
+        if not _collisions(building_block(offsets, d), d):
+            return offsets
+    raise ScheduleConfigError(f"{name}: no collision-free building block for {d} devices")
+
+
+def building_block(offsets: BlockOffsets, num_devices: int) -> dict[Cell, int]:
+    """Cell of every pass of one micro-batch (devices 0-indexed here)."""
+    d = num_devices
+    cells: dict[Cell, int] = {}
+    t = 0
+    for i in range(d):
+        cells[(i, 0, F)] = t
+        t += offsets.delta0 if i < d - 1 else offsets.turn_forward
+    for i in reversed(range(d)):
+        cells[(i, 1, F)] = t
+        t += offsets.delta1 if i > 0 else offsets.turn_loss
+    for i in range(d):
+        cells[(i, 1, B)] = t
+        t += offsets.delta0 if i < d - 1 else offsets.turn_backward
+    for i in reversed(range(d)):
+        cells[(i, 0, B)] = t
+        if i > 0:
+            t += offsets.delta1
+    # W passes fill the first free cells (mod T) after their B, earliest B first.
+    for i in range(d):
+        used = {cells[(i, c, p)] % REPEAT_INTERVAL for c in (0, 1) for p in (F, B)}
+        for chunk in sorted((0, 1), key=lambda c: cells[(i, c, B)]):
+            t = cells[(i, chunk, B)] + 1
+            while t % REPEAT_INTERVAL in used:
+                t += 1
+            cells[(i, chunk, W)] = t
+            used.add(t % REPEAT_INTERVAL)
+    return cells
+
+
+def _collisions(cells: dict[Cell, int], num_devices: int) -> list[str]:
+    """Passes of one device that would share a cell once the block repeats every T cells."""
+    found = []
+    for i in range(num_devices):
+        seen: dict[int, Cell] = {}
+        for (device, chunk, kind), t in cells.items():
+            if device != i:
+                continue
+            residue = t % REPEAT_INTERVAL
+            if residue in seen:
+                other = seen[residue]
+                found.append(
+                    f"device {i}: {kind.value} of chunk {chunk} and "
+                    f"{other[2].value} of chunk {other[1]}"
+                )
+            seen[residue] = (device, chunk, kind)
+    return found
+
+
+def _stage(device: int, chunk: int, d: int) -> int:
+    return device if chunk == 0 else 2 * d - 1 - device
+
+
+def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = True) -> Schedule:
+    """Build V-Min, V-Half or V-ZB for d devices and m micro-batches (see module docstring).
+    ``reorder=False`` stops after squeezing (step 3), to see what Appendix C's reordering buys."""
+    d, m = num_devices, num_microbatches
+    require(name in _DELTAS, f"unknown V-shape schedule {name!r}; choose from {VSHAPE_NAMES}")
+    require(d >= 2, f"{name}: needs at least 2 devices (2 stages each), got {d}")
+    require(m >= 1, f"{name}: the number of micro-batches must be at least 1, got {m}")
+    offsets = block_offsets(name, d)
+    cells = building_block(offsets, d)
+    clashes = _collisions(cells, d)
+    if clashes:
+        raise ScheduleConfigError(f"{name}: building block collides when repeated: {clashes[0]}")
+    # Repeat: micro-batch k's block starts k * T cells later; order each device by cell.
+    placed: list[list[tuple[int, Action]]] = [[] for _ in range(d)]
+    for k in range(m):
+        for (device, chunk, kind), t in cells.items():
+            action = Action(kind, _stage(device, chunk, d), k, chunk)
+            placed[device].append((t + k * REPEAT_INTERVAL, action))
+    orders = [[a for _, a in sorted(row, key=lambda item: item[0])] for row in placed]
+    stage_devices = tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d))
+    if reorder:
+        orders = _squeeze_and_reorder(orders, stage_devices, m)
+    rows = tuple(
+        tuple(row)
+        + tuple(Action(ActionKind.OPTIMIZER_STEP, _stage(i, c, d), m - 1, c) for c in (0, 1))
+        for i, row in enumerate(orders)
+    )
+    lifespan = max(cells[(i, c, W)] - cells[(i, c, F)] + 1 for i in range(d) for c in (0, 1))
+    meta = {
+        "offsets": {
+            "delta0": offsets.delta0,
+            "delta1": offsets.delta1,
+            "turn_forward": offsets.turn_forward,
+            "turn_loss": offsets.turn_loss,
+            "turn_backward": offsets.turn_backward,
+            "source": offsets.source,
+        },
+        "repeat_interval": REPEAT_INTERVAL,
+        "max_stage_lifespan_cells": lifespan,
+    }
+    return Schedule(name, d, m, stage_devices, rows, split_backward=True, meta=meta)
+
+
+# --------------------------------------------------------------------------- squeeze/reorder
+def _unit_times(
+    orders: list[list[Action]], stage_devices: tuple[int, ...], m: int
+) -> list[list[int]]:
+    """Squeeze: the cell of every pass when each device runs its order as early as the
+    dependencies allow, every pass one unit long."""
+    schedule = Schedule(
+        "v", len(orders), m, stage_devices, tuple(tuple(o) for o in orders), split_backward=True
+    )
+    compiled = compile_schedule(schedule)
+    timing = run_timing(compiled, [1.0] * len(compiled.action_of))
+    out = []
+    for device, order in enumerate(orders):
+        base = compiled.offsets[device]
+        out.append([round(timing.start[base + k]) for k in range(len(order))])
+    return out
+
+
+def _squeeze_and_reorder(
+    orders: list[list[Action]], stage_devices: tuple[int, ...], m: int
+) -> list[list[Action]]:
+    times = _unit_times(orders, stage_devices, m)
+    orders = _fill_warmup(orders, times, stage_devices)
+    return _reorder_cooldown(orders, stage_devices, m)
+
+
+def _producer_keys(action: Action, last_stage: int) -> list[tuple[ActionKind, int, int]]:
+    """The passes whose results ``action`` needs (the engine's rules, as keys)."""
+    s, k = action.stage, action.microbatch
+    if action.kind is F:
+        return [(F, s - 1, k)] if s > 0 else []
+    if action.kind is B:
+        return [(F, s, k)] if s == last_stage else [(B, s + 1, k), (F, s, k)]
+    return [(B, s, k)]
+
+
+def _fill_warmup(
+    orders: list[list[Action]], times: list[list[int]], stage_devices: tuple[int, ...]
+) -> list[list[Action]]:
+    """Appendix C, warm-up: scan cells left to right; a vacant cell before the device's first
+    B is filled with the first later forward of that device whose inputs are ready by then,
+    leaving every other pass where it is. A forward moved earlier keeps its activations alive
+    longer, so a move is taken only if the device's saved-activation count stays within the
+    peak the squeezed schedule already has: the warm-up reorder buys throughput, never memory
+    (the paper's premise: "the peak of memory happens in the stable phase")."""
+    last_stage = len(stage_devices) - 1
+    at: dict[tuple[ActionKind, int, int], int] = {}
+    cell_of: list[dict[int, Action]] = []
+    for device, order in enumerate(orders):
+        cells = {}
+        for action, t in zip(order, times[device], strict=True):
+            at[(action.kind, action.stage, action.microbatch)] = t
+            cells[t] = action
+        cell_of.append(cells)
+    alive: list[list[int]] = []  # saved activations during each cell, per device
+    for device, order in enumerate(orders):
+        horizon = max(times[device]) + 1
+        level = [0] * (horizon + 1)
+        for action in order:
+            if action.kind is F:
+                level[at[(F, action.stage, action.microbatch)]] += 1
+                level[at[(W, action.stage, action.microbatch)] + 1] -= 1
+        running = 0
+        for t in range(horizon + 1):
+            running += level[t]
+            level[t] = running
+        alive.append(level)
+    peak = [max(level) for level in alive]
+    f_cells = [sorted(t for t, a in cells.items() if a.kind is F) for cells in cell_of]
+    first_b = [
+        min(t for a, t in zip(order, times[dv], strict=True) if a.kind is B)
+        for dv, order in enumerate(orders)
+    ]
+    for t in range(max(first_b)):
+        for device, cells in enumerate(cell_of):
+            if t >= first_b[device] or t in cells:
+                continue
+            level = alive[device]
+            # The highest level over [t, later) only grows with ``later``: once a move would
+            # exceed the peak, every later candidate would too.
+            highest, scanned = 0, t
+            forward_cells = f_cells[device]
+            for later in forward_cells[bisect_right(forward_cells, t) :]:
+                action = cells[later]
+                while scanned < later:
+                    highest = max(highest, level[scanned])
+                    scanned += 1
+                if highest + 1 > peak[device]:
+                    break
+                if not all(at[key] + 1 <= t for key in _producer_keys(action, last_stage)):
+                    continue
+                for c in range(t, later):
+                    level[c] += 1
+                del cells[later]
+                cells[t] = action
+                forward_cells.remove(later)
+                insort(forward_cells, t)
+                at[(action.kind, action.stage, action.microbatch)] = t
+                break
+    return [[cells[t] for t in sorted(cells)] for cells in cell_of]
+
+
+def _reorder_cooldown(
+    orders: list[list[Action]], stage_devices: tuple[int, ...], m: int
+) -> list[list[Action]]:
+    """Appendix C, cool-down: drop the W passes after each device's last F, squeeze, put the
+    dropped Ws into the idle cells that remain (each after its B), the rest at the end."""
+    kept: list[list[Action]] = []
+    dropped: list[list[Action]] = []
+    for order in orders:
+        last_f = max(k for k, a in enumerate(order) if a.kind is F)
+        kept.append(order[: last_f + 1] + [a for a in order[last_f + 1 :] if a.kind is not W])
+        dropped.append([a for a in order[last_f + 1 :] if a.kind is W])
+    times = _unit_times(kept, stage_devices, m)
+    b_end: dict[tuple[int, int], int] = {}
+    for order, device_times in zip(kept, times, strict=True):
+        for action, t in zip(order, device_times, strict=True):
+            if action.kind is B:
+                b_end[(action.stage, action.microbatch)] = t + 1
+    result = []
+    for order, device_times, ws in zip(kept, times, dropped, strict=True):
+        cells = dict(zip(device_times, order, strict=True))
+        waiting = sorted(ws, key=lambda a: b_end[(a.stage, a.microbatch)])
+        horizon = max(cells) if cells else 0
+        for t in range(horizon):
+            if t in cells or not waiting:
+                continue
+            if b_end[(waiting[0].stage, waiting[0].microbatch)] <= t:
+                cells[t] = waiting.pop(0)
+        result.append([cells[t] for t in sorted(cells)] + waiting)
+    return result

@@ -1,0 +1,65 @@
+"""Independent checks shared by the schedule tests (they do not use the validator)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from planner.schedules import ActionKind, Schedule
+from planner.simulate import SimulationResult
+
+K = ActionKind
+
+
+def assert_complete(schedule: Schedule) -> None:
+    """Every stage has exactly one F and one B and W (split) or one BW per micro-batch."""
+    counts = Counter(
+        (a.kind, a.stage, a.microbatch)
+        for acts in schedule.actions
+        for a in acts
+        if a.kind in (K.F, K.B, K.W, K.BW)
+    )
+    backward = (K.B, K.W) if schedule.split_backward else (K.BW,)
+    expected = {
+        (kind, stage, mb): 1
+        for stage in range(schedule.num_stages)
+        for mb in range(schedule.total_microbatches)
+        for kind in (K.F, *backward)
+    }
+    assert dict(counts) == expected
+
+
+def assert_dependencies_hold(result: SimulationResult, comm: float = 0.0) -> None:
+    """In the simulated timeline: each pass starts after its inputs end (plus comm across
+    devices), and a device never runs two compute actions at once."""
+    schedule = result.schedule
+    last = schedule.num_stages - 1
+    ends: dict[tuple[K, int, int], tuple[float, int]] = {}
+    rows = result.timeline()
+    for device, action, _, end in rows:
+        ends[(action.kind, action.stage, action.microbatch)] = (end, device)
+    eps = 1e-9
+    for device, action, start, _ in rows:
+        s, k = action.stage, action.microbatch
+        needs = []
+        if action.kind is K.F and s > 0:
+            needs.append((K.F, s - 1, k))
+        elif action.kind in (K.B, K.BW):
+            if s == last:
+                needs.append((K.F, s, k))
+            else:
+                needs.append((K.B if schedule.split_backward else K.BW, s + 1, k))
+            needs.append((K.F, s, k))
+        elif action.kind is K.W:
+            needs.append((K.B, s, k))
+        for key in needs:
+            end, producer_device = ends[key]
+            latency = comm if producer_device != device else 0.0
+            assert start + eps >= end + latency, f"{action} starts before {key} is available"
+    by_device: dict[int, list[tuple[float, float]]] = {}
+    for device, action, start, end in rows:
+        if action.kind.is_compute:
+            by_device.setdefault(device, []).append((start, end))
+    for spans in by_device.values():
+        spans.sort()
+        for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False):
+            assert s2 + eps >= e1, "a device runs two compute actions at once"

@@ -1,0 +1,186 @@
+"""``stagewright simulate`` as a person and a script use it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from api.cli import main
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_output_is_the_contract(capsys):
+    code, out, err = run(
+        capsys,
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--devices",
+        "4",
+        "--microbatches",
+        "8",
+        "--f",
+        "1",
+        "--b",
+        "0.6",
+        "--w",
+        "0.4",
+        "--json",
+    )
+    assert code == 0 and err == ""
+    data = json.loads(out)
+    assert set(data) == {"makespan", "bubble_fraction", "peak_activation_fraction", "devices"}
+    assert data["makespan"] == pytest.approx(11 * 2)
+    assert data["bubble_fraction"] == pytest.approx(3 / 11)
+    assert data["peak_activation_fraction"] == pytest.approx([1.0, 0.75, 0.5, 0.25])
+    assert len(data["devices"]) == 4
+
+
+def test_comm_is_added_to_every_cross_device_edge(capsys):
+    args = [
+        "simulate",
+        "--schedule",
+        "gpipe",
+        "--devices",
+        "3",
+        "--microbatches",
+        "1",
+        "--f",
+        "1",
+        "--b",
+        "1",
+        "--json",
+    ]
+    _, out, _ = run(capsys, *args)
+    _, out_comm, _ = run(capsys, *args, "--comm", "0.25")
+    # One micro-batch crosses 2 edges forward and 2 backward.
+    assert json.loads(out_comm)["makespan"] == pytest.approx(json.loads(out)["makespan"] + 1.0)
+
+
+def test_text_output_shows_a_timeline(capsys):
+    code, out, _ = run(
+        capsys,
+        "simulate",
+        "--schedule",
+        "v-half",
+        "--devices",
+        "4",
+        "--microbatches",
+        "8",
+        "--f",
+        "1",
+        "--b",
+        "1",
+        "--w",
+        "1",
+        "--width",
+        "60",
+    )
+    assert code == 0
+    assert "bubble fraction" in out
+    rows = [line for line in out.splitlines() if line.startswith("dev ")]
+    assert len(rows) == 4
+    assert all(len(row.split("|")[1]) == 60 for row in rows)
+    assert {"F", "B", "W"} <= set(rows[0])
+
+
+def test_per_stage_times_are_accepted(capsys):
+    code, out, _ = run(
+        capsys,
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--devices",
+        "2",
+        "--microbatches",
+        "2",
+        "--f",
+        "1,2",
+        "--b",
+        "2,4",
+        "--json",
+    )
+    assert code == 0
+    assert json.loads(out)["devices"][1]["busy"] == pytest.approx(12)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--schedule", "interleaved", "--devices", "4", "--microbatches", "6"],
+            "multiple of the number of devices",
+        ),
+        (["--schedule", "1f1b", "--devices", "4", "--microbatches", "0"], "at least 1"),
+        (
+            ["--schedule", "1f1b", "--devices", "2", "--microbatches", "2", "--comm", "-1"],
+            "comm time",
+        ),
+        (
+            ["--schedule", "1f1b", "--devices", "4", "--microbatches", "4", "--f", "1,2"],
+            "got 2 values for 4 stages",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_with_what_to_change(capsys, args, message):
+    full = ["simulate", "--f", "1", "--b", "1", *args]
+    code, out, err = run(capsys, *full)
+    assert code == 2 and out == ""
+    assert message in err and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_unparseable_time_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(
+            [
+                "simulate",
+                "--schedule",
+                "1f1b",
+                "--devices",
+                "2",
+                "--microbatches",
+                "2",
+                "--f",
+                "fast",
+                "--b",
+                "1",
+            ]
+        )
+    assert info.value.code == 2
+    assert "not a number" in capsys.readouterr().err
+
+
+def test_installed_console_script_runs():
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "simulate",
+            "--schedule",
+            "2bw",
+            "--devices",
+            "2",
+            "--microbatches",
+            "2",
+            "--f",
+            "1",
+            "--b",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout)["makespan"] > 0

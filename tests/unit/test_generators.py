@@ -1,0 +1,82 @@
+"""Property tests over every generator: valid, complete, and runnable as simulated."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.errors import ScheduleConfigError
+from planner.schedules import SCHEDULE_NAMES, generate, validate
+from planner.simulate import Durations, simulate
+from tests.unit.helpers import assert_complete, assert_dependencies_hold
+
+PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _microbatches(name: str, devices: int, draw_factor: int) -> int:
+    """A micro-batch count the schedule accepts, from a small multiplier."""
+    if name == "interleaved":
+        return devices * draw_factor
+    if name == "2bw":
+        return devices + draw_factor - 1
+    return draw_factor * 2 - 1 if draw_factor > 1 else 1
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+@PROPERTY
+@given(
+    devices=st.integers(2, 32),
+    factor=st.integers(1, 4),
+    forward=st.floats(0.1, 3.0),
+    backward=st.floats(0.1, 3.0),
+    weight=st.floats(0.0, 3.0),
+    comm=st.sampled_from([0.0, 0.05, 0.5]),
+)
+def test_every_schedule_is_valid_complete_and_respects_dependencies(
+    name, devices, factor, forward, backward, weight, comm
+):
+    microbatches = _microbatches(name, devices, factor)
+    schedule = generate(name, devices, microbatches)  # validates
+    validate(schedule)
+    assert_complete(schedule)
+    result = simulate(
+        schedule, Durations(forward, backward, weight, comm=comm, transfer=forward / 2)
+    )
+    assert_dependencies_hold(result, comm)
+    # Nothing is lost or invented: every device is busy exactly its share of the work.
+    per_device_work = [
+        sum(forward + (backward + weight) for a in acts if a.kind.value == "F")
+        for acts in schedule.actions
+    ]
+    for stats, work in zip(result.devices, per_device_work, strict=True):
+        assert stats.busy == pytest.approx(work)
+    assert result.makespan >= max(per_device_work) - 1e-9
+
+
+@pytest.mark.parametrize(
+    "name, devices, microbatches, message",
+    [
+        ("interleaved", 4, 6, "must be a multiple of the number of devices"),
+        ("2bw", 4, 3, "at least as many micro-batches per batch as devices"),
+        ("v-half", 1, 4, "at least 2 devices"),
+        ("1f1b", 0, 4, "at least 1"),
+        ("gpipe", 4, 0, "at least 1"),
+        ("bpipe", 1, 4, "at least 2 devices"),
+        ("zb-h9", 4, 4, "unknown schedule"),
+    ],
+)
+def test_invalid_combinations_say_what_to_change(name, devices, microbatches, message):
+    with pytest.raises(ScheduleConfigError, match=message):
+        generate(name, devices, microbatches)
+
+
+def test_interleaved_rejects_a_single_chunk():
+    with pytest.raises(ScheduleConfigError, match="at least 2 chunks"):
+        generate("interleaved", 4, 8, num_chunks=1)
+
+
+def test_schedules_with_fewer_microbatches_than_devices_still_run():
+    for name in ("gpipe", "1f1b", "bpipe", "v-min", "v-half", "v-zb"):
+        schedule = generate(name, 8, 3)
+        assert_complete(schedule)

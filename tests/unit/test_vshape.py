@@ -1,0 +1,133 @@
+"""V-shape schedules against "Pipeline Parallelism with Controllable Memory"."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.schedules import ActionKind, block_offsets, building_block, generate
+from planner.simulate import Durations, simulate
+
+K = ActionKind
+EQUAL = Durations(1.0, 1.0, 1.0)
+
+# Appendix F, Tables 8 and 9: (delta(F_d^0, F_d^1), delta(F_1^1, B_1^1), delta(B_d^1, B_d^0)).
+TABLE_8_V_MIN = {0: (1, 3, 1), 1: (1, 1, 1), 2: (1, 1, 1)}  # by d mod 3
+TABLE_9_V_HALF = {0: (2, 4, 1), 1: (2, 1, 1)}  # by d mod 2
+
+
+@pytest.mark.parametrize("d", range(2, 33))
+def test_offsets_are_appendix_f_tables(d):
+    v_min = block_offsets("v-min", d)
+    assert (v_min.delta0, v_min.delta1) == (1, 1)
+    assert (v_min.turn_forward, v_min.turn_loss, v_min.turn_backward) == TABLE_8_V_MIN[d % 3]
+    v_half = block_offsets("v-half", d)
+    assert (v_half.delta0, v_half.delta1) == (2, 1)
+    assert (v_half.turn_forward, v_half.turn_loss, v_half.turn_backward) == TABLE_9_V_HALF[d % 2]
+    v_zb = block_offsets("v-zb", d)
+    assert (v_zb.delta0, v_zb.delta1) == (4, 2)
+    # §3.1: offsets between passes on the same device stay below the repeating interval.
+    assert max(v_zb.turn_forward, v_zb.turn_loss, v_zb.turn_backward) < 6
+
+
+@pytest.mark.parametrize("name", ["v-min", "v-half", "v-zb"])
+@pytest.mark.parametrize("d", range(2, 33))
+def test_building_blocks_repeat_without_collision(name, d):
+    cells = building_block(block_offsets(name, d), d)
+    for device in range(d):
+        residues = [t % 6 for (dev, _, _), t in cells.items() if dev == device]
+        assert sorted(residues) == list(range(6)), f"device {device} collides"
+
+
+def _eq1_bound(name: str, d: int) -> float:
+    """Equation 1: peak of device i <= sum over its stages of ceil(lifespan / T) * m,
+    in units of the whole model's micro-batch (m = 1 / 2d)."""
+    cells = building_block(block_offsets(name, d), d)
+    return max(
+        sum(math.ceil((cells[(i, c, K.W)] + 1 - cells[(i, c, K.F)]) / 6) for c in (0, 1))
+        for i in range(d)
+    ) / (2 * d)
+
+
+@pytest.mark.parametrize("name, target", [("v-min", 1 / 3), ("v-half", 1 / 2), ("v-zb", 1.0)])
+@pytest.mark.parametrize("d", [4, 5, 6, 8, 12, 16, 24, 32])
+def test_peak_activation_is_the_papers_fraction_of_1f1b(name, target, d):
+    m = 4 * d
+    one_f_one_b = max(simulate(generate("1f1b", d, m), EQUAL).peak_activation)
+    assert one_f_one_b == pytest.approx(1.0)
+    result = simulate(generate(name, d, m), EQUAL)
+    peak = max(result.peak_activation)
+    # Eq. 1 holds, and Eq. 2's constant term fades with d: within 2/d of the target.
+    assert peak <= _eq1_bound(name, d) + 1e-9
+    assert target - 1e-9 <= peak / one_f_one_b <= target + 2 / d
+    # Memory is balanced across devices (that is the point of the V placement).
+    assert max(result.peak_activation) - min(result.peak_activation) <= 1 / d + 1e-9
+
+
+@pytest.mark.parametrize("d", [4, 8, 16])
+def test_v_zb_bubble_is_near_zero_and_does_not_grow(d):
+    idle = []
+    for m in (4 * d, 8 * d, 16 * d):
+        result = simulate(generate("v-zb", d, m), EQUAL)
+        idle.append(result.makespan - max(x.busy for x in result.devices))
+        assert result.bubble_fraction < 0.05
+    assert idle[0] == pytest.approx(idle[1]) == pytest.approx(idle[2])
+    plain = simulate(generate("1f1b", d, 16 * d), EQUAL)
+    assert result.bubble_fraction < plain.bubble_fraction / 4
+
+
+def test_v_min_repeating_bubble_when_w_is_short():
+    """§3.3 / Figure 5: with W much shorter than F and B, V-Min idles once per repeating
+    interval, so its idle time grows with the number of micro-batches; V-Half's does not."""
+    d = 8
+    short_w = Durations(1.0, 1.0, 0.2)
+
+    def idle(name, m):
+        result = simulate(generate(name, d, m), short_w)
+        return result.makespan - max(x.busy for x in result.devices)
+
+    v_min = [idle("v-min", m) for m in (16, 32, 64)]
+    assert v_min[1] - v_min[0] > 8 and v_min[2] - v_min[1] > 16
+    # Linear in m: the same bubble every repeat.
+    assert (v_min[2] - v_min[1]) == pytest.approx(2 * (v_min[1] - v_min[0]))
+    v_half = [idle("v-half", m) for m in (16, 32, 64)]
+    assert v_half[0] == pytest.approx(v_half[2])
+    # With equal F/B/W V-Min has no repeating bubble.
+    equal = [simulate(generate("v-min", d, m), EQUAL) for m in (16, 64)]
+    assert (equal[0].makespan - 16 * 6) == pytest.approx(equal[1].makespan - 64 * 6)
+
+
+def test_v_half_bubble_is_about_half_of_1f1b_and_v_min_two_thirds():
+    """Table 1: bubbles of 6d (1F1B), 4d (V-Min), 3d (V-Half) and ~0 (V-ZB) cells, with
+    F = B = W = 1 per stage of V (a 1F1B stage is twice as long)."""
+    d, m = 16, 64
+    one_f_one_b = simulate(generate("1f1b", d, m), Durations(2.0, 2.0, 2.0))
+    idle_1f1b = one_f_one_b.makespan - max(x.busy for x in one_f_one_b.devices)
+    assert idle_1f1b == pytest.approx(6 * (d - 1))
+    ratios = {}
+    for name in ("v-min", "v-half"):
+        result = simulate(generate(name, d, m), EQUAL)
+        ratios[name] = (result.makespan - max(x.busy for x in result.devices)) / idle_1f1b
+    assert ratios["v-min"] == pytest.approx(2 / 3, abs=0.1)
+    assert ratios["v-half"] == pytest.approx(1 / 2, abs=0.1)
+
+
+def test_v_shape_placement_and_split_backward():
+    schedule = generate("v-half", 4, 8)
+    assert schedule.stage_devices == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert schedule.split_backward
+    assert schedule.count(K.BW) == 0
+    assert schedule.count(K.W) == schedule.count(K.B) == 8 * 8
+
+
+def test_reordering_never_raises_the_peak():
+    """Appendix C reorders warm-up and cool-down for throughput at the same peak memory."""
+    d, m = 8, 32
+    from planner.schedules._vshape import vshape
+
+    for name in ("v-min", "v-half", "v-zb"):
+        reordered = simulate(vshape(name, d, m), EQUAL)
+        squeezed_only = simulate(vshape(name, d, m, reorder=False), EQUAL)
+        assert max(reordered.peak_activation) <= max(squeezed_only.peak_activation) + 1e-9
+        assert reordered.makespan <= squeezed_only.makespan + 1e-9
