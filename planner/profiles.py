@@ -1,0 +1,235 @@
+"""Hardware and layer profiles, and the small store interface the planner reads them through.
+
+The bundled profiles live in the repository's ``profiles/`` folder (JSON). The planner only
+sees :class:`ProfileStore`; :class:`JsonProfileStore` serves the bundled files (and points
+added at run time), and the service's SQL store implements the same two methods later.
+
+A *layer point* is one measured (or published) timing of one transformer layer of a given
+shape on a given device: forward, backward-for-input and backward-for-weights milliseconds
+(or one fused backward), and optionally its saved-activation bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from planner.errors import StagewrightError
+
+__all__ = [
+    "BUNDLED_PROFILES",
+    "HardwareProfile",
+    "JsonProfileStore",
+    "LayerPoint",
+    "Link",
+    "ProfileStore",
+    "UnknownHardwareError",
+    "default_store",
+]
+
+BUNDLED_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+
+
+class UnknownHardwareError(StagewrightError):
+    """A request names a GPU that has no hardware profile."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: bandwidth in GB/s (one direction, per device) and latency in us."""
+
+    kind: str
+    bandwidth_gbps: float
+    latency_us: float
+
+    def seconds(self, num_bytes: float) -> float:
+        return self.latency_us * 1e-6 + num_bytes / (self.bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    description: str
+    peak_flops: dict[str, float]
+    memory_gib: float
+    usable_memory_gib: float
+    memory_bandwidth_gbps: float
+    intra_node: Link
+    inter_node: Link
+    source: str
+
+    def peak(self, precision: str) -> float:
+        """Peak dense FLOP/s at ``precision``; raises with the supported ones if absent."""
+        value = self.peak_flops.get(precision)
+        if value is None:
+            raise StagewrightError(
+                f"{self.name} has no {precision} matrix units; use one of "
+                f"{', '.join(sorted(self.peak_flops))}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class LayerPoint:
+    """One timing of one transformer layer (per micro-batch, on one tensor-parallel rank).
+
+    ``weight_ms`` is None when only a fused backward was measured (``backward_ms`` is then
+    B + W). ``includes_tp_comm`` says whether the tensor-parallel collectives are inside the
+    times (they are when measured on t ranks)."""
+
+    gpu: str
+    precision: str
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    micro_batch_size: int
+    t: int
+    recompute: str
+    sequence_parallel: bool
+    flash_attention: bool
+    forward_ms: float
+    backward_ms: float
+    weight_ms: float | None
+    activation_bytes: float | None
+    includes_tp_comm: bool
+    source: str
+
+    def shape_key(self) -> tuple[object, ...]:
+        """Everything but micro-batch size and sequence length: points with the same key can
+        be interpolated between."""
+        return (
+            self.gpu,
+            self.precision,
+            self.hidden_size,
+            self.num_attention_heads,
+            self.ffn_hidden_size,
+            self.t,
+            self.recompute,
+            self.sequence_parallel,
+            self.flash_attention,
+        )
+
+
+class ProfileStore(Protocol):
+    """What the planner needs from wherever profiles are kept."""
+
+    def hardware(self, name: str) -> HardwareProfile:
+        """The profile called ``name``; raises UnknownHardwareError listing known names."""
+        ...
+
+    def hardware_names(self) -> list[str]: ...
+
+    def layer_points(self, gpu: str) -> Sequence[LayerPoint]:
+        """Every layer point measured on ``gpu``."""
+        ...
+
+
+@dataclass
+class JsonProfileStore:
+    """Profiles from JSON files (the bundled ``profiles/`` by default) plus added points."""
+
+    _hardware: dict[str, HardwareProfile] = field(default_factory=dict)
+    _points: list[LayerPoint] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, folder: Path = BUNDLED_PROFILES) -> JsonProfileStore:
+        store = cls()
+        hardware = json.loads((folder / "hardware.json").read_text())
+        for entry in hardware["hardware"]:
+            store.add_hardware(hardware_from_dict(entry))
+        layers_dir = folder / "layers"
+        if layers_dir.is_dir():
+            for path in sorted(layers_dir.glob("*.json")):
+                store.add_points(points_from_dict(json.loads(path.read_text())))
+        return store
+
+    def add_hardware(self, profile: HardwareProfile) -> None:
+        self._hardware[profile.name] = profile
+
+    def add_points(self, points: Iterable[LayerPoint]) -> None:
+        self._points.extend(points)
+
+    def hardware(self, name: str) -> HardwareProfile:
+        found = self._hardware.get(name)
+        if found is None:
+            raise UnknownHardwareError(
+                f"unknown GPU {name!r}; known hardware profiles: {', '.join(self.hardware_names())}"
+            )
+        return found
+
+    def hardware_names(self) -> list[str]:
+        return sorted(self._hardware)
+
+    def layer_points(self, gpu: str) -> Sequence[LayerPoint]:
+        return [p for p in self._points if p.gpu == gpu]
+
+
+def hardware_from_dict(entry: dict[str, object]) -> HardwareProfile:
+    def link(value: object) -> Link:
+        assert isinstance(value, dict)
+        return Link(str(value["kind"]), float(value["bandwidth_gbps"]), float(value["latency_us"]))
+
+    peaks = entry["peak_flops"]
+    assert isinstance(peaks, dict)
+    return HardwareProfile(
+        name=str(entry["name"]),
+        description=str(entry.get("description", "")),
+        peak_flops={str(k): float(v) for k, v in peaks.items()},
+        memory_gib=float(entry["memory_gib"]),  # type: ignore[arg-type]
+        usable_memory_gib=float(entry["usable_memory_gib"]),  # type: ignore[arg-type]
+        memory_bandwidth_gbps=float(entry["memory_bandwidth_gbps"]),  # type: ignore[arg-type]
+        intra_node=link(entry["intra_node"]),
+        inter_node=link(entry["inter_node"]),
+        source=str(entry.get("source", "")),
+    )
+
+
+def points_from_dict(data: dict[str, object]) -> list[LayerPoint]:
+    """A layer-profile file: shared fields at the top level, one entry per point."""
+    shared = {k: v for k, v in data.items() if k not in ("points", "format", "notes")}
+    points = []
+    raw_points = data["points"]
+    assert isinstance(raw_points, list)
+    for raw in raw_points:
+        merged = {**shared, **raw}
+        points.append(
+            LayerPoint(
+                gpu=str(merged["gpu"]),
+                precision=str(merged.get("precision", "bf16")),
+                hidden_size=int(merged["hidden_size"]),
+                num_attention_heads=int(merged["num_attention_heads"]),
+                ffn_hidden_size=int(
+                    merged.get("ffn_hidden_size") or 4 * int(merged["hidden_size"])
+                ),
+                seq_length=int(merged["seq_length"]),
+                micro_batch_size=int(merged["micro_batch_size"]),
+                t=int(merged.get("t", 1)),
+                recompute=str(merged.get("recompute", "none")),
+                sequence_parallel=bool(merged.get("sequence_parallel", False)),
+                flash_attention=bool(merged.get("flash_attention", False)),
+                forward_ms=float(merged["forward_ms"]),
+                backward_ms=float(merged["backward_ms"]),
+                weight_ms=None if merged.get("weight_ms") is None else float(merged["weight_ms"]),
+                activation_bytes=None
+                if merged.get("activation_bytes") is None
+                else float(merged["activation_bytes"]),
+                includes_tp_comm=bool(merged.get("includes_tp_comm", True)),
+                source=str(merged.get("source", "")),
+            )
+        )
+    return points
+
+
+_DEFAULT: JsonProfileStore | None = None
+
+
+def default_store() -> JsonProfileStore:
+    """The bundled profiles, loaded once per process."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = JsonProfileStore.load()
+    return _DEFAULT

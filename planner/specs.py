@@ -1,0 +1,271 @@
+"""Specs: the JSON a person sends (PlanRequest) and what the planner answers (Plan).
+
+One set of pydantic v2 models serves the CLI, the REST API and the store; nothing else defines
+these shapes. Models are frozen and reject unknown fields, so a typo is an error, not a
+silently ignored setting. Messages say what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "SCHEDULES",
+    "Candidate",
+    "CandidateConfig",
+    "ClusterSpec",
+    "Launch",
+    "ModelSpec",
+    "Plan",
+    "PlanRequest",
+    "PlanStats",
+    "Predicted",
+    "Precision",
+    "Recompute",
+    "Rejected",
+    "ScheduleName",
+    "SearchSpec",
+    "StageBreakdown",
+    "TrainingSpec",
+]
+
+Precision = Literal["bf16", "fp16", "fp32"]
+Recompute = Literal["none", "selective", "full"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw"]
+SCHEDULES: tuple[str, ...] = (
+    "gpipe",
+    "1f1b",
+    "interleaved",
+    "bpipe",
+    "v-min",
+    "v-half",
+    "v-zb",
+    "2bw",
+)
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(_Spec):
+    """A GPT-style decoder: the shapes that set FLOPs, parameters and activations."""
+
+    name: str = Field(description="A label for the model, e.g. 'gpt3-96b'.", min_length=1)
+    num_layers: int = Field(description="Transformer layers (L).", ge=1)
+    hidden_size: int = Field(description="Hidden size (h).", ge=1)
+    num_attention_heads: int = Field(description="Attention heads (a).", ge=1)
+    ffn_hidden_size: int | None = Field(
+        default=None, description="MLP inner size; null means 4 x hidden_size.", ge=1
+    )
+    seq_length: int = Field(description="Tokens per sample (s).", ge=1)
+    vocab_size: int = Field(description="Vocabulary size (V).", ge=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> ModelSpec:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                f"{self.num_attention_heads}; each head needs hidden_size / heads dimensions"
+            )
+        return self
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+
+class ClusterSpec(_Spec):
+    """Which GPUs and how many: ``gpu`` names a hardware profile."""
+
+    gpu: str = Field(description="Hardware profile name, e.g. 'a100-sxm-80g' or 'cpu'.")
+    num_nodes: int = Field(description="Nodes in the cluster.", ge=1)
+    gpus_per_node: int = Field(description="GPUs (devices) per node.", ge=1)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+class TrainingSpec(_Spec):
+    """How the model is trained: batch, precision, optimizer and memory-saving switches."""
+
+    global_batch_size: int = Field(description="Samples per optimizer step (B).", ge=1)
+    precision: Precision = Field(default="bf16", description="Compute precision.")
+    optimizer: Literal["adam", "sgd"] = Field(default="adam", description="Optimizer.")
+    distributed_optimizer: bool = Field(
+        default=True,
+        description="Shard optimizer states over data-parallel ranks (ZeRO-1, Megatron's "
+        "distributed optimizer).",
+    )
+    sequence_parallel: bool = Field(
+        default=True, description="Megatron sequence parallelism with tensor parallelism."
+    )
+    flash_attention: bool = Field(
+        default=False, description="Flash attention (no s x s attention activations saved)."
+    )
+
+
+class SearchSpec(_Spec):
+    """What the search may choose from."""
+
+    schedules: list[ScheduleName] = Field(
+        default_factory=lambda: ["1f1b"],
+        description="Pipeline schedules to consider.",
+        min_length=1,
+    )
+    recompute: list[Recompute] = Field(
+        default_factory=lambda: ["none", "selective", "full"],
+        description="Activation recomputation modes to consider.",
+        min_length=1,
+    )
+    micro_batch_sizes: list[int] | None = Field(
+        default=None,
+        description="Micro-batch sizes to consider; null means 1, 2, 4, 8 (those that divide "
+        "the batch).",
+    )
+    method: Literal["grid", "cpsat"] = Field(default="grid", description="Search method.")
+    top_k: int = Field(default=10, description="Ranked candidates to return.", ge=1, le=1000)
+
+    @field_validator("schedules", "recompute")
+    @classmethod
+    def _no_duplicates(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value} lists an entry twice; list each once")
+        return value
+
+    @field_validator("micro_batch_sizes")
+    @classmethod
+    def _positive_sizes(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("micro_batch_sizes is empty; give at least one size or null")
+        if any(v < 1 for v in value):
+            raise ValueError(f"micro_batch_sizes must be positive, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"micro_batch_sizes {value} lists a size twice")
+        return sorted(value)
+
+
+class PlanRequest(_Spec):
+    """A plan request: the same JSON for the CLI and REST."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    search: SearchSpec = Field(default_factory=SearchSpec)
+
+    @model_validator(mode="after")
+    def _something_can_divide(self) -> PlanRequest:
+        heads = self.model.num_attention_heads
+        per_node = self.cluster.gpus_per_node
+        if not any(heads % t == 0 for t in range(1, per_node + 1) if per_node % t == 0):
+            raise ValueError(  # pragma: no cover - t = 1 always divides; kept for clarity
+                f"no tensor-parallel degree divides both {heads} heads and {per_node} GPUs/node"
+            )
+        sizes = self.search.micro_batch_sizes or [1, 2, 4, 8]
+        batch = self.training.global_batch_size
+        gpus = self.cluster.num_gpus
+        data_degrees = [d for d in range(1, gpus + 1) if gpus % d == 0]
+        if not any(batch % (mb * d) == 0 for mb in sizes for d in data_degrees):
+            raise ValueError(
+                f"global_batch_size {batch} is not divisible by micro_batch_size x "
+                f"data-parallel degree for any micro-batch size in {sizes}; choose a batch "
+                f"that is a multiple of one of them"
+            )
+        return self
+
+
+class CandidateConfig(_Spec):
+    """One point of the search space, as Megatron would be launched with it."""
+
+    t: int = Field(description="Tensor-parallel degree.", ge=1)
+    p: int = Field(description="Pipeline-parallel degree (devices in a pipeline).", ge=1)
+    d: int = Field(description="Data-parallel degree.", ge=1)
+    micro_batch_size: int = Field(description="Samples per micro-batch.", ge=1)
+    num_microbatches: int = Field(description="Micro-batches per pipeline per step.", ge=1)
+    recompute: Recompute = Field(description="Activation recomputation mode.")
+    schedule: ScheduleName = Field(description="Pipeline schedule.")
+    layers_per_stage: list[int] = Field(
+        description="Transformer layers of each pipeline stage, in stage order (2p stages for "
+        "V schedules, p x chunks for interleaved)."
+    )
+
+
+class Predicted(_Spec):
+    """What the cost model predicts for a candidate."""
+
+    iteration_time_s: float = Field(description="Time of one optimizer step.")
+    samples_per_s: float = Field(description="Global batch / iteration time.")
+    tokens_per_s: float = Field(description="samples_per_s x seq_length.")
+    mfu: float = Field(description="Model FLOPs utilization (0..1), Megatron's formula.")
+    bubble_fraction: float = Field(description="Pipeline bubble (simulator's definition).")
+    memory_gib_per_device: list[float] = Field(description="Peak memory per pipeline device.")
+    peak_memory_gib: float = Field(description="Largest of memory_gib_per_device.")
+
+
+class StageBreakdown(_Spec):
+    """Why a candidate costs what it costs, per pipeline device."""
+
+    device: int
+    stages: list[int]
+    layers: int
+    compute_s: float = Field(description="F + B + W time of one step on this device.")
+    communication_s: float = Field(
+        description="Tensor-parallel time inside compute_s, and pipeline p2p sends, per step."
+    )
+    bubble_s: float = Field(description="Idle time in the simulated pipeline.")
+    parameters_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    allowance_gib: float
+    in_flight_microbatches: float = Field(
+        description="Peak saved micro-batches of this device's stages (from the simulator)."
+    )
+
+
+class Launch(_Spec):
+    """How to launch a candidate."""
+
+    executor_config: dict[str, Any] = Field(description="`stagewright run` CONFIG.json.")
+    torchrun: list[str] = Field(description="One torchrun command per node.")
+    megatron_args: str | None = Field(
+        description="Equivalent Megatron-LM arguments, or null where Megatron has no such schedule."
+    )
+    torch_pipelining_csv: str | None = Field(
+        description="The schedule in torch.distributed.pipelining's compute-only CSV, or null "
+        "where that runtime cannot express it."
+    )
+
+
+class Candidate(_Spec):
+    config: CandidateConfig
+    predicted: Predicted
+    launch: Launch
+    breakdown: list[StageBreakdown] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class Rejected(_Spec):
+    config: CandidateConfig
+    reason: str
+    predicted: Predicted | None = None
+
+
+class PlanStats(_Spec):
+    evaluated: int
+    feasible: int
+    search_ms: float
+
+
+class Plan(_Spec):
+    id: str
+    request: PlanRequest
+    best: Candidate | None
+    candidates: list[Candidate]
+    rejected: list[Rejected]
+    stats: PlanStats
