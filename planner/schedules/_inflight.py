@@ -34,52 +34,65 @@ def inflight_profile(schedule: Schedule) -> InflightProfile:
     stage_devices = schedule.stage_devices
     profile: InflightProfile = []
     for device, row in enumerate(schedule.actions):
-        counts: dict[int, int] = {}
-        pending: dict[int, int] = {}  # frees that land when the running compute action ends
-        deferred: list[list[int]] = []  # [compute actions still to pass, stage] of EVICTs
-        seen: set[tuple[tuple[int, int], ...]] = set()
-
-        def observe() -> None:
-            seen.add(tuple(sorted((s, c) for s, c in counts.items() if c)))
-
-        def apply_pending() -> None:
-            for stage, n in pending.items():
-                counts[stage] = counts.get(stage, 0) - n
-            pending.clear()
-
-        def settle() -> None:
-            keep = []
-            for entry in deferred:
-                entry[0] -= 1
-                if entry[0] <= 0:
-                    counts[entry[1]] = counts.get(entry[1], 0) - 1
-                else:
-                    keep.append(entry)
-            deferred[:] = keep
-
+        counter = _DeviceCounter()
         for action in row:
             kind, stage = action.kind, action.stage
             if kind.is_compute:
-                apply_pending()
-                settle()
+                counter.compute_starts()
                 if kind is K.F:
-                    counts[stage] = counts.get(stage, 0) + 1
-                observe()
+                    counter.add(stage)
+                counter.observe()
                 if kind is K.W or kind is K.BW:
-                    pending[stage] = pending.get(stage, 0) + 1
+                    counter.free_when_done(stage)
             elif kind.is_transfer:
                 # Issued once the previous compute action has ended: its frees are done.
-                apply_pending()
+                counter.apply_pending()
                 owner = stage_devices[stage] == device
                 if kind is K.EVICT and owner:
-                    deferred.append([2, stage])
-                elif kind is K.EVICT or owner:  # acceptor receives / evictor loads back
-                    counts[stage] = counts.get(stage, 0) + 1
-                    observe()
+                    counter.deferred.append([2, stage])
+                elif kind is K.EVICT or owner:  # the acceptor receives / the evictor loads
+                    counter.add(stage)
+                    counter.observe()
                 else:  # the acceptor hands a LOAD back
-                    pending[stage] = pending.get(stage, 0) + 1
-        profile.append([dict(v) for v in _pareto(seen)])
+                    counter.free_when_done(stage)
+        profile.append([dict(v) for v in _pareto(counter.seen)])
     return profile
+
+
+class _DeviceCounter:
+    """Saved micro-batches per stage on one device while walking its list."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.pending: dict[int, int] = {}  # frees that land when the running action ends
+        self.deferred: list[list[int]] = []  # [compute actions still to pass, stage]: EVICTs
+        self.seen: set[tuple[tuple[int, int], ...]] = set()
+
+    def add(self, stage: int) -> None:
+        self.counts[stage] = self.counts.get(stage, 0) + 1
+
+    def free_when_done(self, stage: int) -> None:
+        self.pending[stage] = self.pending.get(stage, 0) + 1
+
+    def observe(self) -> None:
+        self.seen.add(tuple(sorted((s, c) for s, c in self.counts.items() if c)))
+
+    def apply_pending(self) -> None:
+        for stage, n in self.pending.items():
+            self.counts[stage] = self.counts.get(stage, 0) - n
+        self.pending.clear()
+
+    def compute_starts(self) -> None:
+        """The previous action has ended, and EVICTs issued two compute actions ago too."""
+        self.apply_pending()
+        keep = []
+        for entry in self.deferred:
+            entry[0] -= 1
+            if entry[0] <= 0:
+                self.counts[entry[1]] = self.counts.get(entry[1], 0) - 1
+            else:
+                keep.append(entry)
+        self.deferred = keep
 
 
 def _pareto(points: set[tuple[tuple[int, int], ...]]) -> list[tuple[tuple[int, int], ...]]:
