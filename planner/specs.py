@@ -112,12 +112,12 @@ class SearchSpec(_Spec):
     """What the search may choose from."""
 
     schedules: list[ScheduleName] = Field(
-        default_factory=lambda: ["1f1b"],
+        default_factory=lambda: list[ScheduleName](["1f1b"]),
         description="Pipeline schedules to consider.",
         min_length=1,
     )
     recompute: list[Recompute] = Field(
-        default_factory=lambda: ["none", "selective", "full"],
+        default_factory=lambda: list[Recompute](["none", "selective", "full"]),
         description="Activation recomputation modes to consider.",
         min_length=1,
     )
@@ -159,13 +159,7 @@ class PlanRequest(_Spec):
     search: SearchSpec = Field(default_factory=SearchSpec)
 
     @model_validator(mode="after")
-    def _something_can_divide(self) -> PlanRequest:
-        heads = self.model.num_attention_heads
-        per_node = self.cluster.gpus_per_node
-        if not any(heads % t == 0 for t in range(1, per_node + 1) if per_node % t == 0):
-            raise ValueError(  # pragma: no cover - t = 1 always divides; kept for clarity
-                f"no tensor-parallel degree divides both {heads} heads and {per_node} GPUs/node"
-            )
+    def _batch_can_be_split(self) -> PlanRequest:
         sizes = self.search.micro_batch_sizes or [1, 2, 4, 8]
         batch = self.training.global_batch_size
         gpus = self.cluster.num_gpus

@@ -1,0 +1,414 @@
+"""Price one candidate: per-stage times and activation sizes, memory per device, and the
+iteration time from the schedule itself.
+
+Two depths:
+- :func:`estimate` (every candidate of a search): memory is exact (in-flight counts from the
+  schedule's order, see :mod:`planner.schedules._inflight`); time is the busiest device's work
+  plus the schedule's idle time scaled from the papers' bubble ratios.
+- :func:`price` (the top candidates): the simulator times the real schedule with these
+  durations. For long runs it simulates ``m_cap`` micro-batches and extends the steady state
+  linearly, which tests check against simulating all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from planner.costmodel.flops import logits_flops, model_flops_per_step
+from planner.costmodel.memory import (
+    GIB,
+    activation_bytes_per_layer,
+    bytes_per_parameter,
+    embedding_parameters,
+    layer_parameters,
+    output_activation_bytes,
+    recompute_working_bytes,
+)
+from planner.costmodel.timing import (
+    ROOFLINE_EFFICIENCY,
+    LayerTimes,
+    layer_times,
+    p2p_bytes,
+    tensor_parallel_seconds,
+)
+from planner.placement import Assignment, Placement, place
+from planner.profiles import HardwareProfile, LayerPoint, Link
+from planner.schedules import Schedule, generate
+from planner.schedules._inflight import InflightProfile, inflight_profile, peak_from_profile
+from planner.simulate import Durations, SimulationResult, simulate
+from planner.specs import CandidateConfig, PlanRequest, Recompute
+
+__all__ = [
+    "ALLOWANCE_FRACTION",
+    "INTERLEAVED_CHUNKS",
+    "WORKSPACE_GIB",
+    "DeviceMemory",
+    "Estimate",
+    "PlanContext",
+    "Priced",
+    "StageCosts",
+    "estimate",
+    "num_stages",
+    "placement_for",
+    "price",
+    "split_layers",
+    "stage_costs",
+]
+
+# Memory allowance on top of the tensors we count. Workspace: cuBLAS/cuDNN workspaces, NCCL
+# and all-gather buffers, the loss's fp32 logits copy and other transient buffers, taken as
+# 1 GiB (PyTorch's cuBLAS workspace alone is up to 32 MiB per stream and Megatron's
+# tensor-parallel all-gather buffer is an s x b x h activation). Fragmentation of the caching
+# allocator: 5% of what is allocated (an assumption; Megatron's own estimator ignores it).
+WORKSPACE_GIB = 1.0
+ALLOWANCE_FRACTION = 0.05
+INTERLEAVED_CHUNKS = 2
+# Idle time relative to 1F1B's (p - 1) x stage time, used only to rank candidates before the
+# exact simulation: Narayanan et al. 2021 (interleaved: 1/v), V-shape paper Table 1 (V-Min
+# 4d/6d, V-Half 3d/6d, V-ZB about 0, here one stage time), and 2BW amortizes its single fill
+# over its run (PipeDream-2BW §3.1; counted as 0 per batch).
+_IDLE_VS_1F1B = {
+    "gpipe": 1.0,
+    "1f1b": 1.0,
+    "bpipe": 1.0,
+    "interleaved": 1.0 / INTERLEAVED_CHUNKS,
+    "v-min": 4.0 / 6.0,
+    "v-half": 3.0 / 6.0,
+    "v-zb": 1.0 / 6.0,
+    "2bw": 0.0,
+}
+
+
+def num_stages(schedule: str, p: int) -> int:
+    if schedule in ("v-min", "v-half", "v-zb"):
+        return 2 * p
+    if schedule == "interleaved":
+        return INTERLEAVED_CHUNKS * p
+    return p
+
+
+def split_layers(num_layers: int, stages: int) -> list[int] | None:
+    """Spread layers over stages as evenly as possible; when they do not divide, the first
+    and last stages get fewer (they also run the embedding and the output layer, as the
+    V-shape paper arranges, §4.1). None when a middle stage would get no layer."""
+    base, extra = divmod(num_layers, stages)
+    if extra == 0:
+        return [base] * stages
+    # ``stages - extra`` stages get ``base``: the first and last first, then from the ends in.
+    light = stages - extra
+    order = []
+    low, high = 0, stages - 1
+    while low <= high:
+        order.append(low)
+        if high != low:
+            order.append(high)
+        low, high = low + 1, high - 1
+    counts = [base + 1] * stages
+    for stage in order[:light]:
+        counts[stage] = base
+    if base == 0 and any(c == 0 for c in counts[1:-1]):
+        return None
+    return counts
+
+
+@dataclass
+class PlanContext:
+    """Everything one request's pricing shares, with caches of what repeats."""
+
+    request: PlanRequest
+    hardware: HardwareProfile
+    points: list[LayerPoint]
+    _layers: dict[tuple[int, int, str], LayerTimes] = field(default_factory=dict)
+
+    def layer(self, micro_batch: int, t: int, recompute: Recompute) -> LayerTimes:
+        key = (micro_batch, t, recompute)
+        found = self._layers.get(key)
+        if found is None:
+            r = self.request
+            found = layer_times(
+                self.points, self.hardware, r.model, r.training, micro_batch, t, recompute
+            )
+            self._layers[key] = found
+        return found
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per stage, per micro-batch, on one tensor-parallel rank."""
+
+    forward: list[float]
+    backward: list[float]
+    weight: list[float]
+    activation_bytes: list[float]
+    parameters: list[float]
+    tp_comm: list[float]  # tensor-parallel collectives inside forward + backward
+    p2p_s: float  # one activation/gradient hop between stages (slowest link in the pipeline)
+    transfer_s: float  # one BPipe EVICT or LOAD of one stage's micro-batch
+    working_bytes: float  # transient bytes of a recomputed layer during its backward
+    layer: LayerTimes
+
+
+def placement_for(config: CandidateConfig, gpus_per_node: int) -> Placement:
+    """BPipe gets the pair-adjacent assignment (§3.5); every other schedule Megatron's."""
+    assignment: Assignment = "pair-adjacent" if config.schedule == "bpipe" else "standard"
+    return place(config.t, config.p, config.d, gpus_per_node, assignment)
+
+
+def _link(hw: HardwareProfile, same_node: bool) -> Link:
+    return hw.intra_node if same_node else hw.inter_node
+
+
+def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
+    """Durations and sizes of every stage of ``config`` (layers from
+    ``config.layers_per_stage``; the first stage adds the embedding, the last the output
+    layer and loss)."""
+    r = ctx.request
+    model, training, hw = r.model, r.training, ctx.hardware
+    mb, t = config.micro_batch_size, config.t
+    layer = ctx.layer(mb, t, config.recompute)
+    layers = config.layers_per_stage
+    count = len(layers)
+    rate = hw.peak(training.precision) * ROOFLINE_EFFICIENCY
+    logits = logits_flops(model, mb) / t / rate  # vocabulary-parallel output layer
+    act_layer = activation_bytes_per_layer(model, training, mb, t, config.recompute)
+    forward = [n * layer.forward for n in layers]
+    backward = [n * layer.backward for n in layers]
+    weight = [n * layer.weight for n in layers]
+    activation = [n * act_layer for n in layers]
+    params = [n * layer_parameters(model) / t for n in layers]
+    # Output layer: forward, input gradient and weight gradient, one matmul each.
+    forward[-1] += logits
+    backward[-1] += logits
+    weight[-1] += logits
+    activation[-1] += output_activation_bytes(model, training, mb, t)
+    params[0] += embedding_parameters(model) / t
+    params[-1] += (model.vocab_size * model.hidden_size + 2 * model.hidden_size) / t
+    tp = tensor_parallel_seconds(model, training, mb, t, hw.intra_node)
+    tp_comm = [n * tp * (3 if config.recompute == "full" else 2) for n in layers]
+    placement = placement_for(config, r.cluster.gpus_per_node)
+    devices = config.p
+    stage_device = _stage_devices(config.schedule, devices)
+    hop_bytes = p2p_bytes(model, training, mb, t)
+    worst = 0.0
+    for s in range(count - 1):
+        a, b = stage_device[s], stage_device[s + 1]
+        if a == b:
+            continue
+        worst = max(worst, _link(hw, placement.same_node(a, b)).seconds(hop_bytes))
+    transfer = 0.0
+    if config.schedule == "bpipe" and devices >= 2:
+        pair_link = _link(hw, placement.same_node(0, devices - 1))
+        transfer = pair_link.seconds(max(activation[: max(1, devices // 2)]))
+    return StageCosts(
+        forward,
+        backward,
+        weight,
+        activation,
+        params,
+        tp_comm,
+        worst,
+        transfer,
+        recompute_working_bytes(model, training, mb, t, config.recompute),
+        layer,
+    )
+
+
+def _stage_devices(schedule: str, p: int) -> list[int]:
+    stages = num_stages(schedule, p)
+    if schedule in ("v-min", "v-half", "v-zb"):
+        return [s if s < p else 2 * p - 1 - s for s in range(stages)]
+    return [s % p for s in range(stages)]
+
+
+@lru_cache(maxsize=256)
+def _shape(schedule: str, p: int, m: int) -> tuple[Schedule, InflightProfile]:
+    """The schedule of a shape (with at most ``_m_cap(p)`` micro-batches) and its in-flight
+    profile, shared by every candidate of that shape."""
+    built = generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=2, check=False)
+    return built, inflight_profile(built)
+
+
+def m_cap(schedule: str, p: int) -> int:
+    """Micro-batches simulated before the steady state is extended: by 2p every schedule has
+    reached its peak memory and its repeating pattern (checked in the tests up to p = 32)."""
+    return 2 * p
+
+
+def _sim_microbatches(config: CandidateConfig) -> int:
+    return min(config.num_microbatches, m_cap(config.schedule, config.p))
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    allowance: float
+    in_flight: float  # peak saved micro-batches of this device's stages
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.allowance
+
+
+def device_memory(
+    ctx: PlanContext, config: CandidateConfig, costs: StageCosts
+) -> list[DeviceMemory]:
+    """Bytes per pipeline device (the worst tensor/data-parallel rank is identical)."""
+    r = ctx.request
+    weight_b, grad_b, opt_b = bytes_per_parameter(r.training, config.d)
+    if config.schedule == "2bw":
+        weight_b *= 2  # the stashed second version (PipeDream-2BW §3.1)
+    schedule, profile = _shape(config.schedule, config.p, _sim_microbatches(config))
+    peaks = peak_from_profile(profile, costs.activation_bytes)
+    units = peak_from_profile(profile, [1.0 / schedule.num_stages] * schedule.num_stages)
+    out = []
+    for device in range(config.p):
+        stages = schedule.stages_of(device)
+        params = sum(costs.parameters[s] for s in stages)
+        activations = peaks[device] + costs.working_bytes
+        tensors = params * (weight_b + grad_b + opt_b) + activations
+        allowance = WORKSPACE_GIB * GIB + ALLOWANCE_FRACTION * tensors
+        out.append(
+            DeviceMemory(
+                params * weight_b,
+                params * grad_b,
+                params * opt_b,
+                activations,
+                allowance,
+                units[device] * schedule.num_stages / len(stages),
+            )
+        )
+    return out
+
+
+def _data_parallel_seconds(
+    ctx: PlanContext, config: CandidateConfig, params_per_device: float
+) -> float:
+    """Gradient synchronisation once per step: with the distributed optimizer a
+    reduce-scatter of the fp32 gradients and an all-gather of the updated 16-bit weights,
+    otherwise an all-reduce; ring volume (d - 1) / d of the buffer each way."""
+    d = config.d
+    if d == 1:
+        return 0.0
+    r = ctx.request
+    placement = placement_for(config, r.cluster.gpus_per_node)
+    link = (
+        ctx.hardware.intra_node if placement.data_groups_within_nodes() else ctx.hardware.inter_node
+    )
+    weight_b, grad_b, _ = bytes_per_parameter(r.training, d)
+    if r.training.distributed_optimizer:
+        volume = (d - 1) / d * params_per_device * (grad_b + weight_b)
+    else:
+        volume = 2 * (d - 1) / d * params_per_device * grad_b
+    return 2 * (d - 1) * link.latency_us * 1e-6 + volume / (link.bandwidth_gbps * 1e9)
+
+
+def _optimizer_seconds(ctx: PlanContext, config: CandidateConfig, params: float) -> float:
+    """The optimizer step is memory-bound: each rank reads and writes its optimizer states
+    and the matching shard of gradients and weights (all of them without the distributed
+    optimizer)."""
+    training = ctx.request.training
+    weight_b, grad_b, opt_b = bytes_per_parameter(training, config.d)
+    shard = config.d if training.distributed_optimizer else 1
+    moved = params * opt_b + params / shard * (weight_b + grad_b)
+    return 2 * moved / (ctx.hardware.memory_bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    config: CandidateConfig
+    costs: StageCosts
+    memory: list[DeviceMemory]
+    iteration_time_s: float
+    busy_s: float
+
+    @property
+    def peak_memory(self) -> float:
+        return max(m.total for m in self.memory)
+
+
+def estimate(ctx: PlanContext, config: CandidateConfig) -> Estimate:
+    """Fast pricing for ranking: exact memory, approximate time (see module docstring)."""
+    costs = stage_costs(ctx, config)
+    memory = device_memory(ctx, config, costs)
+    m = config.num_microbatches
+    per_device = [0.0] * config.p
+    for s, device in enumerate(_stage_devices(config.schedule, config.p)):
+        per_device[device] += costs.forward[s] + costs.backward[s] + costs.weight[s]
+    busy = m * max(per_device)
+    stage_time = sum(per_device) / config.p
+    idle = _IDLE_VS_1F1B[config.schedule] * (config.p - 1) * (stage_time + 2 * costs.p2p_s)
+    params = max(sum(costs.parameters[s] for s in _stages_on(config, d)) for d in range(config.p))
+    total = (
+        busy
+        + idle
+        + _data_parallel_seconds(ctx, config, params)
+        + _optimizer_seconds(ctx, config, params)
+    )
+    return Estimate(config, costs, memory, total, busy)
+
+
+def _stages_on(config: CandidateConfig, device: int) -> list[int]:
+    return [s for s, d in enumerate(_stage_devices(config.schedule, config.p)) if d == device]
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A candidate priced with the simulator."""
+
+    estimate: Estimate
+    iteration_time_s: float
+    makespan_s: float
+    bubble_fraction: float
+    data_parallel_s: float
+    optimizer_s: float
+    mfu: float
+    simulation: SimulationResult
+    simulated_microbatches: int
+
+
+def _durations(costs: StageCosts) -> Durations:
+    return Durations(
+        forward=costs.forward,
+        backward=costs.backward,
+        weight=costs.weight,
+        comm=costs.p2p_s,
+        transfer=costs.transfer_s,
+    )
+
+
+def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
+    """Simulate the candidate's schedule with its durations (steady state extended past
+    ``m_cap`` micro-batches) and add data-parallel sync and the optimizer step."""
+    est = estimate(ctx, config)
+    costs = est.costs
+    durations = _durations(costs)
+    m = config.num_microbatches
+    simulated = _sim_microbatches(config)
+    schedule, _ = _shape(config.schedule, config.p, simulated)
+    result = simulate(schedule, durations, activation=costs.activation_bytes)
+    makespan = result.makespan
+    if config.schedule == "2bw":
+        # Steady state of 2BW: one more batch costs (makespan(3 batches) - makespan(2)).
+        three = generate("2bw", config.p, simulated, num_batches=3, check=False)
+        per_batch = simulate(three, durations).makespan - makespan
+        makespan = per_batch * m / simulated
+    elif m > simulated:
+        step = config.p
+        shorter, _ = _shape(config.schedule, config.p, simulated - step)
+        slope = (makespan - simulate(shorter, durations).makespan) / step
+        makespan += (m - simulated) * slope
+    params = max(sum(costs.parameters[s] for s in _stages_on(config, d)) for d in range(config.p))
+    dp = _data_parallel_seconds(ctx, config, params)
+    opt = _optimizer_seconds(ctx, config, params)
+    iteration = makespan + dp + opt
+    batches = schedule.num_batches
+    busy = m * max(d.busy for d in result.devices) / (simulated * batches)
+    r = ctx.request
+    flops = model_flops_per_step(r.model, r.training.global_batch_size)
+    mfu = flops / (iteration * r.cluster.num_gpus * ctx.hardware.peak(r.training.precision))
+    bubble = max(0.0, 1.0 - busy / makespan) if makespan > 0 else 0.0
+    return Priced(est, iteration, makespan, bubble, dp, opt, mfu, result, simulated)

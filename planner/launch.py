@@ -1,0 +1,124 @@
+"""Launch artefacts of a candidate: what `stagewright run` takes, torchrun command lines, the
+equivalent Megatron-LM arguments, and the schedule in torch.distributed.pipelining's CSV.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.placement import Placement
+from planner.schedules import ActionKind, Schedule
+from planner.specs import CandidateConfig, PlanRequest
+
+__all__ = ["executor_config", "megatron_args", "torch_pipelining_csv", "torchrun_commands"]
+
+EXECUTOR_CONFIG_FORMAT = "stagewright.executor-config/1"
+
+
+def executor_config(
+    request: PlanRequest, config: CandidateConfig, schedule: Schedule, placement: Placement
+) -> dict[str, Any]:
+    """The executor's input: model, parallel layout, stage -> layers, rank map and the exact
+    schedule JSON (the same IR the simulator priced)."""
+    bounds = []
+    first = 0
+    for count in config.layers_per_stage:
+        bounds.append([first, first + count])
+        first += count
+    return {
+        "format": EXECUTOR_CONFIG_FORMAT,
+        "model": request.model.model_dump(),
+        "training": request.training.model_dump(),
+        "parallel": {"t": config.t, "p": config.p, "d": config.d},
+        "micro_batch_size": config.micro_batch_size,
+        "num_microbatches": config.num_microbatches,
+        "recompute": config.recompute,
+        "stage_layers": bounds,
+        "placement": {
+            "assignment": placement.assignment,
+            "gpus_per_node": placement.gpus_per_node,
+            "ranks": [
+                {"rank": rank, "dp": dp, "pp": pp, "tp": tp}
+                for rank, (dp, pp, tp) in enumerate(placement.coords)
+            ],
+        },
+        "schedule": schedule.to_dict(),
+    }
+
+
+def torchrun_commands(request: PlanRequest, config: CandidateConfig) -> list[str]:
+    """One torchrun line per node, running the executor's per-rank entry point on the
+    candidate's executor config; MASTER_ADDR is the first node's address (set it)."""
+    world = config.t * config.p * config.d
+    per_node = min(request.cluster.gpus_per_node, world)
+    nodes = max(1, world // per_node)
+    return [
+        f"torchrun --nnodes={nodes} --node-rank={node} --nproc-per-node={per_node} "
+        f"--master-addr=$MASTER_ADDR --master-port=29500 "
+        f"-m executor.worker config.json"
+        for node in range(nodes)
+    ]
+
+
+def megatron_args(request: PlanRequest, config: CandidateConfig) -> str | None:
+    """Megatron-LM (core, pretrain_gpt.py) arguments for schedules Megatron runs: 1f1b and
+    interleaved; None for the others (GPipe, BPipe, V-shape and 2BW are not in Megatron-LM).
+    Uneven first/last stages map to --decoder-first/last-pipeline-num-layers."""
+    if config.schedule not in ("1f1b", "interleaved"):
+        return None
+    m, tr = request.model, request.training
+    args = [
+        f"--num-layers {m.num_layers}",
+        f"--hidden-size {m.hidden_size}",
+        f"--num-attention-heads {m.num_attention_heads}",
+        f"--ffn-hidden-size {m.ffn}",
+        f"--seq-length {m.seq_length}",
+        f"--max-position-embeddings {m.seq_length}",
+        f"--tensor-model-parallel-size {config.t}",
+        f"--pipeline-model-parallel-size {config.p}",
+        f"--micro-batch-size {config.micro_batch_size}",
+        f"--global-batch-size {tr.global_batch_size}",
+    ]
+    if tr.precision == "bf16":
+        args.append("--bf16")
+    elif tr.precision == "fp16":
+        args.append("--fp16")
+    if tr.sequence_parallel and config.t > 1:
+        args.append("--sequence-parallel")
+    if tr.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    if tr.flash_attention:
+        args.append("--use-flash-attn")
+    if config.schedule == "interleaved":
+        per_chunk = config.layers_per_stage[0]
+        args.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+    elif len(set(config.layers_per_stage)) > 1 and config.p > 1:
+        args.append(f"--decoder-first-pipeline-num-layers {config.layers_per_stage[0]}")
+        args.append(f"--decoder-last-pipeline-num-layers {config.layers_per_stage[-1]}")
+    if config.recompute == "selective":
+        args.append("--recompute-activations")
+    elif config.recompute == "full":
+        args.append(
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+        )
+    return " ".join(args)
+
+
+_CSV_KIND = {ActionKind.F: "F", ActionKind.B: "I", ActionKind.W: "W", ActionKind.BW: "B"}
+
+
+def torch_pipelining_csv(schedule: Schedule) -> str | None:
+    """The compute-only CSV that torch.distributed.pipelining's ``_PipelineScheduleRuntime``
+    loads (one row per rank; ``0F3``, ``7B2``, ``5I0`` for input-grad, ``5W0``). None when the
+    runtime cannot express the schedule: BPipe's transfers, 2BW's weight versions and
+    several batches, and placements other than one stage per rank, loop (interleaved) or
+    V (two stages per rank) are outside it."""
+    if schedule.name in ("bpipe", "2bw") and (
+        schedule.count(ActionKind.EVICT) or schedule.name == "2bw"
+    ):
+        return None
+    rows = []
+    for acts in schedule.actions:
+        cells = [f"{a.stage}{_CSV_KIND[a.kind]}{a.microbatch}" for a in acts if a.kind in _CSV_KIND]
+        rows.append(",".join(cells))
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,279 @@
+"""Grid search over (t, p, d, micro-batch size, recompute, schedule).
+
+Constraints (BPipe §4.2, generalised): heads % t == 0; t divides the GPUs per node;
+t x p x d == number of GPUs; global batch % (mb x d) == 0; layers spread over the schedule's
+stages with no empty middle stage; interleaved needs m % p == 0 and p >= 2; 2BW needs m >= p;
+BPipe and V-shape need p >= 2. Every point that breaks one is listed as rejected with the
+reason, as is every candidate over the device's memory (with its predicted numbers).
+
+Feasible candidates are ranked by the fast estimate; the best ``max(top_k, 2 x top_k)`` are
+priced with the simulator and re-ranked by that.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from planner.costmodel.evaluate import (
+    Estimate,
+    PlanContext,
+    Priced,
+    estimate,
+    num_stages,
+    placement_for,
+    price,
+    split_layers,
+)
+from planner.costmodel.memory import GIB
+from planner.launch import executor_config, megatron_args, torch_pipelining_csv, torchrun_commands
+from planner.profiles import ProfileStore, default_store
+from planner.schedules import generate
+from planner.specs import (
+    Candidate,
+    CandidateConfig,
+    Launch,
+    Plan,
+    PlanRequest,
+    PlanStats,
+    Predicted,
+    Rejected,
+    StageBreakdown,
+)
+
+__all__ = ["DEFAULT_MICRO_BATCH_SIZES", "plan"]
+
+DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class _Point:
+    t: int
+    p: int
+    d: int
+    mb: int
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _points(request: PlanRequest) -> Iterator[tuple[_Point, int]]:
+    """(t, p, d, mb) that meet the parallelism and batch constraints, with m."""
+    model, cluster, training = request.model, request.cluster, request.training
+    gpus = cluster.num_gpus
+    sizes = request.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
+    batch = training.global_batch_size
+    for t in _divisors(cluster.gpus_per_node):
+        if t > gpus or gpus % t:
+            continue
+        if model.num_attention_heads % t:
+            continue
+        for p in _divisors(gpus // t):
+            d = gpus // (t * p)
+            for mb in sizes:
+                if batch % (mb * d):
+                    continue
+                yield _Point(t, p, d, mb), batch // (mb * d)
+
+
+def _schedule_problem(schedule: str, point: _Point, m: int, layers: int) -> str | None:
+    p = point.p
+    if schedule in ("bpipe", "v-min", "v-half", "v-zb", "interleaved") and p < 2:
+        return f"{schedule} needs a pipeline of at least 2 devices (p = {p})"
+    if schedule == "interleaved" and m % p:
+        return f"interleaved needs the micro-batches ({m}) to be a multiple of p = {p}"
+    if schedule == "2bw" and m < p:
+        return f"2bw needs at least p = {p} micro-batches per batch, got {m}"
+    stages = num_stages(schedule, p)
+    if split_layers(layers, stages) is None:
+        return (
+            f"{layers} layers cannot fill {stages} stages of {schedule} "
+            f"(a middle stage would be empty)"
+        )
+    return None
+
+
+def _config(
+    point: _Point, m: int, recompute: str, schedule: str, layers: list[int]
+) -> CandidateConfig:
+    return CandidateConfig(
+        t=point.t,
+        p=point.p,
+        d=point.d,
+        micro_batch_size=point.mb,
+        num_microbatches=m,
+        recompute=recompute,
+        schedule=schedule,
+        layers_per_stage=layers,
+    )
+
+
+def _predicted_from_estimate(request: PlanRequest, est: Estimate) -> Predicted:
+    samples = request.training.global_batch_size / est.iteration_time_s
+    memory = [round(m.total / GIB, 3) for m in est.memory]
+    return Predicted(
+        iteration_time_s=est.iteration_time_s,
+        samples_per_s=samples,
+        tokens_per_s=samples * request.model.seq_length,
+        mfu=0.0,
+        bubble_fraction=max(0.0, 1 - est.busy_s / est.iteration_time_s),
+        memory_gib_per_device=memory,
+        peak_memory_gib=max(memory),
+    )
+
+
+def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
+    """Search the request's space and return the ranked, launchable plan."""
+    started = time.perf_counter()
+    store = store or default_store()
+    hardware = store.hardware(request.cluster.gpu)
+    hardware.peak(request.training.precision)  # fails early for bf16 on a V100
+    ctx = PlanContext(request, hardware, list(store.layer_points(hardware.name)))
+    capacity = hardware.usable_memory_gib * GIB
+    rejected: list[Rejected] = []
+    feasible: list[Estimate] = []
+    evaluated = 0
+    layers_total = request.model.num_layers
+    for point, m in _points(request):
+        for schedule in request.search.schedules:
+            problem = _schedule_problem(schedule, point, m, layers_total)
+            layers = split_layers(layers_total, num_stages(schedule, point.p)) or []
+            for recompute in request.search.recompute:
+                config = _config(point, m, recompute, schedule, layers)
+                evaluated += 1
+                if problem is not None:
+                    rejected.append(Rejected(config=config, reason=problem))
+                    continue
+                est = estimate(ctx, config)
+                if est.peak_memory > capacity:
+                    worst = max(range(len(est.memory)), key=lambda i: est.memory[i].total)
+                    parts = est.memory[worst]
+                    rejected.append(
+                        Rejected(
+                            config=config,
+                            reason=(
+                                f"out of memory: device {worst} needs "
+                                f"{parts.total / GIB:.1f} GiB > {hardware.usable_memory_gib:.1f} "
+                                f"GiB usable on {hardware.name} (parameters "
+                                f"{parts.parameters / GIB:.1f}, gradients "
+                                f"{parts.gradients / GIB:.1f}, optimizer "
+                                f"{parts.optimizer / GIB:.1f}, activations "
+                                f"{parts.activations / GIB:.1f} for "
+                                f"{parts.in_flight:.2g} micro-batches in flight, allowance "
+                                f"{parts.allowance / GIB:.1f})"
+                            ),
+                            predicted=_predicted_from_estimate(request, est),
+                        )
+                    )
+                    continue
+                feasible.append(est)
+    feasible.sort(key=lambda e: e.iteration_time_s)
+    top_k = request.search.top_k
+    priced = sorted(
+        (price(ctx, e.config) for e in feasible[: 2 * top_k]),
+        key=lambda pr: pr.iteration_time_s,
+    )
+    candidates = [_candidate(ctx, pr) for pr in priced[:top_k]]
+    elapsed = (time.perf_counter() - started) * 1e3
+    return Plan(
+        id=uuid.uuid4().hex,
+        request=request,
+        best=candidates[0] if candidates else None,
+        candidates=candidates,
+        rejected=rejected,
+        stats=PlanStats(evaluated=evaluated, feasible=len(feasible), search_ms=elapsed),
+    )
+
+
+def _candidate(ctx: PlanContext, priced: Priced) -> Candidate:
+    request = ctx.request
+    est = priced.estimate
+    config = est.config
+    samples = request.training.global_batch_size / priced.iteration_time_s
+    memory = [round(m.total / GIB, 3) for m in est.memory]
+    predicted = Predicted(
+        iteration_time_s=priced.iteration_time_s,
+        samples_per_s=samples,
+        tokens_per_s=samples * request.model.seq_length,
+        mfu=priced.mfu,
+        bubble_fraction=priced.bubble_fraction,
+        memory_gib_per_device=memory,
+        peak_memory_gib=max(memory),
+    )
+    schedule = generate(config.schedule, config.p, config.num_microbatches, check=False)
+    placement = placement_for(config, request.cluster.gpus_per_node)
+    launch = Launch(
+        executor_config=executor_config(request, config, schedule, placement),
+        torchrun=torchrun_commands(request, config),
+        megatron_args=megatron_args(request, config),
+        torch_pipelining_csv=torch_pipelining_csv(schedule),
+    )
+    return Candidate(
+        config=config,
+        predicted=predicted,
+        launch=launch,
+        breakdown=_breakdown(priced),
+        notes=_notes(priced),
+    )
+
+
+def _breakdown(priced: Priced) -> list[StageBreakdown]:
+    est = priced.estimate
+    config = est.config
+    costs = est.costs
+    sim = priced.simulation
+    scale = config.num_microbatches / (priced.simulated_microbatches * sim.schedule.num_batches)
+    out = []
+    for device in range(config.p):
+        stages = list(sim.schedule.stages_of(device))
+        compute = sum(costs.forward[s] + costs.backward[s] + costs.weight[s] for s in stages)
+        tp = sum(costs.tp_comm[s] for s in stages)
+        m = config.num_microbatches
+        mem = est.memory[device]
+        out.append(
+            StageBreakdown(
+                device=device,
+                stages=stages,
+                layers=sum(config.layers_per_stage[s] for s in stages),
+                compute_s=m * compute,
+                communication_s=m * (tp + 2 * costs.p2p_s),
+                bubble_s=max(0.0, priced.makespan_s - sim.devices[device].busy * scale),
+                parameters_gib=mem.parameters / GIB,
+                gradients_gib=mem.gradients / GIB,
+                optimizer_gib=mem.optimizer / GIB,
+                activations_gib=mem.activations / GIB,
+                allowance_gib=mem.allowance / GIB,
+                in_flight_microbatches=mem.in_flight,
+            )
+        )
+    return out
+
+
+def _notes(priced: Priced) -> list[str]:
+    est = priced.estimate
+    config = est.config
+    costs = est.costs
+    notes = [f"layer times: {costs.layer.source}"]
+    if config.schedule == "bpipe":
+        forward = costs.forward[0]
+        hidden = costs.transfer_s <= forward
+        notes.append(
+            f"BPipe transfer {costs.transfer_s * 1e3:.2f} ms per micro-batch vs forward "
+            f"{forward * 1e3:.2f} ms: "
+            + (
+                "hidden behind compute (BPipe Appendix B)"
+                if hidden
+                else "longer than the forward, so it stretches the step"
+            )
+        )
+    if priced.data_parallel_s > 0:
+        notes.append(f"data-parallel gradient sync {priced.data_parallel_s * 1e3:.1f} ms per step")
+    if priced.simulated_microbatches < config.num_microbatches:
+        notes.append(
+            f"simulated {priced.simulated_microbatches} of {config.num_microbatches} "
+            f"micro-batches exactly; the steady state is extended linearly"
+        )
+    return notes
