@@ -10,10 +10,17 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from pydantic import ValidationError
+from rich.console import Console
+
+from api.render import render_plan
 from planner.errors import StagewrightError
 from planner.schedules import SCHEDULE_NAMES, format_timeline, generate
+from planner.search import plan
 from planner.simulate import Durations, SimulationResult, simulate
+from planner.specs import PlanRequest
 
 __all__ = ["main"]
 
@@ -91,6 +98,20 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--width", type=int, default=100, help="columns of the text timeline")
     sim.add_argument("--json", action="store_true", help="print the contract's JSON")
     sim.set_defaults(handler=_simulate)
+
+    planner = commands.add_parser(
+        "plan",
+        help="search parallel configurations for a model, a cluster and a batch",
+        description="Read a PlanRequest (JSON) and print the ranked, launchable plan.",
+    )
+    planner.add_argument("request", metavar="REQUEST.json", help="the plan request")
+    planner.add_argument("--json", action="store_true", help="print the Plan as JSON")
+    planner.add_argument(
+        "--all",
+        action="store_true",
+        help="also list rejected candidates with their memory and reason",
+    )
+    planner.set_defaults(handler=_plan)
     return parser
 
 
@@ -141,6 +162,35 @@ def _describe(result: SimulationResult, width: int) -> str:
         )
     lines += ["", format_timeline(schedule, result.start, result.end, result.makespan, width)]
     return "\n".join(lines)
+
+
+def _read_request(path: str) -> PlanRequest:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise StagewrightError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        return PlanRequest.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'request'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise StagewrightError(f"{path} is not a valid plan request: {problems}") from None
+
+
+def _plan(args: argparse.Namespace) -> int:
+    request = _read_request(args.request)
+    result = plan(request)
+    if args.json:
+        data = result.model_dump(mode="json")
+        if not args.all:
+            data["rejected"] = []
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return 0
+    console = Console(width=160)
+    render_plan(console, result, show_rejected=args.all)
+    return 0 if result.best is not None else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -67,6 +67,7 @@ class Placement:
         rank = self._rank
         return self.node_of(rank[(dp, pp_a, tp)]) == self.node_of(rank[(dp, pp_b, tp)])
 
+    @cached_property
     def tensor_groups_within_nodes(self) -> bool:
         rank = self._rank
         return all(
@@ -75,6 +76,7 @@ class Placement:
             for pp in range(self.p)
         )
 
+    @cached_property
     def data_groups_within_nodes(self) -> bool:
         rank = self._rank
         return all(

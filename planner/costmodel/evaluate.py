@@ -188,14 +188,9 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     tp_comm = [n * tp * (3 if config.recompute == "full" else 2) for n in layers]
     placement = placement_for(config, r.cluster.gpus_per_node)
     devices = config.p
-    stage_device = _stage_devices(config.schedule, devices)
     hop_bytes = p2p_bytes(model, training, mb, t)
-    worst = 0.0
-    for s in range(count - 1):
-        a, b = stage_device[s], stage_device[s + 1]
-        if a == b:
-            continue
-        worst = max(worst, _link(hw, placement.same_node(a, b)).seconds(hop_bytes))
+    crosses = _crosses_nodes(placement, config.schedule)
+    worst = 0.0 if count == 1 else _link(hw, not crosses).seconds(hop_bytes)
     transfer = 0.0
     if config.schedule == "bpipe" and devices >= 2:
         pair_link = _link(hw, placement.same_node(0, devices - 1))
@@ -214,6 +209,18 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     )
 
 
+@lru_cache(maxsize=1024)
+def _crosses_nodes(placement: Placement, schedule: str) -> bool:
+    """Whether any hop between consecutive stages of the pipeline crosses a node boundary
+    (the simulator takes one p2p time, so the slowest hop sets it)."""
+    stage_device = _stage_devices(schedule, placement.p)
+    return any(
+        not placement.same_node(a, b)
+        for a, b in zip(stage_device, stage_device[1:], strict=False)
+        if a != b
+    )
+
+
 def _stage_devices(schedule: str, p: int) -> list[int]:
     stages = num_stages(schedule, p)
     if schedule in ("v-min", "v-half", "v-zb"):
@@ -221,12 +228,38 @@ def _stage_devices(schedule: str, p: int) -> list[int]:
     return [s % p for s in range(stages)]
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """What every candidate of one (schedule, p, simulated micro-batches) shares."""
+
+    schedule: Schedule
+    profile: InflightProfile
+    stage_device: tuple[int, ...]
+    stages_by_device: tuple[tuple[int, ...], ...]
+    in_flight: tuple[float, ...]  # peak saved micro-batches per device, per stage it holds
+
+
 @lru_cache(maxsize=256)
-def _shape(schedule: str, p: int, m: int) -> tuple[Schedule, InflightProfile]:
-    """The schedule of a shape (with at most ``_m_cap(p)`` micro-batches) and its in-flight
-    profile, shared by every candidate of that shape."""
+def _shape(schedule: str, p: int, m: int) -> _Shape:
+    """The schedule of a shape (with at most ``m_cap`` micro-batches) and its in-flight
+    profile, built once and shared by every candidate of that shape."""
     built = generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=2, check=False)
-    return built, inflight_profile(built)
+    profile = inflight_profile(built)
+    n = built.num_stages
+    units = peak_from_profile(profile, [1.0] * n)
+    by_device = tuple(built.stages_of(device) for device in range(p))
+    return _Shape(
+        built,
+        profile,
+        built.stage_devices,
+        by_device,
+        tuple(units[d] / len(by_device[d]) for d in range(p)),
+    )
+
+
+@lru_cache(maxsize=64)
+def _three_batches_2bw(p: int, m: int) -> Schedule:
+    return generate("2bw", p, m, num_batches=3, check=False)
 
 
 def m_cap(schedule: str, p: int) -> int:
@@ -261,12 +294,10 @@ def device_memory(
     weight_b, grad_b, opt_b = bytes_per_parameter(r.training, config.d)
     if config.schedule == "2bw":
         weight_b *= 2  # the stashed second version (PipeDream-2BW §3.1)
-    schedule, profile = _shape(config.schedule, config.p, _sim_microbatches(config))
-    peaks = peak_from_profile(profile, costs.activation_bytes)
-    units = peak_from_profile(profile, [1.0 / schedule.num_stages] * schedule.num_stages)
+    shape = _shape(config.schedule, config.p, _sim_microbatches(config))
+    peaks = peak_from_profile(shape.profile, costs.activation_bytes)
     out = []
-    for device in range(config.p):
-        stages = schedule.stages_of(device)
+    for device, stages in enumerate(shape.stages_by_device):
         params = sum(costs.parameters[s] for s in stages)
         activations = peaks[device] + costs.working_bytes
         tensors = params * (weight_b + grad_b + opt_b) + activations
@@ -278,7 +309,7 @@ def device_memory(
                 params * opt_b,
                 activations,
                 allowance,
-                units[device] * schedule.num_stages / len(stages),
+                shape.in_flight[device],
             )
         )
     return out
@@ -296,7 +327,7 @@ def _data_parallel_seconds(
     r = ctx.request
     placement = placement_for(config, r.cluster.gpus_per_node)
     link = (
-        ctx.hardware.intra_node if placement.data_groups_within_nodes() else ctx.hardware.inter_node
+        ctx.hardware.intra_node if placement.data_groups_within_nodes else ctx.hardware.inter_node
     )
     weight_b, grad_b, _ = bytes_per_parameter(r.training, d)
     if r.training.distributed_optimizer:
@@ -335,9 +366,11 @@ def estimate(ctx: PlanContext, config: CandidateConfig) -> Estimate:
     costs = stage_costs(ctx, config)
     memory = device_memory(ctx, config, costs)
     m = config.num_microbatches
-    per_device = [0.0] * config.p
-    for s, device in enumerate(_stage_devices(config.schedule, config.p)):
-        per_device[device] += costs.forward[s] + costs.backward[s] + costs.weight[s]
+    stages_by_device = _shape(config.schedule, config.p, _sim_microbatches(config)).stages_by_device
+    per_device = [
+        sum(costs.forward[s] + costs.backward[s] + costs.weight[s] for s in stages)
+        for stages in stages_by_device
+    ]
     busy = m * max(per_device)
     stage_time = sum(per_device) / config.p
     idle = _IDLE_VS_1F1B[config.schedule] * (config.p - 1) * (stage_time + 2 * costs.p2p_s)
@@ -351,8 +384,8 @@ def estimate(ctx: PlanContext, config: CandidateConfig) -> Estimate:
     return Estimate(config, costs, memory, total, busy)
 
 
-def _stages_on(config: CandidateConfig, device: int) -> list[int]:
-    return [s for s, d in enumerate(_stage_devices(config.schedule, config.p)) if d == device]
+def _stages_on(config: CandidateConfig, device: int) -> tuple[int, ...]:
+    return _shape(config.schedule, config.p, _sim_microbatches(config)).stages_by_device[device]
 
 
 @dataclass(frozen=True)
@@ -388,17 +421,17 @@ def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
     durations = _durations(costs)
     m = config.num_microbatches
     simulated = _sim_microbatches(config)
-    schedule, _ = _shape(config.schedule, config.p, simulated)
+    schedule = _shape(config.schedule, config.p, simulated).schedule
     result = simulate(schedule, durations, activation=costs.activation_bytes)
     makespan = result.makespan
     if config.schedule == "2bw":
         # Steady state of 2BW: one more batch costs (makespan(3 batches) - makespan(2)).
-        three = generate("2bw", config.p, simulated, num_batches=3, check=False)
+        three = _three_batches_2bw(config.p, simulated)
         per_batch = simulate(three, durations).makespan - makespan
         makespan = per_batch * m / simulated
     elif m > simulated:
         step = config.p
-        shorter, _ = _shape(config.schedule, config.p, simulated - step)
+        shorter = _shape(config.schedule, config.p, simulated - step).schedule
         slope = (makespan - simulate(shorter, durations).makespan) / step
         makespan += (m - simulated) * slope
     params = max(sum(costs.parameters[s] for s in _stages_on(config, d)) for d in range(config.p))

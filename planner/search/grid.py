@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.costmodel.evaluate import (
     Estimate,
@@ -30,7 +31,7 @@ from planner.costmodel.evaluate import (
 from planner.costmodel.memory import GIB
 from planner.launch import executor_config, megatron_args, torch_pipelining_csv, torchrun_commands
 from planner.profiles import ProfileStore, default_store
-from planner.schedules import generate
+from planner.schedules import Schedule, generate
 from planner.specs import (
     Candidate,
     CandidateConfig,
@@ -188,6 +189,12 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
     )
 
 
+@lru_cache(maxsize=128)
+def _full_schedule(schedule: str, p: int, m: int) -> Schedule:
+    """The schedule a candidate launches with (all its micro-batches)."""
+    return generate(schedule, p, m, check=False)
+
+
 def _candidate(ctx: PlanContext, priced: Priced) -> Candidate:
     request = ctx.request
     est = priced.estimate
@@ -203,7 +210,7 @@ def _candidate(ctx: PlanContext, priced: Priced) -> Candidate:
         memory_gib_per_device=memory,
         peak_memory_gib=max(memory),
     )
-    schedule = generate(config.schedule, config.p, config.num_microbatches, check=False)
+    schedule = _full_schedule(config.schedule, config.p, config.num_microbatches)
     placement = placement_for(config, request.cluster.gpus_per_node)
     launch = Launch(
         executor_config=executor_config(request, config, schedule, placement),
