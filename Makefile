@@ -19,9 +19,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)  ## the main job: simulate a BPipe schedule and show its timeline
-	$(BIN)/stagewright simulate --schedule bpipe --devices 8 --microbatches 16 \
-		--f 1 --b 2 --transfer 0.5
+run: $(STAMP)  ## the main job: plan GPT-3 96B on 32 A100s and show why
+	$(BIN)/stagewright plan examples/gpt3-96b-32xa100.json
 
 lint: $(STAMP)  ## ruff (lint + format check)
 	$(BIN)/ruff check planner api executor tests benchmarks
@@ -35,8 +34,10 @@ unit: $(STAMP)  ## the pytest suite only
 
 test: lint typecheck unit  ## everything CI runs: lint, types, the whole test suite
 
-bench: $(STAMP)  ## schedule table and simulator speed (slow; not part of test)
+bench: $(STAMP)  ## schedule table, simulator and planner speed, paper reproduction (slow)
 	$(BIN)/python benchmarks/schedules.py
+	$(BIN)/python benchmarks/planner_speed.py
+	$(BIN)/python benchmarks/paper_reproduction.py
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

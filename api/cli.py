@@ -166,9 +166,13 @@ def _describe(result: SimulationResult, width: int) -> str:
 
 def _read_request(path: str) -> PlanRequest:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise StagewrightError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise StagewrightError(
+            f"{path} is not UTF-8 text (byte {exc.start}); save the request as UTF-8 JSON"
+        ) from exc
     try:
         return PlanRequest.model_validate_json(text)
     except ValidationError as exc:

@@ -109,13 +109,33 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         if best.launch.megatron_args:
             console.print(f"  Megatron-LM: {best.launch.megatron_args}")
         console.print(f"  torchrun: {best.launch.torchrun[0]}")
+    if plan.by_schedule:
+        summary = Table(title="does a schedule pay off here? best of each (simulated)")
+        for header in (
+            "schedule",
+            "fit",
+            "best config (t/p/d/mb/recompute)",
+            "step s",
+            "vs best 1f1b",
+        ):
+            summary.add_column(header)
+        for entry in plan.by_schedule:
+            c = entry.best_config
+            summary.add_row(
+                entry.schedule,
+                str(entry.feasible),
+                f"{c.t}/{c.p}/{c.d}/{c.micro_batch_size}/{c.recompute}" if c else "-",
+                f"{entry.best_iteration_time_s:.3f}" if entry.best_iteration_time_s else "-",
+                f"{entry.speedup_vs_1f1b:.2f}x" if entry.speedup_vs_1f1b else "-",
+            )
+        console.print(summary)
     if show_rejected and plan.rejected:
         rejected = Table(title=f"rejected ({len(plan.rejected)})")
         for header in ("t", "p", "d", "mb", "m", "recompute", "schedule", "peak GiB", "reason"):
             rejected.add_column(header)
-        for entry in plan.rejected:
-            c = entry.config
-            peak = f"{entry.predicted.peak_memory_gib:.1f}" if entry.predicted else "-"
+        for reject in plan.rejected:
+            c = reject.config
+            peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
             rejected.add_row(
                 str(c.t),
                 str(c.p),
@@ -125,6 +145,6 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
                 c.recompute,
                 c.schedule,
                 peak,
-                entry.reason,
+                reject.reason,
             )
         console.print(rejected)

@@ -62,8 +62,10 @@ def torchrun_commands(request: PlanRequest, config: CandidateConfig) -> list[str
 
 def megatron_args(request: PlanRequest, config: CandidateConfig) -> str | None:
     """Megatron-LM (core, pretrain_gpt.py) arguments for schedules Megatron runs: 1f1b and
-    interleaved; None for the others (GPipe, BPipe, V-shape and 2BW are not in Megatron-LM).
-    Uneven first/last stages map to --decoder-first/last-pipeline-num-layers."""
+    interleaved; None for the others (GPipe, BPipe, V-shape and 2BW are not in Megatron-LM)
+    and for layer splits Megatron cannot build. A lighter first/last stage maps to
+    --decoder-first/last-pipeline-num-layers; uneven middle stages or uneven virtual stages
+    have no Megatron flag."""
     if config.schedule not in ("1f1b", "interleaved"):
         return None
     m, tr = request.model, request.training
@@ -89,12 +91,16 @@ def megatron_args(request: PlanRequest, config: CandidateConfig) -> str | None:
         args.append("--use-distributed-optimizer")
     if tr.flash_attention:
         args.append("--use-flash-attn")
+    layers = config.layers_per_stage
     if config.schedule == "interleaved":
-        per_chunk = config.layers_per_stage[0]
-        args.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
-    elif len(set(config.layers_per_stage)) > 1 and config.p > 1:
-        args.append(f"--decoder-first-pipeline-num-layers {config.layers_per_stage[0]}")
-        args.append(f"--decoder-last-pipeline-num-layers {config.layers_per_stage[-1]}")
+        if len(set(layers)) > 1:
+            return None  # Megatron's virtual stages all hold the same number of layers
+        args.append(f"--num-layers-per-virtual-pipeline-stage {layers[0]}")
+    elif len(set(layers)) > 1 and config.p > 1:
+        if len(set(layers[1:-1])) > 1:
+            return None  # Megatron only lets the first and last stage differ
+        args.append(f"--decoder-first-pipeline-num-layers {layers[0]}")
+        args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
     if config.recompute == "selective":
         args.append("--recompute-activations")
     elif config.recompute == "full":

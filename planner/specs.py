@@ -26,6 +26,7 @@ __all__ = [
     "Recompute",
     "Rejected",
     "ScheduleName",
+    "ScheduleSummary",
     "SearchSpec",
     "StageBreakdown",
     "TrainingSpec",
@@ -251,9 +252,23 @@ class Rejected(_Spec):
 
 
 class PlanStats(_Spec):
-    evaluated: int
-    feasible: int
-    search_ms: float
+    evaluated: int = Field(description="Configurations considered (constraints included).")
+    feasible: int = Field(description="Configurations that fit in memory.")
+    search_ms: float = Field(description="Wall time of the search.")
+
+
+class ScheduleSummary(_Spec):
+    """The best a schedule can do for this request, so a person can see whether a
+    memory-saving schedule pays off here instead of assuming it does."""
+
+    schedule: ScheduleName
+    feasible: int = Field(description="Configurations of this schedule that fit.")
+    best_config: CandidateConfig | None
+    best_iteration_time_s: float | None = Field(description="Simulated, or null if none fit.")
+    speedup_vs_1f1b: float | None = Field(
+        description="Best 1F1B step time / this schedule's best (> 1 is faster); null when "
+        "either has no feasible configuration or 1F1B was not searched."
+    )
 
 
 class Plan(_Spec):
@@ -263,3 +278,4 @@ class Plan(_Spec):
     candidates: list[Candidate]
     rejected: list[Rejected]
     stats: PlanStats
+    by_schedule: list[ScheduleSummary] = Field(default_factory=list)

@@ -12,6 +12,7 @@ Two depths:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -183,7 +184,10 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     weight[-1] += logits
     activation[-1] += output_activation_bytes(model, training, mb, t)
     params[0] += embedding_parameters(model) / t
-    params[-1] += (model.vocab_size * model.hidden_size + 2 * model.hidden_size) / t
+    # The output layer reuses the word embedding (tied weights): the last stage keeps its own
+    # copy unless it is also the first stage. Plus the final layer norm.
+    tied_copy = model.vocab_size * model.hidden_size if count > 1 else 0
+    params[-1] += (tied_copy + 2 * model.hidden_size) / t
     tp = tensor_parallel_seconds(model, training, mb, t, hw.intra_node)
     tp_comm = [n * tp * (3 if config.recompute == "full" else 2) for n in layers]
     placement = placement_for(config, r.cluster.gpus_per_node)
@@ -257,19 +261,16 @@ def _shape(schedule: str, p: int, m: int) -> _Shape:
     )
 
 
-@lru_cache(maxsize=64)
-def _three_batches_2bw(p: int, m: int) -> Schedule:
-    return generate("2bw", p, m, num_batches=3, check=False)
-
-
-def m_cap(schedule: str, p: int) -> int:
-    """Micro-batches simulated before the steady state is extended: by 2p every schedule has
-    reached its peak memory and its repeating pattern (checked in the tests up to p = 32)."""
-    return 2 * p
+def m_cap(schedule: str, p: int, m: int) -> int:
+    """Micro-batches simulated before the steady state is extended: by 2p every schedule but
+    GPipe has reached its peak memory and its repeating pattern (checked in the tests up to
+    p = 32). GPipe keeps every micro-batch until its backward, so its peak grows with m and
+    it is always built whole."""
+    return m if schedule == "gpipe" else min(m, 2 * p)
 
 
 def _sim_microbatches(config: CandidateConfig) -> int:
-    return min(config.num_microbatches, m_cap(config.schedule, config.p))
+    return m_cap(config.schedule, config.p, config.num_microbatches)
 
 
 @dataclass(frozen=True)
@@ -286,33 +287,54 @@ class DeviceMemory:
         return self.parameters + self.gradients + self.optimizer + self.activations + self.allowance
 
 
+@lru_cache(maxsize=1024)
+def _stages_by_device(schedule: str, p: int) -> tuple[tuple[int, ...], ...]:
+    """Stages of each device, from the placement rule alone (no schedule needed)."""
+    by_device: list[list[int]] = [[] for _ in range(p)]
+    for stage, device in enumerate(_stage_devices(schedule, p)):
+        by_device[device].append(stage)
+    return tuple(tuple(stages) for stages in by_device)
+
+
 def device_memory(
-    ctx: PlanContext, config: CandidateConfig, costs: StageCosts
-) -> list[DeviceMemory]:
-    """Bytes per pipeline device (the worst tensor/data-parallel rank is identical)."""
+    ctx: PlanContext, config: CandidateConfig, costs: StageCosts, *, capacity: float = math.inf
+) -> tuple[list[DeviceMemory], bool]:
+    """Bytes per pipeline device (the worst tensor/data-parallel rank is identical), and
+    whether activations were counted. When the weights, gradients and optimizer states of
+    some device already exceed ``capacity`` the schedule is not built: activations are left
+    at zero (the numbers are then a lower bound) and the flag is False."""
     r = ctx.request
     weight_b, grad_b, opt_b = bytes_per_parameter(r.training, config.d)
     if config.schedule == "2bw":
         weight_b *= 2  # the stashed second version (PipeDream-2BW §3.1)
-    shape = _shape(config.schedule, config.p, _sim_microbatches(config))
-    peaks = peak_from_profile(shape.profile, costs.activation_bytes)
+    per_param = weight_b + grad_b + opt_b
+    by_device = _stages_by_device(config.schedule, config.p)
+    params = [sum(costs.parameters[s] for s in stages) for stages in by_device]
+    static = max(params) * per_param
+    counted = static * (1 + ALLOWANCE_FRACTION) + WORKSPACE_GIB * GIB <= capacity
+    if counted:
+        shape = _shape(config.schedule, config.p, _sim_microbatches(config))
+        peaks = peak_from_profile(shape.profile, costs.activation_bytes)
+        in_flight = list(shape.in_flight)
+    else:
+        peaks = [0.0] * config.p
+        in_flight = [0.0] * config.p
     out = []
-    for device, stages in enumerate(shape.stages_by_device):
-        params = sum(costs.parameters[s] for s in stages)
-        activations = peaks[device] + costs.working_bytes
-        tensors = params * (weight_b + grad_b + opt_b) + activations
+    for device in range(config.p):
+        activations = peaks[device] + (costs.working_bytes if counted else 0.0)
+        tensors = params[device] * per_param + activations
         allowance = WORKSPACE_GIB * GIB + ALLOWANCE_FRACTION * tensors
         out.append(
             DeviceMemory(
-                params * weight_b,
-                params * grad_b,
-                params * opt_b,
+                params[device] * weight_b,
+                params[device] * grad_b,
+                params[device] * opt_b,
                 activations,
                 allowance,
-                shape.in_flight[device],
+                in_flight[device],
             )
         )
-    return out
+    return out, counted
 
 
 def _data_parallel_seconds(
@@ -355,37 +377,40 @@ class Estimate:
     memory: list[DeviceMemory]
     iteration_time_s: float
     busy_s: float
+    activations_counted: bool = True
 
     @property
     def peak_memory(self) -> float:
         return max(m.total for m in self.memory)
 
 
-def estimate(ctx: PlanContext, config: CandidateConfig) -> Estimate:
-    """Fast pricing for ranking: exact memory, approximate time (see module docstring)."""
+def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.inf) -> Estimate:
+    """Fast pricing for ranking: exact memory, approximate time (see module docstring).
+    With ``capacity`` (bytes), a candidate whose static memory alone exceeds it skips the
+    activation count (``Estimate.activations_counted`` is then False)."""
     costs = stage_costs(ctx, config)
-    memory = device_memory(ctx, config, costs)
+    memory, counted = device_memory(ctx, config, costs, capacity=capacity)
     m = config.num_microbatches
-    stages_by_device = _shape(config.schedule, config.p, _sim_microbatches(config)).stages_by_device
+    by_device = _stages_by_device(config.schedule, config.p)
     per_device = [
         sum(costs.forward[s] + costs.backward[s] + costs.weight[s] for s in stages)
-        for stages in stages_by_device
+        for stages in by_device
     ]
     busy = m * max(per_device)
     stage_time = sum(per_device) / config.p
     idle = _IDLE_VS_1F1B[config.schedule] * (config.p - 1) * (stage_time + 2 * costs.p2p_s)
-    params = max(sum(costs.parameters[s] for s in _stages_on(config, d)) for d in range(config.p))
+    params = max(sum(costs.parameters[s] for s in stages) for stages in by_device)
     total = (
         busy
         + idle
         + _data_parallel_seconds(ctx, config, params)
         + _optimizer_seconds(ctx, config, params)
     )
-    return Estimate(config, costs, memory, total, busy)
+    return Estimate(config, costs, memory, total, busy, counted)
 
 
 def _stages_on(config: CandidateConfig, device: int) -> tuple[int, ...]:
-    return _shape(config.schedule, config.p, _sim_microbatches(config)).stages_by_device[device]
+    return _stages_by_device(config.schedule, config.p)[device]
 
 
 @dataclass(frozen=True)
@@ -413,25 +438,45 @@ def _durations(costs: StageCosts) -> Durations:
     )
 
 
+@lru_cache(maxsize=256)
+def _timing_schedule(schedule: str, p: int, m: int, batches: int = 2) -> Schedule:
+    return generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=batches,
+                    check=False)
+
+
+def timing_microbatches(schedule: str, p: int, m: int) -> int:
+    """Micro-batches simulated exactly for the step time: 3p + 2 (a multiple of p for
+    interleaved), so that both runs whose difference gives the steady-state slope (that and
+    p fewer) are past the warm-up: V-Half and V-ZB with a heavier last stage settle only after
+    about 2p + 2 (checked in the tests against simulating every micro-batch)."""
+    if schedule == "gpipe":
+        return m
+    cap = 3 * p + 2
+    if schedule == "interleaved":
+        cap = -(-cap // p) * p
+    return min(m, cap)
+
+
 def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
     """Simulate the candidate's schedule with its durations (steady state extended past
-    ``m_cap`` micro-batches) and add data-parallel sync and the optimizer step."""
+    ``timing_microbatches`` micro-batches) and add data-parallel sync and the optimizer
+    step."""
     est = estimate(ctx, config)
     costs = est.costs
     durations = _durations(costs)
     m = config.num_microbatches
-    simulated = _sim_microbatches(config)
-    schedule = _shape(config.schedule, config.p, simulated).schedule
+    simulated = timing_microbatches(config.schedule, config.p, m)
+    schedule = _timing_schedule(config.schedule, config.p, simulated)
     result = simulate(schedule, durations, activation=costs.activation_bytes)
     makespan = result.makespan
     if config.schedule == "2bw":
         # Steady state of 2BW: one more batch costs (makespan(3 batches) - makespan(2)).
-        three = _three_batches_2bw(config.p, simulated)
+        three = _timing_schedule("2bw", config.p, simulated, 3)
         per_batch = simulate(three, durations).makespan - makespan
         makespan = per_batch * m / simulated
     elif m > simulated:
         step = config.p
-        shorter = _shape(config.schedule, config.p, simulated - step).schedule
+        shorter = _timing_schedule(config.schedule, config.p, simulated - step)
         slope = (makespan - simulate(shorter, durations).makespan) / step
         makespan += (m - simulated) * slope
     params = max(sum(costs.parameters[s] for s in _stages_on(config, d)) for d in range(config.p))

@@ -156,6 +156,8 @@ def layer_times(
         distance = abs(ratio - 1) + (0.0 if point.seq_length == model.seq_length else 1.0)
         if best is None or distance < best[0]:
             best = (distance, scaled)
+    if best is not None and best[0] == 0.0:
+        return best[1]  # a point of exactly this shape: used as measured
     bracket = _interpolate(pool, model, recompute, micro_batch)
     if bracket is not None:
         return bracket

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.schedules._ir import ActionKind, Schedule
+from planner.schedules._ir import Action, ActionKind, Schedule
 
 __all__ = ["InflightProfile", "inflight_profile", "peak_by_order", "peak_from_profile"]
 
 K = ActionKind
+
+_TRANSFERS = frozenset({K.EVICT, K.LOAD})
+_TRACKED = _TRANSFERS | {K.F}
 
 InflightProfile = list[list[dict[int, int]]]
 """Per device: candidate peak moments, each {stage: saved micro-batches of that stage}."""
@@ -34,7 +37,11 @@ def inflight_profile(schedule: Schedule) -> InflightProfile:
     stage_devices = schedule.stage_devices
     profile: InflightProfile = []
     for device, row in enumerate(schedule.actions):
-        counter = _DeviceCounter()
+        stages = sorted({a.stage for a in row if a.kind in _TRACKED})
+        if len(stages) == 1 and not any(a.kind in _TRANSFERS for a in row):
+            profile.append([{stages[0]: _single_stage_peak(row)}])
+            continue
+        counter = _DeviceCounter(stages)
         for action in row:
             kind, stage = action.kind, action.stage
             if kind.is_compute:
@@ -49,64 +56,92 @@ def inflight_profile(schedule: Schedule) -> InflightProfile:
                 counter.apply_pending()
                 owner = stage_devices[stage] == device
                 if kind is K.EVICT and owner:
-                    counter.deferred.append([2, stage])
+                    counter.deferred.append([2, counter.slot[stage]])
                 elif kind is K.EVICT or owner:  # the acceptor receives / the evictor loads
                     counter.add(stage)
                     counter.observe()
                 else:  # the acceptor hands a LOAD back
                     counter.free_when_done(stage)
-        profile.append([dict(v) for v in _pareto(counter.seen)])
+        profile.append(
+            [{stages[i]: c for i, c in enumerate(v) if c} for v in _pareto(counter.seen)]
+        )
     return profile
 
 
-class _DeviceCounter:
-    """Saved micro-batches per stage on one device while walking its list."""
+def _single_stage_peak(row: Sequence[Action]) -> int:
+    """Peak of a device with one stage and no transfers: forwards minus finished frees."""
+    level = peak = 0
+    pending = 0
+    for action in row:
+        kind = action.kind
+        if kind.is_compute:
+            level -= pending
+            pending = 0
+            if kind is K.F:
+                level += 1
+                peak = max(peak, level)
+            elif kind is K.W or kind is K.BW:
+                pending = 1
+    return peak
 
-    def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
-        self.pending: dict[int, int] = {}  # frees that land when the running action ends
-        self.deferred: list[list[int]] = []  # [compute actions still to pass, stage]: EVICTs
-        self.seen: set[tuple[tuple[int, int], ...]] = set()
+
+class _DeviceCounter:
+    """Saved micro-batches per stage on one device while walking its list; stages are
+    numbered by their position (``slot``) in the device's list of relevant stages."""
+
+    def __init__(self, stages: list[int]) -> None:
+        self.slot = {stage: i for i, stage in enumerate(stages)}
+        self.counts = [0] * len(stages)
+        self.pending: list[int] = []  # slots freed when the running compute action ends
+        self.deferred: list[list[int]] = []  # [compute actions still to pass, slot]: EVICTs
+        self.seen: set[tuple[int, ...]] = set()
 
     def add(self, stage: int) -> None:
-        self.counts[stage] = self.counts.get(stage, 0) + 1
+        self.counts[self.slot[stage]] += 1
 
     def free_when_done(self, stage: int) -> None:
-        self.pending[stage] = self.pending.get(stage, 0) + 1
+        self.pending.append(self.slot[stage])
 
     def observe(self) -> None:
-        self.seen.add(tuple(sorted((s, c) for s, c in self.counts.items() if c)))
+        self.seen.add(tuple(self.counts))
 
     def apply_pending(self) -> None:
-        for stage, n in self.pending.items():
-            self.counts[stage] = self.counts.get(stage, 0) - n
+        for slot in self.pending:
+            self.counts[slot] -= 1
         self.pending.clear()
 
     def compute_starts(self) -> None:
         """The previous action has ended, and EVICTs issued two compute actions ago too."""
         self.apply_pending()
+        if not self.deferred:
+            return
         keep = []
         for entry in self.deferred:
             entry[0] -= 1
             if entry[0] <= 0:
-                self.counts[entry[1]] = self.counts.get(entry[1], 0) - 1
+                self.counts[entry[1]] -= 1
             else:
                 keep.append(entry)
         self.deferred = keep
 
 
-def _pareto(points: set[tuple[tuple[int, int], ...]]) -> list[tuple[tuple[int, int], ...]]:
-    """Drop count vectors that another vector dominates (>= on every stage)."""
-    as_dicts = [(p, dict(p)) for p in points]
-    keep = []
-    for p, d in as_dicts:
-        dominated = any(
-            q is not p and all(e.get(s, 0) >= c for s, c in d.items()) and e != d
-            for q, e in as_dicts
-        )
-        if not dominated:
-            keep.append(p)
-    return sorted(keep)
+def _pareto(points: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The count vectors no other vector dominates (>= on every stage)."""
+    ordered = sorted(points, reverse=True)
+    if ordered and len(ordered[0]) == 2:
+        # Two stages: sorted by the first count descending, keep rising second counts.
+        front: list[tuple[int, ...]] = []
+        best_second = -1
+        for point in ordered:
+            if point[1] > best_second:
+                front.append(point)
+                best_second = point[1]
+        return front
+    return [
+        p
+        for p in ordered
+        if not any(q != p and all(a >= b for a, b in zip(q, p, strict=True)) for q in ordered)
+    ]
 
 
 def peak_from_profile(profile: InflightProfile, sizes: Sequence[float]) -> list[float]:

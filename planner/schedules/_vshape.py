@@ -197,16 +197,6 @@ def _squeeze_and_reorder(
     return _reorder_cooldown(orders, stage_devices, m)
 
 
-def _producer_keys(action: Action, last_stage: int) -> list[tuple[ActionKind, int, int]]:
-    """The passes whose results ``action`` needs (the engine's rules, as keys)."""
-    s, k = action.stage, action.microbatch
-    if action.kind is F:
-        return [(F, s - 1, k)] if s > 0 else []
-    if action.kind is B:
-        return [(F, s, k)] if s == last_stage else [(B, s + 1, k), (F, s, k)]
-    return [(B, s, k)]
-
-
 def _fill_warmup(
     orders: list[list[Action]], times: list[list[int]], stage_devices: tuple[int, ...]
 ) -> list[list[Action]]:
@@ -216,7 +206,6 @@ def _fill_warmup(
     longer, so a move is taken only if the device's saved-activation count stays within the
     peak the squeezed schedule already has: the warm-up reorder buys throughput, never memory
     (the paper's premise: "the peak of memory happens in the stable phase")."""
-    last_stage = len(stage_devices) - 1
     at: dict[tuple[ActionKind, int, int], int] = {}
     cell_of: list[dict[int, Action]] = []
     for device, order in enumerate(orders):
@@ -249,27 +238,30 @@ def _fill_warmup(
             if t >= first_b[device] or t in cells:
                 continue
             level = alive[device]
-            # The highest level over [t, later) only grows with ``later``: once a move would
-            # exceed the peak, every later candidate would too.
-            highest, scanned = 0, t
+            full = peak[device]
             forward_cells = f_cells[device]
-            for later in forward_cells[bisect_right(forward_cells, t) :]:
-                action = cells[later]
-                while scanned < later:
-                    highest = max(highest, level[scanned])
+            index = bisect_right(forward_cells, t)
+            # Candidates in cell order. The level over [t, later) only grows with ``later``:
+            # once a move would exceed the peak, every later candidate would too.
+            scanned = t
+            while index < len(forward_cells):
+                later = forward_cells[index]
+                while scanned < later and level[scanned] < full:
                     scanned += 1
-                if highest + 1 > peak[device]:
+                if scanned < later:
                     break
-                if not all(at[key] + 1 <= t for key in _producer_keys(action, last_stage)):
-                    continue
-                for c in range(t, later):
-                    level[c] += 1
-                del cells[later]
-                cells[t] = action
-                forward_cells.remove(later)
-                insort(forward_cells, t)
-                at[(action.kind, action.stage, action.microbatch)] = t
-                break
+                action = cells[later]
+                stage, mb = action.stage, action.microbatch
+                if stage == 0 or at[(F, stage - 1, mb)] + 1 <= t:
+                    for c in range(t, later):
+                        level[c] += 1
+                    del cells[later]
+                    cells[t] = action
+                    del forward_cells[index]
+                    insort(forward_cells, t)
+                    at[(F, stage, mb)] = t
+                    break
+                index += 1
     return [[cells[t] for t in sorted(cells)] for cells in cell_of]
 
 

@@ -41,6 +41,7 @@ from planner.specs import (
     PlanStats,
     Predicted,
     Rejected,
+    ScheduleSummary,
     StageBreakdown,
 )
 
@@ -126,6 +127,28 @@ def _predicted_from_estimate(request: PlanRequest, est: Estimate) -> Predicted:
     )
 
 
+def _memory_reason(est: Estimate, gpu: str, usable_gib: float) -> str:
+    worst = max(range(len(est.memory)), key=lambda i: est.memory[i].total)
+    parts = est.memory[worst]
+    static = (
+        f"parameters {parts.parameters / GIB:.1f}, gradients {parts.gradients / GIB:.1f}, "
+        f"optimizer {parts.optimizer / GIB:.1f}"
+    )
+    if not est.activations_counted:
+        return (
+            f"out of memory before any activation: device {worst} needs "
+            f"{parts.total / GIB:.1f} GiB > {usable_gib:.1f} GiB usable on {gpu} ({static}, "
+            f"allowance {parts.allowance / GIB:.1f}); more pipeline or tensor parallelism, or "
+            f"the distributed optimizer, would shard it"
+        )
+    return (
+        f"out of memory: device {worst} needs {parts.total / GIB:.1f} GiB > "
+        f"{usable_gib:.1f} GiB usable on {gpu} ({static}, activations "
+        f"{parts.activations / GIB:.1f} for {parts.in_flight:.2g} micro-batches in flight, "
+        f"allowance {parts.allowance / GIB:.1f})"
+    )
+
+
 def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
     """Search the request's space and return the ranked, launchable plan."""
     started = time.perf_counter()
@@ -148,24 +171,12 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
                 if problem is not None:
                     rejected.append(Rejected(config=config, reason=problem))
                     continue
-                est = estimate(ctx, config)
+                est = estimate(ctx, config, capacity)
                 if est.peak_memory > capacity:
-                    worst = max(range(len(est.memory)), key=lambda i: est.memory[i].total)
-                    parts = est.memory[worst]
                     rejected.append(
                         Rejected(
                             config=config,
-                            reason=(
-                                f"out of memory: device {worst} needs "
-                                f"{parts.total / GIB:.1f} GiB > {hardware.usable_memory_gib:.1f} "
-                                f"GiB usable on {hardware.name} (parameters "
-                                f"{parts.parameters / GIB:.1f}, gradients "
-                                f"{parts.gradients / GIB:.1f}, optimizer "
-                                f"{parts.optimizer / GIB:.1f}, activations "
-                                f"{parts.activations / GIB:.1f} for "
-                                f"{parts.in_flight:.2g} micro-batches in flight, allowance "
-                                f"{parts.allowance / GIB:.1f})"
-                            ),
+                            reason=_memory_reason(est, hardware.name, hardware.usable_memory_gib),
                             predicted=_predicted_from_estimate(request, est),
                         )
                     )
@@ -178,6 +189,7 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
         key=lambda pr: pr.iteration_time_s,
     )
     candidates = [_candidate(ctx, pr) for pr in priced[:top_k]]
+    by_schedule = _summaries(ctx, request, feasible, priced)
     elapsed = (time.perf_counter() - started) * 1e3
     return Plan(
         id=uuid.uuid4().hex,
@@ -186,7 +198,46 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
         candidates=candidates,
         rejected=rejected,
         stats=PlanStats(evaluated=evaluated, feasible=len(feasible), search_ms=elapsed),
+        by_schedule=by_schedule,
     )
+
+
+def _summaries(
+    ctx: PlanContext, request: PlanRequest, feasible: list[Estimate], priced: list[Priced]
+) -> list[ScheduleSummary]:
+    """Best simulated configuration of each requested schedule (its estimate-best one is
+    simulated if the top candidates did not include it)."""
+    best: dict[str, Priced] = {}
+    for pr in priced:
+        name = pr.estimate.config.schedule
+        if name not in best or pr.iteration_time_s < best[name].iteration_time_s:
+            best[name] = pr
+    counts: dict[str, int] = {}
+    first: dict[str, Estimate] = {}
+    for est in feasible:  # sorted by estimated time
+        name = est.config.schedule
+        counts[name] = counts.get(name, 0) + 1
+        first.setdefault(name, est)
+    for label, est in first.items():
+        if label not in best:
+            best[label] = price(ctx, est.config)
+    baseline = best.get("1f1b")
+    out = []
+    for name in request.search.schedules:
+        found = best.get(name)
+        speedup = None
+        if found is not None and baseline is not None:
+            speedup = baseline.iteration_time_s / found.iteration_time_s
+        out.append(
+            ScheduleSummary(
+                schedule=name,
+                feasible=counts.get(name, 0),
+                best_config=found.estimate.config if found else None,
+                best_iteration_time_s=found.iteration_time_s if found else None,
+                speedup_vs_1f1b=speedup,
+            )
+        )
+    return out
 
 
 @lru_cache(maxsize=128)

@@ -80,3 +80,31 @@ def test_schedules_with_fewer_microbatches_than_devices_still_run():
     for name in ("gpipe", "1f1b", "bpipe", "v-min", "v-half", "v-zb"):
         schedule = generate(name, 8, 3)
         assert_complete(schedule)
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+@PROPERTY
+@given(
+    devices=st.integers(2, 16),
+    factor=st.integers(1, 4),
+    backward=st.floats(0.2, 3.0),
+    weight=st.floats(0.0, 2.0),
+    transfer=st.floats(0.05, 4.0),
+    sizes_seed=st.integers(0, 2**16),
+)
+def test_in_flight_counts_from_the_order_equal_the_simulated_peaks(
+    name, devices, factor, backward, weight, transfer, sizes_seed
+):
+    """The search counts saved activations from each device's order alone; that must give
+    the simulator's peaks for any durations and any per-stage sizes."""
+    import random
+
+    from planner.schedules._inflight import peak_by_order
+
+    schedule = generate(name, devices, _microbatches(name, devices, factor))
+    rng = random.Random(sizes_seed)
+    sizes = [rng.uniform(0.1, 2.0) for _ in range(schedule.num_stages)]
+    simulated = simulate(
+        schedule, Durations(1.0, backward, weight, comm=0.1, transfer=transfer), activation=sizes
+    ).peak_activation
+    assert peak_by_order(schedule, sizes) == pytest.approx(simulated, abs=1e-6)

@@ -1,0 +1,95 @@
+"""How fast the planner answers: the 1,024-GPU request over every schedule.
+
+    python benchmarks/planner_speed.py [--repeats N] [REQUEST.json]
+
+Default request: examples/gpt3-175b-1024xa100.json (GPT-3 175B on 128 nodes x 8 A100,
+global batch 1536, all eight schedules, recompute none/selective/full, micro-batch sizes
+1, 2, 4, 8). Two figures:
+
+- cold: a fresh Python process per run (imports excluded), so every schedule shape is built
+  and counted from scratch, as for one `stagewright plan` call;
+- warm: repeated requests in one process, as the service answers them: the schedules and
+  in-flight counts of each (schedule, p, micro-batches) shape are cached per process.
+
+Reports the p50 (and min/max) of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.search import plan  # noqa: E402
+from planner.specs import PlanRequest  # noqa: E402
+
+DEFAULT_REQUEST = ROOT / "examples" / "gpt3-175b-1024xa100.json"
+_CHILD = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from planner.search import plan
+from planner.specs import PlanRequest
+request = PlanRequest.model_validate_json(open({path!r}).read())
+started = time.perf_counter()
+result = plan(request)
+print(json.dumps({{"seconds": time.perf_counter() - started,
+                  "evaluated": result.stats.evaluated, "feasible": result.stats.feasible}}))
+"""
+
+
+def cold_runs(path: Path, repeats: int) -> list[float]:
+    seconds = []
+    for _ in range(repeats):
+        code = _CHILD.format(root=str(ROOT), path=str(path))
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        seconds.append(json.loads(out.stdout)["seconds"])
+    return seconds
+
+
+def warm_runs(request: PlanRequest, repeats: int) -> tuple[list[float], int, int]:
+    result = plan(request)  # fills the per-process caches
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = plan(request)
+        seconds.append(time.perf_counter() - started)
+    return seconds, result.stats.evaluated, result.stats.feasible
+
+
+def _row(label: str, runs: list[float]) -> str:
+    return (
+        f"| {label} | {len(runs)} | {statistics.median(runs):.2f} | {min(runs):.2f} | "
+        f"{max(runs):.2f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("request", nargs="?", type=Path, default=DEFAULT_REQUEST)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    request = PlanRequest.model_validate_json(args.request.read_text())
+    cold = cold_runs(args.request, args.repeats)
+    warm, evaluated, feasible = warm_runs(request, args.repeats)
+    gpus = request.cluster.num_gpus
+    print(
+        f"{request.model.name} on {gpus} x {request.cluster.gpu}: {evaluated} candidates "
+        f"evaluated, {feasible} fit\n"
+    )
+    print("| run | n | p50 (s) | min (s) | max (s) |")
+    print("|---|---|---|---|---|")
+    print(_row("cold (new process)", cold))
+    print(_row("warm (same process)", warm))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""PlanRequest validation: what a person gets told when a request cannot be planned."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from planner.errors import StagewrightError
+from planner.profiles import UnknownHardwareError, default_store
+from planner.search import plan
+from planner.specs import PlanRequest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.json"))
+
+
+def base_request() -> dict[str, Any]:
+    """A small valid request (4 CPU ranks, a tiny GPT) that each test breaks in one place."""
+    return {
+        "model": {
+            "name": "tiny",
+            "num_layers": 4,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "ffn_hidden_size": None,
+            "seq_length": 32,
+            "vocab_size": 128,
+        },
+        "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
+        "training": {"global_batch_size": 8, "precision": "fp32"},
+        "search": {"schedules": ["1f1b"], "recompute": ["none"], "micro_batch_sizes": [1, 2]},
+    }
+
+
+def with_change(section: str, field: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(base_request())
+    data[section][field] = value
+    return data
+
+
+def errors_of(data: dict[str, Any]) -> str:
+    with pytest.raises(ValidationError) as info:
+        PlanRequest.model_validate(data)
+    return str(info.value)
+
+
+def test_the_base_request_is_valid():
+    request = PlanRequest.model_validate(base_request())
+    assert request.cluster.num_gpus == 4
+    assert request.model.ffn == 4 * 64
+
+
+def test_hidden_not_divisible_by_heads_names_both_numbers():
+    message = errors_of(with_change("model", "hidden_size", 66))
+    assert "hidden_size 66 is not divisible by num_attention_heads 4" in message
+
+
+@pytest.mark.parametrize("field", ["num_nodes", "gpus_per_node"])
+def test_a_cluster_without_gpus_is_refused_naming_the_field(field):
+    message = errors_of(with_change("cluster", field, 0))
+    assert f"cluster.{field}" in message
+    assert "greater than or equal to 1" in message
+
+
+def test_a_batch_that_no_micro_batch_and_data_degree_divide_is_refused():
+    # 7 is odd: 2 x d and 4 x d are even for every data-parallel degree d in {1, 2, 4, 8}.
+    data = with_change("training", "global_batch_size", 7)
+    data["cluster"]["gpus_per_node"] = 8
+    data["search"]["micro_batch_sizes"] = [2, 4]
+    assert all(7 % (mb * d) for mb in (2, 4) for d in (1, 2, 4, 8))
+    message = errors_of(data)
+    assert "global_batch_size 7" in message
+    assert "[2, 4]" in message
+
+
+def test_a_batch_that_one_micro_batch_size_divides_is_accepted():
+    # 6 = 2 x 3 x 1: mb 2 with d 1 works even though 4 never does.
+    data = with_change("training", "global_batch_size", 6)
+    data["search"]["micro_batch_sizes"] = [2, 4]
+    assert PlanRequest.model_validate(data).training.global_batch_size == 6
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("schedules", ["1f1b", "bpipe", "1f1b"]),
+        ("recompute", ["none", "full", "none"]),
+    ],
+)
+def test_duplicated_entries_are_refused(field, value):
+    message = errors_of(with_change("search", field, value))
+    assert f"search.{field}" in message
+    assert "twice" in message
+
+
+@pytest.mark.parametrize("field", ["schedules", "recompute"])
+def test_empty_schedule_or_recompute_lists_are_refused(field):
+    message = errors_of(with_change("search", field, []))
+    assert f"search.{field}" in message
+
+
+@pytest.mark.parametrize(
+    "sizes, expected",
+    [
+        ([], "micro_batch_sizes is empty"),
+        ([0, 2], "must be positive"),
+        ([-1], "must be positive"),
+        ([2, 2], "lists a size twice"),
+    ],
+)
+def test_bad_micro_batch_sizes_are_refused(sizes, expected):
+    message = errors_of(with_change("search", "micro_batch_sizes", sizes))
+    assert expected in message
+
+
+def test_micro_batch_sizes_are_kept_sorted():
+    request = PlanRequest.model_validate(with_change("search", "micro_batch_sizes", [4, 1, 2]))
+    assert request.search.micro_batch_sizes == [1, 2, 4]
+
+
+@pytest.mark.parametrize("section", ["model", "cluster", "training", "search"])
+def test_an_unknown_field_in_any_section_is_refused(section):
+    data = with_change(section, "typo_field", 1)
+    message = errors_of(data)
+    assert f"{section}.typo_field" in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_an_unknown_top_level_field_is_refused():
+    data = base_request()
+    data["comment"] = "hello"
+    assert "Extra inputs are not permitted" in errors_of(data)
+
+
+@pytest.mark.parametrize(
+    "section, field, value, allowed",
+    [
+        ("search", "schedules", ["1f1b", "zb-h2"], "'v-half'"),
+        ("training", "precision", "fp8", "'bf16'"),
+        ("search", "recompute", ["partial"], "'selective'"),
+        ("search", "method", "annealing", "'cpsat'"),
+        ("training", "optimizer", "lion", "'sgd'"),
+    ],
+)
+def test_unknown_enumeration_values_list_the_allowed_ones(section, field, value, allowed):
+    message = errors_of(with_change(section, field, value))
+    assert f"{section}.{field}" in message
+    assert allowed in message
+
+
+def test_an_unknown_gpu_lists_the_known_profiles():
+    request = PlanRequest.model_validate(with_change("cluster", "gpu", "tpu-v9"))
+    with pytest.raises(UnknownHardwareError) as info:
+        plan(request)
+    message = str(info.value)
+    assert "'tpu-v9'" in message
+    known = default_store().hardware_names()
+    assert {"a100-sxm-80g", "cpu", "v100-16g"} <= set(known)
+    for name in known:
+        assert name in message
+
+
+def test_the_store_refuses_an_unknown_gpu_the_same_way():
+    with pytest.raises(UnknownHardwareError, match="known hardware profiles: .*a100-sxm-80g"):
+        default_store().hardware("nope")
+    assert issubclass(UnknownHardwareError, StagewrightError)
+
+
+def test_bf16_on_a_v100_names_the_supported_precisions():
+    data = with_change("cluster", "gpu", "v100-16g")
+    data["training"]["precision"] = "bf16"
+    request = PlanRequest.model_validate(data)
+    with pytest.raises(StagewrightError) as info:
+        plan(request)
+    message = str(info.value)
+    assert "v100-16g" in message and "bf16" in message
+    assert "fp16" in message and "fp32" in message
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_parses(path):
+    request = PlanRequest.model_validate_json(path.read_text())
+    assert request.cluster.num_gpus >= 1
+    assert request.training.global_batch_size >= 1
+
+
+def test_there_are_examples():
+    names = {p.name for p in EXAMPLES}
+    assert {"tiny-cpu.json", "gpt3-96b-32xa100.json", "gpt3-13b-8xa100.json"} <= names
+
+
+def _architecture_md() -> Path | None:
+    for candidate in (REPO / "ARCHITECTURE.md", REPO.parent / "shared" / "ARCHITECTURE.md"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_the_contract_example_request_parses():
+    path = _architecture_md()
+    if path is None:
+        pytest.skip("ARCHITECTURE.md (the contracts) is not next to this checkout")
+    text = path.read_text()
+    start = text.index("PlanRequest (same JSON")
+    block = re.search(r"```json\n(.*?)```", text[start:], re.DOTALL)
+    assert block is not None, "the PlanRequest section has no json block"
+    data = json.loads(block.group(1))
+    request = PlanRequest.model_validate(data)
+    assert request.model.name == "gpt3-96b"
+    assert request.cluster.num_gpus == 32
+    assert request.search.schedules == ["1f1b", "bpipe"]
