@@ -440,8 +440,7 @@ def _durations(costs: StageCosts) -> Durations:
 
 @lru_cache(maxsize=256)
 def _timing_schedule(schedule: str, p: int, m: int, batches: int = 2) -> Schedule:
-    return generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=batches,
-                    check=False)
+    return generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=batches, check=False)
 
 
 def timing_microbatches(schedule: str, p: int, m: int) -> int:
