@@ -24,6 +24,7 @@ __all__ = [
     "Predicted",
     "Precision",
     "Recompute",
+    "RecomputeSplit",
     "Rejected",
     "ScheduleName",
     "ScheduleSummary",
@@ -174,6 +175,26 @@ class PlanRequest(_Spec):
         return self
 
 
+class RecomputeSplit(_Spec):
+    """Layers of one stage per recompute mode."""
+
+    none: int = Field(default=0, ge=0, description="Layers that keep all activations.")
+    selective: int = Field(default=0, ge=0, description="Layers recomputing attention only.")
+    full: int = Field(default=0, ge=0, description="Layers recomputed whole.")
+
+    @property
+    def total(self) -> int:
+        return self.none + self.selective + self.full
+
+    def as_dict(self) -> dict[Recompute, int]:
+        counts: dict[Recompute, int] = {
+            "none": self.none,
+            "selective": self.selective,
+            "full": self.full,
+        }
+        return {mode: n for mode, n in counts.items() if n}
+
+
 class CandidateConfig(_Spec):
     """One point of the search space, as Megatron would be launched with it."""
 
@@ -188,6 +209,36 @@ class CandidateConfig(_Spec):
         description="Transformer layers of each pipeline stage, in stage order (2p stages for "
         "V schedules, p x chunks for interleaved)."
     )
+    recompute_per_stage: list[RecomputeSplit] | None = Field(
+        default=None,
+        description="Per stage, how many of its layers use each recompute mode (what CP-SAT "
+        "refinement chooses); null means every layer uses ``recompute``, which otherwise "
+        "names the heaviest mode used.",
+    )
+
+    @model_validator(mode="after")
+    def _split_matches_layers(self) -> CandidateConfig:
+        split = self.recompute_per_stage
+        if split is None:
+            return self
+        if len(split) != len(self.layers_per_stage):
+            raise ValueError(
+                f"recompute_per_stage has {len(split)} entries for "
+                f"{len(self.layers_per_stage)} stages; give one per stage"
+            )
+        for stage, (entry, layers) in enumerate(zip(split, self.layers_per_stage, strict=True)):
+            if entry.total != layers:
+                raise ValueError(
+                    f"stage {stage}: recompute_per_stage counts {entry.total} layers but the "
+                    f"stage has {layers}"
+                )
+        return self
+
+    def stage_modes(self) -> list[dict[Recompute, int]]:
+        """Per stage: layers per recompute mode (all ``recompute`` when no split is given)."""
+        if self.recompute_per_stage is None:
+            return [{self.recompute: n} for n in self.layers_per_stage]
+        return [entry.as_dict() for entry in self.recompute_per_stage]
 
 
 class Predicted(_Spec):

@@ -146,7 +146,7 @@ class StageCosts:
     tp_comm: list[float]  # tensor-parallel collectives inside forward + backward
     p2p_s: float  # one activation/gradient hop between stages (slowest link in the pipeline)
     transfer_s: float  # one BPipe EVICT or LOAD of one stage's micro-batch
-    working_bytes: float  # transient bytes of a recomputed layer during its backward
+    working_bytes: list[float]  # per stage: transient bytes of a recomputed layer in its backward
     layer: LayerTimes
 
 
@@ -162,22 +162,35 @@ def _link(hw: HardwareProfile, same_node: bool) -> Link:
 
 def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     """Durations and sizes of every stage of ``config`` (layers from
-    ``config.layers_per_stage``; the first stage adds the embedding, the last the output
-    layer and loss)."""
+    ``config.layers_per_stage``, each with its recompute mode; the first stage adds the
+    embedding, the last the output layer and loss)."""
     r = ctx.request
     model, training, hw = r.model, r.training, ctx.hardware
     mb, t = config.micro_batch_size, config.t
-    layer = ctx.layer(mb, t, config.recompute)
-    layers = config.layers_per_stage
-    count = len(layers)
+    modes = config.stage_modes()
+    count = len(modes)
     rate = hw.peak(training.precision) * ROOFLINE_EFFICIENCY
     logits = logits_flops(model, mb) / t / rate  # vocabulary-parallel output layer
-    act_layer = activation_bytes_per_layer(model, training, mb, t, config.recompute)
-    forward = [n * layer.forward for n in layers]
-    backward = [n * layer.backward for n in layers]
-    weight = [n * layer.weight for n in layers]
-    activation = [n * act_layer for n in layers]
-    params = [n * layer_parameters(model) / t for n in layers]
+    tp = tensor_parallel_seconds(model, training, mb, t, hw.intra_node)
+    per_layer_params = layer_parameters(model) / t
+    forward, backward, weight, activation, params, tp_comm, working = [], [], [], [], [], [], []
+    for stage_modes in modes:
+        f = b = w = act = comm = work = 0.0
+        for mode, n in stage_modes.items():
+            layer = ctx.layer(mb, t, mode)
+            f += n * layer.forward
+            b += n * layer.backward
+            w += n * layer.weight
+            act += n * activation_bytes_per_layer(model, training, mb, t, mode)
+            comm += n * tp * (3 if mode == "full" else 2)
+            work = max(work, recompute_working_bytes(model, training, mb, t, mode))
+        forward.append(f)
+        backward.append(b)
+        weight.append(w)
+        activation.append(act)
+        params.append(sum(stage_modes.values()) * per_layer_params)
+        tp_comm.append(comm)
+        working.append(work)
     # Output layer: forward, input gradient and weight gradient, one matmul each.
     forward[-1] += logits
     backward[-1] += logits
@@ -188,8 +201,6 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     # copy unless it is also the first stage. Plus the final layer norm.
     tied_copy = model.vocab_size * model.hidden_size if count > 1 else 0
     params[-1] += (tied_copy + 2 * model.hidden_size) / t
-    tp = tensor_parallel_seconds(model, training, mb, t, hw.intra_node)
-    tp_comm = [n * tp * (3 if config.recompute == "full" else 2) for n in layers]
     placement = placement_for(config, r.cluster.gpus_per_node)
     devices = config.p
     hop_bytes = p2p_bytes(model, training, mb, t)
@@ -208,8 +219,8 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
         tp_comm,
         worst,
         transfer,
-        recompute_working_bytes(model, training, mb, t, config.recompute),
-        layer,
+        working,
+        ctx.layer(mb, t, config.recompute),
     )
 
 
@@ -321,7 +332,8 @@ def device_memory(
         in_flight = [0.0] * config.p
     out = []
     for device in range(config.p):
-        activations = peaks[device] + (costs.working_bytes if counted else 0.0)
+        working = max(costs.working_bytes[s] for s in by_device[device])
+        activations = peaks[device] + (working if counted else 0.0)
         tensors = params[device] * per_param + activations
         allowance = WORKSPACE_GIB * GIB + ALLOWANCE_FRACTION * tensors
         out.append(

@@ -24,6 +24,8 @@ CONFIG_KEYS = {
     "recompute",
     "schedule",
     "layers_per_stage",
+    # Extension: per-stage recompute counts chosen by CP-SAT (null from the grid).
+    "recompute_per_stage",
 }
 PREDICTED_KEYS = {
     "iteration_time_s",
