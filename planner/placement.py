@@ -22,7 +22,7 @@ from planner.errors import StagewrightError
 
 __all__ = ["Assignment", "Placement", "pair_order", "place"]
 
-Assignment = Literal["standard", "pair-adjacent"]
+Assignment = Literal["standard", "pair-adjacent", "optimized"]
 
 
 def pair_order(p: int) -> list[int]:

@@ -25,6 +25,7 @@ __all__ = [
     "Precision",
     "Recompute",
     "RecomputeSplit",
+    "RefinementInfo",
     "Rejected",
     "ScheduleName",
     "ScheduleSummary",
@@ -129,6 +130,13 @@ class SearchSpec(_Spec):
         "the batch).",
     )
     method: Literal["grid", "cpsat"] = Field(default="grid", description="Search method.")
+    time_limit_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="Budget for the CP-SAT refinement of one request (method cpsat), in "
+        "seconds; each model gets at most 2 s of it.",
+    )
     top_k: int = Field(default=10, description="Ranked candidates to return.", ge=1, le=1000)
 
     @field_validator("schedules", "recompute")
@@ -288,12 +296,38 @@ class Launch(_Spec):
     )
 
 
+class RefinementInfo(_Spec):
+    """What CP-SAT changed versus the uniform grid answer of the same (t, p, d, mb,
+    schedule), and why it is an improvement."""
+
+    status: Literal["optimal", "feasible", "timed out", "infeasible"] = Field(
+        description="Solver status: optimal, feasible (not proven optimal), timed out (best "
+        "found within the limit), infeasible."
+    )
+    solve_s: float
+    uniform_layers_per_stage: list[int]
+    uniform_recompute: Recompute
+    uniform_iteration_time_s: float | None = Field(
+        description="The uniform grid configuration's simulated step time; null when it does "
+        "not fit in memory."
+    )
+    uniform_peak_memory_gib: float
+    speedup_vs_uniform: float | None = Field(
+        description="uniform step time / refined step time; null when the uniform one does not "
+        "fit (the refinement is what makes it fit)."
+    )
+    changes: list[str] = Field(description="Readable list of what changed.")
+
+
 class Candidate(_Spec):
     config: CandidateConfig
     predicted: Predicted
     launch: Launch
     breakdown: list[StageBreakdown] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    refinement: RefinementInfo | None = Field(
+        default=None, description="Present when CP-SAT refined this candidate (method cpsat)."
+    )
 
 
 class Rejected(_Spec):

@@ -49,9 +49,13 @@ __all__ = [
     "PlanContext",
     "Priced",
     "StageCosts",
+    "device_memory",
     "estimate",
+    "m_cap",
     "num_stages",
     "placement_for",
+    "shape_profile",
+    "stages_by_device",
     "price",
     "split_layers",
     "stage_costs",
@@ -120,6 +124,7 @@ class PlanContext:
     request: PlanRequest
     hardware: HardwareProfile
     points: list[LayerPoint]
+    placements: dict[tuple[int, int, int, str], Placement] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str], LayerTimes] = field(default_factory=dict)
 
     def layer(self, micro_batch: int, t: int, recompute: Recompute) -> LayerTimes:
@@ -150,8 +155,18 @@ class StageCosts:
     layer: LayerTimes
 
 
-def placement_for(config: CandidateConfig, gpus_per_node: int) -> Placement:
-    """BPipe gets the pair-adjacent assignment (§3.5); every other schedule Megatron's."""
+def placement_for(
+    config: CandidateConfig,
+    gpus_per_node: int,
+    overrides: dict[tuple[int, int, int, str], Placement] | None = None,
+) -> Placement:
+    """An optimized placement when one was computed for this (t, p, d, schedule) (CP-SAT
+    plans), else BPipe's pair-adjacent assignment (§3.5) for BPipe and Megatron's for the
+    rest."""
+    if overrides:
+        found = overrides.get((config.t, config.p, config.d, config.schedule))
+        if found is not None:
+            return found
     assignment: Assignment = "pair-adjacent" if config.schedule == "bpipe" else "standard"
     return place(config.t, config.p, config.d, gpus_per_node, assignment)
 
@@ -201,7 +216,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     # copy unless it is also the first stage. Plus the final layer norm.
     tied_copy = model.vocab_size * model.hidden_size if count > 1 else 0
     params[-1] += (tied_copy + 2 * model.hidden_size) / t
-    placement = placement_for(config, r.cluster.gpus_per_node)
+    placement = placement_for(config, r.cluster.gpus_per_node, ctx.placements)
     devices = config.p
     hop_bytes = p2p_bytes(model, training, mb, t)
     crosses = _crosses_nodes(placement, config.schedule)
@@ -298,8 +313,13 @@ class DeviceMemory:
         return self.parameters + self.gradients + self.optimizer + self.activations + self.allowance
 
 
+def shape_profile(schedule: str, p: int, m: int) -> InflightProfile:
+    """In-flight profile (per device, Pareto peak moments) of a schedule shape."""
+    return _shape(schedule, p, m).profile
+
+
 @lru_cache(maxsize=1024)
-def _stages_by_device(schedule: str, p: int) -> tuple[tuple[int, ...], ...]:
+def stages_by_device(schedule: str, p: int) -> tuple[tuple[int, ...], ...]:
     """Stages of each device, from the placement rule alone (no schedule needed)."""
     by_device: list[list[int]] = [[] for _ in range(p)]
     for stage, device in enumerate(_stage_devices(schedule, p)):
@@ -319,7 +339,7 @@ def device_memory(
     if config.schedule == "2bw":
         weight_b *= 2  # the stashed second version (PipeDream-2BW §3.1)
     per_param = weight_b + grad_b + opt_b
-    by_device = _stages_by_device(config.schedule, config.p)
+    by_device = stages_by_device(config.schedule, config.p)
     params = [sum(costs.parameters[s] for s in stages) for stages in by_device]
     static = max(params) * per_param
     counted = static * (1 + ALLOWANCE_FRACTION) + WORKSPACE_GIB * GIB <= capacity
@@ -359,7 +379,7 @@ def _data_parallel_seconds(
     if d == 1:
         return 0.0
     r = ctx.request
-    placement = placement_for(config, r.cluster.gpus_per_node)
+    placement = placement_for(config, r.cluster.gpus_per_node, ctx.placements)
     link = (
         ctx.hardware.intra_node if placement.data_groups_within_nodes else ctx.hardware.inter_node
     )
@@ -403,7 +423,7 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
     costs = stage_costs(ctx, config)
     memory, counted = device_memory(ctx, config, costs, capacity=capacity)
     m = config.num_microbatches
-    by_device = _stages_by_device(config.schedule, config.p)
+    by_device = stages_by_device(config.schedule, config.p)
     per_device = [
         sum(costs.forward[s] + costs.backward[s] + costs.weight[s] for s in stages)
         for stages in by_device
@@ -422,7 +442,7 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
 
 
 def _stages_on(config: CandidateConfig, device: int) -> tuple[int, ...]:
-    return _stages_by_device(config.schedule, config.p)[device]
+    return stages_by_device(config.schedule, config.p)[device]
 
 
 @dataclass(frozen=True)

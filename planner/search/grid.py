@@ -262,7 +262,7 @@ def _candidate(ctx: PlanContext, priced: Priced) -> Candidate:
         peak_memory_gib=max(memory),
     )
     schedule = _full_schedule(config.schedule, config.p, config.num_microbatches)
-    placement = placement_for(config, request.cluster.gpus_per_node)
+    placement = placement_for(config, request.cluster.gpus_per_node, ctx.placements)
     launch = Launch(
         executor_config=executor_config(request, config, schedule, placement),
         torchrun=torchrun_commands(request, config),
