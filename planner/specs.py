@@ -30,11 +30,13 @@ __all__ = [
     "ScheduleName",
     "ScheduleSummary",
     "SearchSpec",
+    "SolverStatus",
     "StageBreakdown",
     "TrainingSpec",
 ]
 
 Precision = Literal["bf16", "fp16", "fp32"]
+SolverStatus = Literal["optimal", "feasible", "timed out", "infeasible"]
 Recompute = Literal["none", "selective", "full"]
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw"]
 SCHEDULES: tuple[str, ...] = (
@@ -300,7 +302,7 @@ class RefinementInfo(_Spec):
     """What CP-SAT changed versus the uniform grid answer of the same (t, p, d, mb,
     schedule), and why it is an improvement."""
 
-    status: Literal["optimal", "feasible", "timed out", "infeasible"] = Field(
+    status: SolverStatus = Field(
         description="Solver status: optimal, feasible (not proven optimal), timed out (best "
         "found within the limit), infeasible."
     )

@@ -45,17 +45,16 @@ from planner.costmodel.memory import (
     layer_parameters,
     recompute_working_bytes,
 )
-from planner.specs import CandidateConfig, Recompute, RecomputeSplit
+from planner.specs import CandidateConfig, Recompute, RecomputeSplit, SolverStatus
 
 __all__ = ["RefineOptions", "Refinement", "check", "refine"]
 
 _US = 1e6  # seconds -> integer microseconds
 _KIB = 1024.0  # bytes -> integer KiB
-_STATUS = {
+_STATUS: dict[cp_model.CpSolverStatus, SolverStatus] = {
     cp_model.OPTIMAL: "optimal",
     cp_model.FEASIBLE: "feasible",
     cp_model.INFEASIBLE: "infeasible",
-    cp_model.MODEL_INVALID: "model invalid",
     cp_model.UNKNOWN: "timed out",
 }
 
@@ -78,7 +77,7 @@ class Refinement:
     ``claimed_*`` are the solver's own numbers for its solution (device step-time proxy per
     micro-batch in seconds, memory per device in bytes), which :func:`check` re-prices."""
 
-    status: str
+    status: SolverStatus
     config: CandidateConfig | None
     objective_s: float | None
     bound_s: float | None
@@ -263,6 +262,8 @@ def refine(
     started = time.perf_counter()
     code = solver.solve(builder.model)
     wall = time.perf_counter() - started
+    if code == cp_model.MODEL_INVALID:  # pragma: no cover - a bug in the builder
+        raise AssertionError(f"CP-SAT rejected the model: {builder.model.validate()}")
     status = _STATUS.get(code, "timed out")
     if code == cp_model.FEASIBLE and wall >= options.time_limit_s * 0.95:
         status = "timed out"

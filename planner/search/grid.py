@@ -32,6 +32,7 @@ from planner.costmodel.memory import GIB
 from planner.launch import executor_config, megatron_args, torch_pipelining_csv, torchrun_commands
 from planner.profiles import ProfileStore, default_store
 from planner.schedules import Schedule, generate
+from planner.search.refinement import Refined, refine_plan
 from planner.specs import (
     Candidate,
     CandidateConfig,
@@ -40,6 +41,7 @@ from planner.specs import (
     PlanRequest,
     PlanStats,
     Predicted,
+    RefinementInfo,
     Rejected,
     ScheduleSummary,
     StageBreakdown,
@@ -159,6 +161,7 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
     capacity = hardware.usable_memory_gib * GIB
     rejected: list[Rejected] = []
     feasible: list[Estimate] = []
+    over_memory: list[Estimate] = []
     evaluated = 0
     layers_total = request.model.num_layers
     for point, m in _points(request):
@@ -173,6 +176,7 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
                     continue
                 est = estimate(ctx, config, capacity)
                 if est.peak_memory > capacity:
+                    over_memory.append(est)
                     rejected.append(
                         Rejected(
                             config=config,
@@ -184,11 +188,22 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
                 feasible.append(est)
     feasible.sort(key=lambda e: e.iteration_time_s)
     top_k = request.search.top_k
-    priced = sorted(
-        (price(ctx, e.config) for e in feasible[: 2 * top_k]),
-        key=lambda pr: pr.iteration_time_s,
-    )
-    candidates = [_candidate(ctx, pr) for pr in priced[:top_k]]
+    refined: list[Refined] = []
+    refine_notes: list[str] = []
+    if request.search.method == "cpsat":
+        # First: it sets the optimized placements every pricing below then uses.
+        refined, refine_notes = refine_plan(ctx, request, feasible, over_memory, capacity)
+    pool: list[tuple[Priced, RefinementInfo | None]] = [
+        (price(ctx, e.config), None) for e in feasible[: 2 * top_k]
+    ]
+    pool += [(r.priced, r.info) for r in refined]
+    pool.sort(key=lambda item: item[0].iteration_time_s)
+    candidates = [_candidate(ctx, pr, info) for pr, info in pool[:top_k]]
+    if candidates and refine_notes:
+        candidates[0] = candidates[0].model_copy(
+            update={"notes": candidates[0].notes + refine_notes}
+        )
+    priced = [pr for pr, _ in pool]
     by_schedule = _summaries(ctx, request, feasible, priced)
     elapsed = (time.perf_counter() - started) * 1e3
     return Plan(
@@ -246,7 +261,9 @@ def _full_schedule(schedule: str, p: int, m: int) -> Schedule:
     return generate(schedule, p, m, check=False)
 
 
-def _candidate(ctx: PlanContext, priced: Priced) -> Candidate:
+def _candidate(
+    ctx: PlanContext, priced: Priced, refinement: RefinementInfo | None = None
+) -> Candidate:
     request = ctx.request
     est = priced.estimate
     config = est.config
@@ -275,6 +292,7 @@ def _candidate(ctx: PlanContext, priced: Priced) -> Candidate:
         launch=launch,
         breakdown=_breakdown(priced),
         notes=_notes(priced),
+        refinement=refinement,
     )
 
 
