@@ -159,7 +159,8 @@ def _info(
         changes.append(f"layers per stage {coarse.layers_per_stage} -> {config.layers_per_stage}")
     split = config.recompute_per_stage or []
     mixed = [
-        f"stage {s}: " + ", ".join(f"{n} {mode}" for mode, n in entry.as_dict().items())
+        f"stage {s}: "
+        + (", ".join(f"{n} {mode}" for mode, n in entry.as_dict().items()) or "no layers")
         for s, entry in enumerate(split)
         if entry.as_dict() != {coarse.recompute: coarse.layers_per_stage[s]}
     ]

@@ -1,0 +1,212 @@
+"""CP-SAT refinement and placement: bounds respected, claims re-priced, never worse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.costmodel.evaluate import PlanContext, estimate, price, split_layers
+from planner.costmodel.memory import GIB
+from planner.profiles import default_store
+from planner.search import plan
+from planner.search.cpsat import RefineOptions, check, refine
+from planner.search.placement_cpsat import PlacementWeights, optimize_placement
+from planner.specs import CandidateConfig, PlanRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = ("none", "selective", "full")
+
+
+def _context(name: str) -> PlanContext:
+    request = PlanRequest.model_validate_json((ROOT / "examples" / name).read_text())
+    store = default_store()
+    hardware = store.hardware(request.cluster.gpu)
+    return PlanContext(request, hardware, list(store.layer_points(hardware.name)))
+
+
+def _coarse(ctx, t, p, d, mb, schedule, recompute="selective"):
+    model = ctx.request.model
+    stages = 2 * p if schedule.startswith("v-") else p
+    return CandidateConfig(
+        t=t,
+        p=p,
+        d=d,
+        micro_batch_size=mb,
+        num_microbatches=ctx.request.training.global_batch_size // (mb * d),
+        recompute=recompute,
+        schedule=schedule,
+        layers_per_stage=split_layers(model.num_layers, stages),
+    )
+
+
+CASES = [
+    ("gpt3-96b-32xa100.json", (4, 8, 1, 2, "1f1b")),  # BPipe's case: uniform out of memory
+    ("gpt3-96b-32xa100.json", (4, 8, 1, 1, "1f1b")),
+    ("gpt3-96b-32xa100.json", (2, 16, 1, 1, "bpipe")),
+    ("gpt3-30b-seq4096-8xa100.json", (4, 2, 1, 1, "v-half")),
+    ("gpt3-134b-48xa100.json", (4, 6, 2, 1, "1f1b")),
+]
+
+
+@pytest.mark.parametrize("example, shape", CASES)
+def test_solution_respects_memory_sums_layers_and_its_claims_reprice_exactly(example, shape):
+    ctx = _context(example)
+    capacity = ctx.hardware.usable_memory_gib * GIB
+    coarse = _coarse(ctx, *shape)
+    result = refine(ctx, coarse, MODES, capacity, RefineOptions(time_limit_s=5))
+    assert result.status in ("optimal", "feasible")
+    config = result.config
+    assert config is not None
+    assert sum(config.layers_per_stage) == ctx.request.model.num_layers
+    assert all(n >= 1 for n in config.layers_per_stage[1:-1])
+    assert [s.total for s in config.recompute_per_stage] == config.layers_per_stage
+    memory, times = check(ctx, result)
+    # Every device within the usable memory, priced by the ordinary cost model.
+    assert max(memory) <= capacity
+    # What the solver claims is what the cost model computes for its solution; the solver
+    # works in whole KiB and microseconds, so allow one unit per layer and stage.
+    units = ctx.request.model.num_layers + len(config.layers_per_stage)
+    for claimed, actual in zip(result.claimed_memory_bytes, memory, strict=True):
+        assert claimed == pytest.approx(actual, abs=1.05 * 1024 * units * 3)
+    for claimed, actual in zip(result.claimed_device_time_s, times, strict=True):
+        assert claimed == pytest.approx(actual, abs=1e-6 * units * 3)
+    # The objective is consistent with the claims.
+    m = coarse.num_microbatches
+    proxy = (m - 1) * max(result.claimed_device_time_s) + sum(result.claimed_device_time_s)
+    assert result.objective_s == pytest.approx(proxy, rel=1e-9)
+    assert result.bound_s <= result.objective_s + 1e-9
+
+
+def test_refinement_rescues_a_configuration_the_uniform_grid_rejects():
+    """BPipe's headline case under plain 1F1B: GPT-3 96B, t=4, p=8, mb=2 runs out of memory
+    with every layer recomputing attention; recomputing a few layers fully on the early
+    stages, where 1F1B keeps the most micro-batches, makes it fit."""
+    ctx = _context("gpt3-96b-32xa100.json")
+    capacity = ctx.hardware.usable_memory_gib * GIB
+    coarse = _coarse(ctx, 4, 8, 1, 2, "1f1b")
+    assert estimate(ctx, coarse).peak_memory > capacity
+    result = refine(ctx, coarse, MODES, capacity, RefineOptions(time_limit_s=5))
+    assert result.config is not None
+    assert estimate(ctx, result.config).peak_memory <= capacity
+    early, late = result.config.recompute_per_stage[0], result.config.recompute_per_stage[-1]
+    # More recomputation where more micro-batches are in flight.
+    assert early.none <= late.none
+
+
+def test_an_impossible_memory_budget_is_an_infeasible_result_not_an_exception():
+    ctx = _context("gpt3-96b-32xa100.json")
+    result = refine(
+        ctx, _coarse(ctx, 4, 8, 1, 1, "1f1b"), MODES, 30 * GIB, RefineOptions(time_limit_s=2)
+    )
+    assert result.status == "infeasible" and result.config is None
+
+
+def test_a_tiny_time_limit_reports_timed_out_or_a_proven_answer():
+    ctx = _context("gpt3-134b-48xa100.json")
+    capacity = ctx.hardware.usable_memory_gib * GIB
+    result = refine(
+        ctx, _coarse(ctx, 2, 24, 1, 1, "v-half"), MODES, capacity, RefineOptions(time_limit_s=0.001)
+    )
+    assert result.status in ("timed out", "optimal", "feasible", "infeasible")
+    assert result.wall_s < 1.0
+
+
+def _request(name: str, method: str) -> PlanRequest:
+    data = json.loads((ROOT / "examples" / name).read_text())
+    data["search"]["method"] = method
+    data["search"]["time_limit_s"] = 5
+    return PlanRequest.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    "example", ["gpt3-13b-8xa100.json", "gpt3-30b-seq4096-8xa100.json", "tiny-cpu.json"]
+)
+def test_cpsat_is_never_worse_than_the_grid(example):
+    grid = plan(_request(example, "grid"))
+    cpsat = plan(_request(example, "cpsat"))
+    assert grid.best is not None and cpsat.best is not None
+    assert cpsat.best.predicted.iteration_time_s <= grid.best.predicted.iteration_time_s + 1e-9
+    for candidate in cpsat.candidates:
+        info = candidate.refinement
+        if info is None:
+            continue
+        # A refinement is only kept when it fits and beats its uniform version.
+        assert candidate.predicted.peak_memory_gib * GIB <= (
+            default_store().hardware(cpsat.request.cluster.gpu).usable_memory_gib * GIB + 1
+        )
+        if info.uniform_iteration_time_s is not None:
+            assert candidate.predicted.iteration_time_s < info.uniform_iteration_time_s
+            assert info.speedup_vs_uniform > 1
+        assert info.changes
+
+
+def test_the_134b_cpsat_plan_answers_within_its_budget():
+    import time
+
+    started = time.perf_counter()
+    result = plan(_request("gpt3-134b-48xa100.json", "cpsat"))
+    assert time.perf_counter() - started < 10
+    assert result.best is not None
+
+
+def test_refined_candidates_price_like_any_other():
+    ctx = _context("gpt3-96b-32xa100.json")
+    capacity = ctx.hardware.usable_memory_gib * GIB
+    result = refine(ctx, _coarse(ctx, 4, 8, 1, 1, "1f1b"), MODES, capacity)
+    priced = price(ctx, result.config)
+    assert priced.estimate.peak_memory <= capacity
+    assert priced.iteration_time_s > 0
+
+
+# --------------------------------------------------------------------------- placement
+BPIPE_WEIGHTS = PlacementWeights(pipeline_hop=1.0, bpipe_pair=10.0, data_ring=0.1)
+
+
+def test_placement_reproduces_bpipe_figure_6():
+    """4-way PP, 2-way TP, 2-way DP on two 8-GPU nodes: each node holds one replica, stages
+    in pair order 0, 3, 1, 2, tensor ranks adjacent (BPipe Figure 6)."""
+    result = optimize_placement(2, 4, 2, 8, BPIPE_WEIGHTS)
+    node0 = [(dp, pp, tp) for dp, pp, tp in result.placement.coords[:8]]
+    assert node0 == [
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 3, 0),
+        (0, 3, 1),
+        (0, 1, 0),
+        (0, 1, 1),
+        (0, 2, 0),
+        (0, 2, 1),
+    ]
+    assert result.placement.coords[8:] == tuple((1, pp, tp) for _, pp, tp in node0)
+    assert result.status == "optimal"
+
+
+def test_placement_reproduces_bpipe_figure_5b():
+    """16-way PP on two nodes: every evictor/acceptor pair on one node, and only the two
+    unavoidable pipeline hops cross nodes."""
+    result = optimize_placement(1, 16, 1, 8, BPIPE_WEIGHTS)
+    placement = result.placement
+    for s in range(8):
+        assert placement.same_node(s, 15 - s)
+    crossing = [s for s in range(15) if not placement.same_node(s, s + 1)]
+    assert len(crossing) == 2
+    assert [pp for _, pp, _ in placement.coords[:8]] == [0, 15, 1, 14, 2, 13, 3, 12]
+
+
+@pytest.mark.parametrize("t, p, d", [(2, 8, 2), (4, 6, 2), (8, 4, 1), (1, 8, 4)])
+def test_tensor_groups_stay_inside_nodes_and_ranks_are_a_permutation(t, p, d):
+    result = optimize_placement(t, p, d, 8, BPIPE_WEIGHTS)
+    placement = result.placement
+    assert placement.tensor_groups_within_nodes
+    assert sorted(placement.coords) == sorted(
+        (dp, pp, tp) for dp in range(d) for pp in range(p) for tp in range(t)
+    )
+
+
+def test_without_bpipe_the_pipeline_stays_together():
+    # No pair traffic: a replica's consecutive stages should share nodes where they can.
+    result = optimize_placement(1, 8, 2, 8, PlacementWeights(1.0, 0.0, 0.1))
+    placement = result.placement
+    assert all(placement.same_node(s, s + 1) for s in range(7))
