@@ -28,6 +28,7 @@ __all__ = [
     "ProfileStore",
     "UnknownHardwareError",
     "default_store",
+    "point_to_dict",
 ]
 
 BUNDLED_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
@@ -97,6 +98,8 @@ class LayerPoint:
     activation_bytes: float | None
     includes_tp_comm: bool
     source: str
+    first_stage_extra_bytes: float | None = None
+    last_stage_extra_bytes: float | None = None
 
     def shape_key(self) -> tuple[object, ...]:
         """Everything but micro-batch size and sequence length: points with the same key can
@@ -219,9 +222,40 @@ def points_from_dict(data: dict[str, object]) -> list[LayerPoint]:
                 else float(merged["activation_bytes"]),
                 includes_tp_comm=bool(merged.get("includes_tp_comm", True)),
                 source=str(merged.get("source", "")),
+                first_stage_extra_bytes=_optional(merged.get("first_stage_extra_bytes")),
+                last_stage_extra_bytes=_optional(merged.get("last_stage_extra_bytes")),
             )
         )
     return points
+
+
+def _optional(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def point_to_dict(point: LayerPoint) -> dict[str, object]:
+    """A layer point as one self-contained entry of a layer-profile file."""
+    return {
+        "gpu": point.gpu,
+        "precision": point.precision,
+        "hidden_size": point.hidden_size,
+        "num_attention_heads": point.num_attention_heads,
+        "ffn_hidden_size": point.ffn_hidden_size,
+        "seq_length": point.seq_length,
+        "micro_batch_size": point.micro_batch_size,
+        "t": point.t,
+        "recompute": point.recompute,
+        "sequence_parallel": point.sequence_parallel,
+        "flash_attention": point.flash_attention,
+        "forward_ms": point.forward_ms,
+        "backward_ms": point.backward_ms,
+        "weight_ms": point.weight_ms,
+        "activation_bytes": point.activation_bytes,
+        "first_stage_extra_bytes": point.first_stage_extra_bytes,
+        "last_stage_extra_bytes": point.last_stage_extra_bytes,
+        "includes_tp_comm": point.includes_tp_comm,
+        "source": point.source,
+    }
 
 
 _DEFAULT: JsonProfileStore | None = None

@@ -196,7 +196,12 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
             f += n * layer.forward
             b += n * layer.backward
             w += n * layer.weight
-            act += n * activation_bytes_per_layer(model, training, mb, t, mode)
+            measured = layer.activation_bytes
+            act += n * (
+                measured
+                if measured is not None
+                else activation_bytes_per_layer(model, training, mb, t, mode)
+            )
             comm += n * tp * (3 if mode == "full" else 2)
             work = max(work, recompute_working_bytes(model, training, mb, t, mode))
         forward.append(f)
@@ -210,7 +215,14 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     forward[-1] += logits
     backward[-1] += logits
     weight[-1] += logits
-    activation[-1] += output_activation_bytes(model, training, mb, t)
+    probe = ctx.layer(mb, t, config.recompute)
+    activation[-1] += (
+        probe.last_stage_extra_bytes
+        if probe.last_stage_extra_bytes is not None
+        else output_activation_bytes(model, training, mb, t)
+    )
+    if probe.first_stage_extra_bytes is not None:
+        activation[0] += probe.first_stage_extra_bytes
     params[0] += embedding_parameters(model) / t
     # The output layer reuses the word embedding (tied weights): the last stage keeps its own
     # copy unless it is also the first stage. Plus the final layer norm.

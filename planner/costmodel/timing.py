@@ -41,6 +41,12 @@ class LayerTimes:
     backward: float
     weight: float
     source: str
+    # Measured bytes, when a profile point of exactly this shape has them: saved
+    # activations of the layer, and what the embedding (first stage) and the head and loss
+    # (last stage) save on top. None: the cost model uses Korthikanti et al.'s formulas.
+    activation_bytes: float | None = None
+    first_stage_extra_bytes: float | None = None
+    last_stage_extra_bytes: float | None = None
 
     @property
     def total(self) -> float:
@@ -143,13 +149,22 @@ def layer_times(
         ratio = target[0] / have[0]
         if not 1 / _NEAR <= ratio <= _NEAR:
             continue
+        exact = (
+            abs(ratio - 1) <= 1e-9
+            and point.seq_length == model.seq_length
+            and point.micro_batch_size == micro_batch
+            and point.recompute == recompute
+        )
         scaled = LayerTimes(
             forward * target[0] / have[0],
             backward * target[1] / have[1],
             weight * target[2] / have[2],
-            f"profile ({point.source}), scaled by FLOPs x{ratio:.2f}"
-            if abs(ratio - 1) > 1e-9
-            else f"profile ({point.source})",
+            f"profile ({point.source})"
+            if abs(ratio - 1) <= 1e-9
+            else f"profile ({point.source}), scaled by FLOPs x{ratio:.2f}",
+            point.activation_bytes if exact else None,
+            point.first_stage_extra_bytes if exact else None,
+            point.last_stage_extra_bytes if exact else None,
         )
         # Prefer points of the same sequence length: the attention share of the time
         # changes with it, which the FLOP ratio only approximates.

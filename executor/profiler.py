@@ -1,0 +1,122 @@
+"""Measure one layer on the local device: F, B and W times and saved-activation bytes.
+
+``stagewright profile`` times one transformer layer of the given shape (this rank's shard of
+it for tensor parallelism t: heads / t heads and ffn / t MLP columns, without the
+collectives, which the planner prices from the links) at a micro-batch size, plus the bytes
+the embedding saves on the first stage and the head and loss on the last, and stores the
+point where the planner reads profiles. Times are medians of several runs after warm-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from executor.model import GPTShape, Stage, TensorParallel, build_stage, init_full_weights
+from planner.profiles import LayerPoint
+
+__all__ = ["profile_layer", "saved_bytes"]
+
+
+def saved_bytes(run: Callable[[], Any], parameters: list[Tensor]) -> tuple[int, Any]:
+    """Run ``run`` under saved-tensor hooks; bytes of the unique non-parameter storages it
+    saves for backward (what the executor's ledger counts), and its result."""
+    params = {p.untyped_storage().data_ptr() for p in parameters}
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = run()
+    return sum(storages.values()), result
+
+
+def _stage(
+    shape: GPTShape, full: dict[str, Tensor], layers: int, *, embed: bool, head: bool, t: int
+) -> Stage:
+    return build_stage(
+        shape, full, 0, layers, embed=embed, head=head, tp=TensorParallel(t, 0, None)
+    )
+
+
+def profile_layer(
+    shape: GPTShape,
+    micro_batch: int,
+    t: int = 1,
+    *,
+    gpu: str = "cpu",
+    repeats: int = 5,
+    warmup: int = 2,
+) -> LayerPoint:
+    """Time F, B (input gradient) and W (weight gradient) of one layer and count its saved
+    bytes, and the first/last stage extras; fp32 on the local device."""
+    torch.manual_seed(0)
+    one = GPTShape(
+        shape.vocab_size,
+        shape.seq_length,
+        shape.hidden_size,
+        shape.num_heads,
+        shape.ffn_hidden_size,
+        1,
+    )
+    full = init_full_weights(one)
+    layer = _stage(one, full, 1, embed=False, head=False, t=t)
+    params = list(layer.parameters())
+    size = (micro_batch, shape.seq_length, shape.hidden_size)
+    forward: list[float] = []
+    backward: list[float] = []
+    weight: list[float] = []
+    layer_bytes = 0
+    for i in range(warmup + repeats):
+        x = torch.randn(size, requires_grad=True)
+        grad = torch.randn(size)
+        started = time.perf_counter()
+        layer_bytes, out = saved_bytes(lambda x=x: layer(x), params)
+        mid = time.perf_counter()
+        torch.autograd.grad(out, x, grad, retain_graph=True)
+        after_b = time.perf_counter()
+        torch.autograd.backward(out, grad, inputs=params)
+        done = time.perf_counter()
+        for p in params:
+            p.grad = None
+        if i >= warmup:
+            forward.append(mid - started)
+            backward.append(after_b - mid)
+            weight.append(done - after_b)
+    embed = _stage(one, full, 0, embed=True, head=False, t=t)
+    tokens = torch.randint(0, shape.vocab_size, (micro_batch, shape.seq_length))
+    first_extra, _ = saved_bytes(lambda: embed(tokens), list(embed.parameters()))
+    head = _stage(one, full, 0, embed=False, head=True, t=t)
+    hidden = torch.randn(size, requires_grad=True)
+    targets = torch.randint(0, shape.vocab_size, (micro_batch, shape.seq_length))
+    last_extra, _ = saved_bytes(lambda: head(hidden, targets), list(head.parameters()))
+    return LayerPoint(
+        gpu=gpu,
+        precision="fp32",
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        seq_length=shape.seq_length,
+        micro_batch_size=micro_batch,
+        t=t,
+        recompute="none",
+        sequence_parallel=False,
+        flash_attention=False,
+        forward_ms=statistics.median(forward) * 1e3,
+        backward_ms=statistics.median(backward) * 1e3,
+        weight_ms=statistics.median(weight) * 1e3,
+        activation_bytes=float(layer_bytes),
+        includes_tp_comm=t == 1,
+        source=f"stagewright profile on {gpu} (median of {repeats}, torch {torch.__version__})",
+        first_stage_extra_bytes=float(first_extra),
+        last_stage_extra_bytes=float(last_extra),
+    )
