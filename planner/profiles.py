@@ -12,6 +12,7 @@ shape on a given device: forward, backward-for-input and backward-for-weights mi
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,9 @@ __all__ = [
     "ProfileStore",
     "UnknownHardwareError",
     "default_store",
+    "extra_profile_dirs",
     "point_to_dict",
+    "save_point",
 ]
 
 BUNDLED_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
@@ -139,15 +142,21 @@ class JsonProfileStore:
     _points: list[LayerPoint] = field(default_factory=list)
 
     @classmethod
-    def load(cls, folder: Path = BUNDLED_PROFILES) -> JsonProfileStore:
+    def load(cls, *folders: Path) -> JsonProfileStore:
+        """Profiles from ``folders`` (default: the bundled ones, then each folder named in
+        ``STAGEWRIGHT_PROFILES``, os.pathsep-separated, where `stagewright profile` writes).
+        Each folder may hold ``hardware.json`` and ``layers/*.json``; later folders add
+        points and override hardware of the same name."""
         store = cls()
-        hardware = json.loads((folder / "hardware.json").read_text())
-        for entry in hardware["hardware"]:
-            store.add_hardware(hardware_from_dict(entry))
-        layers_dir = folder / "layers"
-        if layers_dir.is_dir():
-            for path in sorted(layers_dir.glob("*.json")):
-                store.add_points(points_from_dict(json.loads(path.read_text())))
+        for folder in folders or (BUNDLED_PROFILES, *extra_profile_dirs()):
+            hardware_file = folder / "hardware.json"
+            if hardware_file.is_file():
+                for entry in json.loads(hardware_file.read_text())["hardware"]:
+                    store.add_hardware(hardware_from_dict(entry))
+            layers_dir = folder / "layers"
+            if layers_dir.is_dir():
+                for path in sorted(layers_dir.glob("*.json")):
+                    store.add_points(points_from_dict(json.loads(path.read_text())))
         return store
 
     def add_hardware(self, profile: HardwareProfile) -> None:
@@ -256,6 +265,38 @@ def point_to_dict(point: LayerPoint) -> dict[str, object]:
         "includes_tp_comm": point.includes_tp_comm,
         "source": point.source,
     }
+
+
+def extra_profile_dirs() -> list[Path]:
+    """Folders named by the STAGEWRIGHT_PROFILES environment variable."""
+    value = os.environ.get("STAGEWRIGHT_PROFILES", "")
+    return [Path(part) for part in value.split(os.pathsep) if part]
+
+
+def save_point(point: LayerPoint, folder: Path) -> Path:
+    """Add (or replace: same gpu, shape, mb, t and switches) a measured point in
+    ``folder/layers/<gpu>-measured.json``; returns the file."""
+    path = folder / "layers" / f"{point.gpu}-measured.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (
+        json.loads(path.read_text())
+        if path.is_file()
+        else {
+            "format": "stagewright.layers/1",
+            "notes": "Measured with `stagewright profile`.",
+            "points": [],
+        }
+    )
+    points = [
+        p
+        for p in points_from_dict(data)
+        if (p.shape_key(), p.seq_length, p.micro_batch_size)
+        != (point.shape_key(), point.seq_length, point.micro_batch_size)
+    ]
+    points.append(point)
+    data["points"] = [point_to_dict(p) for p in points]
+    path.write_text(json.dumps(data, indent=1))
+    return path
 
 
 _DEFAULT: JsonProfileStore | None = None
