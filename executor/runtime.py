@@ -343,6 +343,13 @@ class Runtime:
             key = (s, k)
             if kind.is_compute:
                 settle_copies()
+                # Wait for this action's inputs before the clock starts: busy time is
+                # compute, waiting for a peer is bubble.
+                wanted = (K.RECV_F if kind is K.F else K.RECV_B, s, k)
+                pending = received.get(wanted)
+                if pending is not None and pending[0] is not None:
+                    pending[0].wait()  # a gloo request must be waited for once only
+                    received[wanted] = (None, pending[1])
                 began = time.perf_counter()
                 if kind is K.F:
                     self._forward(
@@ -454,7 +461,8 @@ class Runtime:
                 x = outputs[(s - 1, k)].detach()
             else:
                 work, x = found
-                work.wait()
+                if work is not None:
+                    work.wait()
             x.requires_grad_(True)
         stage_in[key] = x
         version = self.current_version[s]
@@ -487,7 +495,8 @@ class Runtime:
         if found is None:  # the next stage is on this rank (V-shape turn)
             return grad_in.pop((s + 1, k))
         work, grad = found
-        work.wait()
+        if work is not None:
+            work.wait()
         return grad  # type: ignore[no-any-return]
 
     def _backward(

@@ -1,0 +1,188 @@
+"""``stagewright run`` and ``stagewright profile``: the executor's commands.
+
+Kept apart from the planner's commands so that torch is imported only when one of them runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from planner.errors import StagewrightError
+
+__all__ = ["add_executor_commands"]
+
+
+def add_executor_commands(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run a plan's executor config under torchrun on this machine",
+        description=(
+            "Launch CONFIG.json (a candidate's launch.executor_config) with one process per "
+            "rank (gloo on CPU, nccl on GPUs) and print each rank's measured figures next to "
+            "the planner's prediction."
+        ),
+    )
+    run.add_argument("config", metavar="CONFIG.json", type=Path)
+    run.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="ranks to start (must equal t x p x d of the config)",
+    )
+    run.add_argument("--steps", type=int, default=1, help="optimizer steps (default 1)")
+    run.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare losses and gradients with a single-process reference",
+    )
+    run.add_argument("--json", action="store_true", help="print the per-rank report as JSON")
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a rank waits for a silent peer before stopping (default 60)",
+    )
+    run.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="save and resume torch.distributed.checkpoint checkpoints here",
+    )
+    run.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1,
+        help="steps between checkpoints (with --checkpoint-dir)",
+    )
+    run.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3)")
+    run.set_defaults(handler=_run)
+
+    profile = commands.add_parser(
+        "profile",
+        help="measure a layer's F, B, W times and saved bytes on this device and store them",
+        description=(
+            "Time one transformer layer of the model in MODEL.json (a plan request or its "
+            "'model' object) at the given micro-batch size and tensor-parallel degree, count "
+            "its saved activations, and add the point to the profiles the planner reads."
+        ),
+    )
+    profile.add_argument("model", metavar="MODEL.json", type=Path)
+    profile.add_argument("--micro-batch-size", type=int, default=1)
+    profile.add_argument("--t", type=int, default=1, help="tensor-parallel degree (a shard)")
+    profile.add_argument("--gpu", default="cpu", help="hardware profile name (default cpu)")
+    profile.add_argument("--repeats", type=int, default=5)
+    profile.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="profile folder to write (default: the first folder of STAGEWRIGHT_PROFILES)",
+    )
+    profile.add_argument(
+        "--database-url", default=None, help="store the point in the service's SQL store instead"
+    )
+    profile.add_argument("--json", action="store_true", help="print the point as JSON")
+    profile.set_defaults(handler=_profile)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        from executor.launcher import run
+    except ImportError as exc:  # pragma: no cover - torch missing
+        raise StagewrightError(
+            "the executor needs torch: install it with pip install 'stagewright[executor]'"
+        ) from exc
+    result = run(
+        args.config,
+        nproc=args.nproc,
+        steps=args.steps,
+        verify=args.verify,
+        timeout_s=args.timeout,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every if args.checkpoint_dir else 0,
+        lr=args.lr,
+    )
+    rows = result.summary()
+    if args.json:
+        sys.stdout.write(
+            json.dumps({"world_size": result.world_size, "ranks": rows}, indent=2) + "\n"
+        )
+        return 0
+    lines = [
+        f"{result.world_size} ranks; last step per rank (saved activations: measured / planner)",
+        "rank  dp pp tp  stages    step s    busy s  bubble s   measured B   predicted B  sent B",
+    ]
+    for row in rows:
+        sent = sum(int(v) for v in row["bytes_sent"].values())
+        lines.append(
+            f"{row['rank']:>4} {row['dp']:>3} {row['pp']:>2} {row['tp']:>2}  "
+            f"{','.join(map(str, row['stages'])):<8} {row['step_s']:>8.3f} {row['busy_s']:>9.3f} "
+            f"{row['bubble_s']:>9.3f} {row['peak_activation_bytes']:>12} "
+            f"{row['predicted_activation_bytes']:>13.0f} {sent:>7}"
+        )
+        if "verify" in row:
+            v = row["verify"]
+            lines.append(
+                f"      verify: max gradient error {v['max_grad_error']:.2e}, "
+                f"max loss error {v['max_loss_error']:.2e} ({v['what']})"
+            )
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    try:
+        from executor.model import GPTShape
+        from executor.profiler import profile_layer
+    except ImportError as exc:  # pragma: no cover - torch missing
+        raise StagewrightError(
+            "profiling needs torch: install it with pip install 'stagewright[executor]'"
+        ) from exc
+    from planner.profiles import extra_profile_dirs, point_to_dict, save_point
+
+    try:
+        data = json.loads(args.model.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StagewrightError(f"cannot read {args.model}: {exc}") from exc
+    spec = data.get("model", data) if isinstance(data, dict) else None
+    try:
+        shape = GPTShape.from_model_spec(spec)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StagewrightError(
+            f"{args.model} needs a model with num_layers, hidden_size, num_attention_heads, "
+            f"seq_length and vocab_size ({exc})"
+        ) from exc
+    if args.micro_batch_size < 1 or args.t < 1 or args.repeats < 1:
+        raise StagewrightError("--micro-batch-size, --t and --repeats must be at least 1")
+    if shape.num_heads % args.t or shape.ffn_hidden_size % args.t:
+        raise StagewrightError(f"--t {args.t} must divide the heads and the MLP size")
+    point = profile_layer(shape, args.micro_batch_size, args.t, gpu=args.gpu, repeats=args.repeats)
+    if args.database_url:
+        from api.store.profiles_io import store_layer_point  # the service's SQL store
+
+        where = store_layer_point(args.database_url, point)
+    else:
+        folder = args.out or next(iter(extra_profile_dirs()), None)
+        if folder is None:
+            raise StagewrightError(
+                "say where to store the point: --out FOLDER, --database-url URL, or set "
+                "STAGEWRIGHT_PROFILES to a folder the planner should read"
+            )
+        where = str(save_point(point, folder))
+    if args.json:
+        sys.stdout.write(
+            json.dumps({"stored_in": where, "point": point_to_dict(point)}, indent=2) + "\n"
+        )
+    else:
+        sys.stdout.write(
+            f"layer h={point.hidden_size} heads={point.num_attention_heads} "
+            f"s={point.seq_length} mb={point.micro_batch_size} t={point.t} on {point.gpu}: "
+            f"F {point.forward_ms:.3f} ms, B {point.backward_ms:.3f} ms, "
+            f"W {point.weight_ms:.3f} ms, saved {point.activation_bytes:.0f} B "
+            f"(+{point.first_stage_extra_bytes:.0f} B embedding, "
+            f"+{point.last_stage_extra_bytes:.0f} B head); stored in {where}\n"
+        )
+    return 0

@@ -1,0 +1,105 @@
+"""``stagewright regress BASELINE.json [--tolerance PCT] [--update]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from api.regress import check_baseline, load_baseline, update_baseline
+from planner.errors import StagewrightError
+
+__all__ = ["add_regress_command"]
+
+
+def add_regress_command(commands: Any) -> None:
+    regress = commands.add_parser(
+        "regress",
+        help="CI cost-regression check: re-plan the baseline's scenarios",
+        description=(
+            "Re-plan every scenario recorded in BASELINE.json and exit 1 when predicted "
+            "throughput drops beyond the tolerance, a scenario becomes infeasible, or the "
+            "best configuration changes (unless the scenario allows it). --update rewrites "
+            "the baseline with today's answers."
+        ),
+    )
+    regress.add_argument("baseline", metavar="BASELINE.json", type=Path)
+    regress.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="allowed throughput drop in percent, for every scenario "
+        "(default: the baseline's own, else 1)",
+    )
+    regress.add_argument(
+        "--update", action="store_true", help="rewrite the baseline with today's answers"
+    )
+    regress.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    regress.set_defaults(handler=_regress)
+
+
+def _regress(args: argparse.Namespace) -> int:
+    if args.tolerance is not None and not 0 <= args.tolerance < 100:
+        raise StagewrightError("--tolerance is a percentage between 0 and 100")
+    data = load_baseline(args.baseline)
+    if args.update:
+        updated = update_baseline(data)
+        args.baseline.write_text(json.dumps(updated, indent=2) + "\n", encoding="utf-8")
+        sys.stdout.write(f"updated {args.baseline}: {len(updated['scenarios'])} scenarios\n")
+        return 0
+    outcomes = check_baseline(data, args.tolerance)
+    failed = [o for o in outcomes if o.failed]
+    if args.json:
+        sys.stdout.write(
+            json.dumps(
+                {"failed": len(failed), "scenarios": [o.__dict__ for o in outcomes]}, indent=2
+            )
+            + "\n"
+        )
+        return 1 if failed else 0
+    table = Table(title=f"cost regression check: {args.baseline.name}")
+    for header in (
+        "scenario",
+        "status",
+        "samples/s (baseline -> now)",
+        "change",
+        "peak GiB",
+        "best config (t/p/d/mb/recompute/schedule)",
+        "note",
+    ):
+        table.add_column(header)
+    for o in outcomes:
+
+        def cfg(c: dict[str, Any] | None) -> str:
+            if not c:
+                return "-"
+            return "/".join(
+                str(c[k]) for k in ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
+            )
+
+        rates = (f"{o.baseline_samples_per_s:.3f}" if o.baseline_samples_per_s else "-") + (
+            f" -> {o.samples_per_s:.3f}" if o.samples_per_s else " -> -"
+        )
+        configs = (
+            cfg(o.baseline_config)
+            if o.config == o.baseline_config
+            else (f"{cfg(o.baseline_config)} -> {cfg(o.config)}")
+        )
+        peak = f"{o.peak_gib:.1f}" if o.peak_gib is not None else "-"
+        change = f"{o.change_pct:+.2f}%" if o.change_pct is not None else "-"
+        style = "red" if o.failed else "green"
+        table.add_row(o.name, f"[{style}]{o.status}[/]", rates, change, peak, configs, o.message)
+    Console(width=200).print(table)
+    verdict = (
+        f"{len(failed)} of {len(outcomes)} scenarios regressed"
+        if failed
+        else (f"all {len(outcomes)} scenarios within tolerance")
+    )
+    sys.stdout.write(verdict + "\n")
+    return 1 if failed else 0

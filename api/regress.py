@@ -1,0 +1,203 @@
+"""``stagewright regress``: the CI cost-regression check.
+
+A baseline file records scenarios (plan requests) and what the planner answered for each
+when the baseline was written: the best configuration, its predicted throughput and peak
+memory. ``regress`` re-plans every scenario and fails (exit status 1) when, for any of them,
+
+- predicted throughput dropped by more than the tolerance (per scenario, else the file's,
+  else ``--tolerance``),
+- nothing fits any more (the scenario became infeasible), or
+- the best configuration changed, unless the scenario allows it (``allow_config_change``).
+
+Throughput that rises, or a changed configuration that a scenario allows, is reported but
+passes. ``--update`` rewrites the baseline with today's answers (keeping names, tolerances
+and allowances), which is how a team accepts an intended change.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.errors import StagewrightError
+from planner.search import plan
+from planner.specs import Plan, PlanRequest
+
+__all__ = ["BASELINE_FORMAT", "Outcome", "check_baseline", "load_baseline", "update_baseline"]
+
+BASELINE_FORMAT = "stagewright.baseline/1"
+_CONFIG_KEYS = ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One scenario's comparison."""
+
+    name: str
+    status: str  # "ok", "improved", "slower", "infeasible", "config changed"
+    failed: bool
+    baseline_samples_per_s: float | None
+    samples_per_s: float | None
+    change_pct: float | None
+    baseline_config: dict[str, Any] | None
+    config: dict[str, Any] | None
+    baseline_peak_gib: float | None
+    peak_gib: float | None
+    tolerance_pct: float
+    message: str
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """Read and check a baseline file; errors say what to fix."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise StagewrightError(f"cannot read {path}: {exc.strerror}") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StagewrightError(f"{path} is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
+        raise StagewrightError(
+            f'{path} is not a stagewright baseline (expected "format": "{BASELINE_FORMAT}")'
+        )
+    scenarios = data.get("scenarios")
+    if not isinstance(scenarios, list) or not scenarios:
+        raise StagewrightError(f"{path} has no scenarios; add at least one")
+    names = set()
+    for index, scenario in enumerate(scenarios):
+        if not isinstance(scenario, dict) or "name" not in scenario or "request" not in scenario:
+            raise StagewrightError(f"{path}: scenario {index} needs a name and a request")
+        if scenario["name"] in names:
+            raise StagewrightError(f"{path}: scenario name {scenario['name']!r} is used twice")
+        names.add(scenario["name"])
+        try:
+            PlanRequest.model_validate(scenario["request"])
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise StagewrightError(
+                f"{path}: scenario {scenario['name']!r}: request.{where}: {first['msg']}"
+            ) from None
+    return data
+
+
+def _summary(result: Plan) -> dict[str, Any] | None:
+    if result.best is None:
+        return None
+    best = result.best
+    return {
+        "config": {k: getattr(best.config, k) for k in _CONFIG_KEYS},
+        "samples_per_s": best.predicted.samples_per_s,
+        "peak_memory_gib": best.predicted.peak_memory_gib,
+    }
+
+
+def check_baseline(data: dict[str, Any], tolerance_pct: float | None = None) -> list[Outcome]:
+    """Re-plan every scenario and compare it with what the baseline recorded."""
+    outcomes = []
+    default_tolerance = (
+        tolerance_pct if tolerance_pct is not None else float(data.get("tolerance_pct", 1.0))
+    )
+    for scenario in data["scenarios"]:
+        tolerance = float(scenario.get("tolerance_pct", default_tolerance))
+        if tolerance_pct is not None:
+            tolerance = tolerance_pct
+        now = _summary(plan(PlanRequest.model_validate(scenario["request"])))
+        expected = scenario.get("expected")
+        outcomes.append(_compare(scenario, expected, now, tolerance))
+    return outcomes
+
+
+def _compare(
+    scenario: dict[str, Any],
+    expected: dict[str, Any] | None,
+    now: dict[str, Any] | None,
+    tolerance: float,
+) -> Outcome:
+    name = scenario["name"]
+    base_rate = expected["samples_per_s"] if expected else None
+    base_config = expected["config"] if expected else None
+    base_peak = expected.get("peak_memory_gib") if expected else None
+    if now is None:
+        return Outcome(
+            name,
+            "infeasible",
+            True,
+            base_rate,
+            None,
+            None,
+            base_config,
+            None,
+            base_peak,
+            None,
+            tolerance,
+            "no configuration fits any more (every candidate rejected)",
+        )
+    rate, config = now["samples_per_s"], now["config"]
+    if expected is None:
+        return Outcome(
+            name,
+            "new",
+            False,
+            None,
+            rate,
+            None,
+            None,
+            config,
+            None,
+            now["peak_memory_gib"],
+            tolerance,
+            "no recorded answer yet: run with --update to record one",
+        )
+    change = (rate / base_rate - 1.0) * 100.0
+    common = (
+        base_rate,
+        rate,
+        change,
+        base_config,
+        config,
+        base_peak,
+        now["peak_memory_gib"],
+        tolerance,
+    )
+    if change < -tolerance:
+        return Outcome(
+            name,
+            "slower",
+            True,
+            *common,
+            f"predicted throughput fell {-change:.2f}% (tolerance {tolerance:g}%)",
+        )
+    if config != base_config and not scenario.get("allow_config_change", False):
+        changed = ", ".join(
+            f"{k} {base_config.get(k)} -> {config[k]}"
+            for k in config
+            if base_config.get(k) != config[k]
+        )
+        return Outcome(
+            name,
+            "config changed",
+            True,
+            *common,
+            f"the best configuration changed ({changed}); allow it with "
+            f'"allow_config_change": true or accept it with --update',
+        )
+    status = "improved" if change > tolerance else "ok"
+    return Outcome(name, status, False, *common, f"throughput {change:+.2f}%")
+
+
+def update_baseline(data: dict[str, Any]) -> dict[str, Any]:
+    """The baseline with every scenario's ``expected`` replaced by today's answer."""
+    scenarios = []
+    for scenario in data["scenarios"]:
+        now = _summary(plan(PlanRequest.model_validate(scenario["request"])))
+        updated = dict(scenario)
+        if now is None:
+            updated.pop("expected", None)
+        else:
+            updated["expected"] = now
+        scenarios.append(updated)
+    return {**data, "scenarios": scenarios}
