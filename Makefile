@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-dev
 
 .DEFAULT_GOAL := help
 
-.PHONY: help run test lint typecheck unit bench clean
+.PHONY: help run plan migrate test lint typecheck unit bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -16,11 +16,17 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,executor]'
 	touch $(STAMP)
 
-run: $(STAMP)  ## the main job: plan GPT-3 96B on 32 A100s and show why
+run: $(STAMP)  ## the service on http://127.0.0.1:8000 (docs at /docs), embedded SQLite
+	$(BIN)/stagewright serve
+
+plan: $(STAMP)  ## plan GPT-3 96B on 32 A100s on the command line and show why
 	$(BIN)/stagewright plan examples/gpt3-96b-32xa100.json
+
+migrate: $(STAMP)  ## alembic upgrade head on STAGEWRIGHT_DATABASE_URL (default stagewright.db)
+	$(BIN)/alembic upgrade head
 
 lint: $(STAMP)  ## ruff (lint + format check)
 	$(BIN)/ruff check planner api executor tests benchmarks
@@ -34,10 +40,13 @@ unit: $(STAMP)  ## the pytest suite only
 
 test: lint typecheck unit  ## everything CI runs: lint, types, the whole test suite
 
-bench: $(STAMP)  ## schedule table, simulator and planner speed, paper reproduction (slow)
+bench: $(STAMP)  ## schedules, simulator and planner speed, paper reproduction, cpsat, service load, executor (slow)
 	$(BIN)/python benchmarks/schedules.py
 	$(BIN)/python benchmarks/planner_speed.py
 	$(BIN)/python benchmarks/paper_reproduction.py
+	$(BIN)/python benchmarks/cpsat_vs_grid.py
+	$(BIN)/python benchmarks/load.py
+	$(BIN)/python benchmarks/executor_vs_torch.py
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -15,6 +15,8 @@ from pathlib import Path
 from pydantic import ValidationError
 from rich.console import Console
 
+from api.cli_executor import add_executor_commands
+from api.cli_regress import add_regress_command
 from api.render import render_plan
 from planner.errors import StagewrightError
 from planner.schedules import SCHEDULE_NAMES, format_timeline, generate
@@ -112,6 +114,51 @@ def _build_parser() -> argparse.ArgumentParser:
         help="also list rejected candidates with their memory and reason",
     )
     planner.set_defaults(handler=_plan)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the REST service (migrates the database and loads the bundled profiles)",
+        description=(
+            "Upgrade the database schema, load the bundled profiles (idempotent), then serve "
+            "the REST API (OpenAPI at /docs). Settings come from STAGEWRIGHT_* variables; the "
+            "options below override them."
+        ),
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="sqlite:///file.db or postgresql+psycopg://user:pw@host/db "
+        "(default: STAGEWRIGHT_DATABASE_URL, else sqlite:///stagewright.db)",
+    )
+    serve.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
+    serve.set_defaults(handler=_serve)
+
+    profiles = commands.add_parser(
+        "profiles",
+        help="manage the profiles in the database",
+        description="Manage the hardware and layer profiles kept in the database.",
+    )
+    profile_commands = profiles.add_subparsers(dest="action", required=True, metavar="ACTION")
+    load = profile_commands.add_parser(
+        "load",
+        help="load the bundled profiles/ into the database (idempotent)",
+        description=(
+            "Upgrade the schema and load the bundled hardware, link and layer profiles. "
+            "Loading twice changes nothing; profiles posted through the API are kept."
+        ),
+    )
+    load.add_argument(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="default: STAGEWRIGHT_DATABASE_URL, else sqlite:///stagewright.db",
+    )
+    load.set_defaults(handler=_profiles_load)
+    add_executor_commands(commands)
+    add_regress_command(commands)
     return parser
 
 
@@ -195,6 +242,29 @@ def _plan(args: argparse.Namespace) -> int:
     console = Console(width=160)
     render_plan(console, result, show_rejected=args.all)
     return 0 if result.best is not None else 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from api.service import serve  # the web stack loads only for the service
+
+    if not 0 < args.port < 65536:
+        raise StagewrightError(f"--port {args.port} is not a port; use 1-65535")
+    if args.workers < 1:
+        raise StagewrightError("--workers must be at least 1")
+    return serve(
+        host=args.host, port=args.port, database_url=args.database_url, workers=args.workers
+    )
+
+
+def _profiles_load(args: argparse.Namespace) -> int:
+    from api.service import load_profiles
+
+    report = load_profiles(database_url=args.database_url)
+    sys.stdout.write(
+        f"profiles: {report.created} created, {report.updated} updated, "
+        f"{report.unchanged} unchanged\n"
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -172,6 +172,7 @@ def _compare(
             f"predicted throughput fell {-change:.2f}% (tolerance {tolerance:g}%)",
         )
     if config != base_config and not scenario.get("allow_config_change", False):
+        assert base_config is not None  # ``expected`` is present here
         changed = ", ".join(
             f"{k} {base_config.get(k)} -> {config[k]}"
             for k in config

@@ -95,12 +95,12 @@ class _CopyToTensorParallel(torch.autograd.Function):
     """Identity forward; all-reduce of the gradient backward (Megatron's f)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
         ctx.group = group
         return x
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         grad = grad.clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -110,13 +110,13 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
     """All-reduce forward; identity backward (Megatron's g)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
         x = x.clone()
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         return grad, None
 
 
@@ -159,14 +159,16 @@ class Block(nn.Module):
 
     def _enter(self, x: Tensor) -> Tensor:
         if self.tp.size > 1 and self.tp.group is not None:
-            return _CopyToTensorParallel.apply(x, self.tp.group)  # type: ignore[no-any-return]
+            out: Tensor = _CopyToTensorParallel.apply(x, self.tp.group)  # type: ignore[no-untyped-call]
+            return out
         return x
 
     def _leave(self, x: Tensor) -> Tensor:
         """Without a group (profiling one rank's shard on its own) the collective is
         skipped: the shapes and the compute are this rank's, the communication is not."""
         if self.tp.size > 1 and self.tp.group is not None:
-            return _ReduceFromTensorParallel.apply(x, self.tp.group)  # type: ignore[no-any-return]
+            out: Tensor = _ReduceFromTensorParallel.apply(x, self.tp.group)  # type: ignore[no-untyped-call]
+            return out
         return x
 
     def forward(self, x: Tensor) -> Tensor:

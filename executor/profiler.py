@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from planner.profiles import LayerPoint
 __all__ = ["profile_layer", "saved_bytes"]
 
 
-def saved_bytes(run: Callable[[], Any], parameters: list[Tensor]) -> tuple[int, Any]:
+def saved_bytes(run: Callable[[], Any], parameters: Sequence[Tensor]) -> tuple[int, Any]:
     """Run ``run`` under saved-tensor hooks; bytes of the unique non-parameter storages it
     saves for backward (what the executor's ledger counts), and its result."""
     params = {p.untyped_storage().data_ptr() for p in parameters}
@@ -80,7 +81,7 @@ def profile_layer(
         x = torch.randn(size, requires_grad=True)
         grad = torch.randn(size)
         started = time.perf_counter()
-        layer_bytes, out = saved_bytes(lambda x=x: layer(x), params)
+        layer_bytes, out = saved_bytes(partial(layer, x), params)
         mid = time.perf_counter()
         torch.autograd.grad(out, x, grad, retain_graph=True)
         after_b = time.perf_counter()

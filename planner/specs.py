@@ -16,6 +16,7 @@ __all__ = [
     "Candidate",
     "CandidateConfig",
     "ClusterSpec",
+    "LandscapePoint",
     "Launch",
     "ModelSpec",
     "Plan",
@@ -358,6 +359,14 @@ class ScheduleSummary(_Spec):
     )
 
 
+class LandscapePoint(_Spec):
+    """One configuration that fits, as the fast estimate prices it (for charts)."""
+
+    label: str
+    samples_per_s: float
+    peak_memory_gib: float
+
+
 class Plan(_Spec):
     id: str
     request: PlanRequest
@@ -366,3 +375,8 @@ class Plan(_Spec):
     rejected: list[Rejected]
     stats: PlanStats
     by_schedule: list[ScheduleSummary] = Field(default_factory=list)
+    landscape: list[LandscapePoint] = Field(
+        default_factory=list,
+        description="Every configuration that fits, with its estimated throughput and peak "
+        "memory (the ranked candidates are simulated; these are not).",
+    )

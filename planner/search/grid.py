@@ -36,6 +36,7 @@ from planner.search.refinement import Refined, refine_plan
 from planner.specs import (
     Candidate,
     CandidateConfig,
+    LandscapePoint,
     Launch,
     Plan,
     PlanRequest,
@@ -214,6 +215,21 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
         rejected=rejected,
         stats=PlanStats(evaluated=evaluated, feasible=len(feasible), search_ms=elapsed),
         by_schedule=by_schedule,
+        landscape=[
+            LandscapePoint(
+                label=_label(e.config),
+                samples_per_s=request.training.global_batch_size / e.iteration_time_s,
+                peak_memory_gib=e.peak_memory / GIB,
+            )
+            for e in feasible
+        ],
+    )
+
+
+def _label(config: CandidateConfig) -> str:
+    return (
+        f"t{config.t} p{config.p} d{config.d} mb{config.micro_batch_size} "
+        f"{config.recompute} {config.schedule}"
     )
 
 

@@ -186,9 +186,7 @@ def test_v_half_peaks_are_the_simulated_fraction_of_1f1b(four_ranks):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "v-min", "v-half", "v-zb"])
-def test_after_profiling_the_planner_predicts_what_the_run_measures(
-    four_ranks, schedule, tmp_path
-):
+def test_after_profiling_the_planner_predicts_what_the_run_measures(four_ranks, schedule, tmp_path):
     """`stagewright profile` on the cpu hardware stores a point; the planner's own
     prediction (cost model with that point, in-flight counts of the schedule) then equals
     the measured peak of every rank."""
@@ -200,6 +198,7 @@ def test_after_profiling_the_planner_predicts_what_the_run_measures(
     store = JsonProfileStore.load(BUNDLED_PROFILES, tmp_path)
     data = make_config(schedule, 1, 4, 1, _microbatches(schedule, 4))
     predicted = predicted_activation_bytes(data, store)
-    measured = {r["coords"]["pp"]: r["steps"][0]["peak_activation_bytes"]
-                for r in four_ranks[1][schedule]}
+    measured = {
+        r["coords"]["pp"]: r["steps"][0]["peak_activation_bytes"] for r in four_ranks[1][schedule]
+    }
     assert [measured[d] for d in range(4)] == pytest.approx(predicted, abs=0.5)

@@ -94,10 +94,11 @@ def test_json_output_is_the_contract(capsys):
 
 
 def test_plan_json_has_the_contract_keys_and_one_documented_extension(capsys):
-    # ``by_schedule`` (best of each requested schedule) is the one key the Plan adds to the
+    # ``by_schedule`` (best of each requested schedule) and ``landscape`` (every fitting
+    # configuration, estimated, for the dashboard's chart) are the keys the Plan adds to the
     # contract's six; nothing else may appear.
     _, out, _ = run(capsys, "plan", str(TINY), "--json")
-    assert set(json.loads(out)) == PLAN_KEYS | {"by_schedule"}
+    assert set(json.loads(out)) == PLAN_KEYS | {"by_schedule", "landscape"}
 
 
 def test_json_without_all_omits_rejected_and_with_all_lists_them(capsys):

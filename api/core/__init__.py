@@ -1,0 +1,3 @@
+"""Service plumbing: settings from the environment and the database connection."""
+
+__all__: list[str] = []

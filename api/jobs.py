@@ -1,0 +1,325 @@
+"""Background searches: a bounded pool of planner threads fed from the ``jobs`` table.
+
+POST /v1/plans stores a queued job and hands its id to this process's pool; the request
+then waits a little for the result. Every process also polls the table: it takes back jobs
+whose process died (no heartbeat within the lease, or a process id on this host that no
+longer runs) and picks up queued jobs while it has idle threads. A job in progress when a
+server stops is therefore run again at the next start; a clean shutdown puts its jobs back
+in the queue at once, without counting the interrupted run as an attempt.
+
+Planning is CPU-bound pure Python, so threads share one core at a time; N stays small (the
+``planner_threads`` setting) and several server processes scale it out. Threads are daemons:
+a stopping server does not wait for a search it has already handed back to the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from api.core.config import Settings
+from api.core.db import Database, is_unavailable
+from api.metrics import Metrics
+from api.problems import problem_body
+from api.store import crud
+from api.store.profiles import SqlProfileStore
+from planner.errors import StagewrightError
+from planner.search import plan
+from planner.specs import Plan, PlanRequest
+
+__all__ = ["JobOutcome", "JobRunner", "Planner", "plan_summary", "worker_name"]
+
+log = logging.getLogger("stagewright.jobs")
+
+Planner = Callable[[PlanRequest, SqlProfileStore], Plan]
+_STOP = ""  # queue sentinel: not a job id
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How a job this process ran ended: 'done' or 'failed' (the plan row has the rest)."""
+
+    plan_id: str
+    status: str
+
+
+def worker_name() -> str:
+    """host:pid:token. The token tells this process from an earlier one with the same pid."""
+    return f"{socket.gethostname()[:120]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dead_workers_on_this_host(workers: list[str], me: str) -> list[str]:
+    """Workers that cannot be running: same host, and their pid is gone (or is ours with
+    another token, i.e. an earlier life of this process id)."""
+    host, pid, _ = me.split(":")
+    dead = []
+    for worker in workers:
+        parts = worker.rsplit(":", 2)
+        if len(parts) != 3 or parts[0] != host or worker == me:
+            continue
+        try:
+            other = int(parts[1])
+        except ValueError:
+            continue
+        if other == int(pid) or not _pid_alive(other):
+            dead.append(worker)
+    return dead
+
+
+def plan_summary(result: Plan) -> dict[str, Any]:
+    """What GET /v1/plans lists of a finished plan (without loading the whole result)."""
+    best = result.best
+    return {
+        "best_config": None if best is None else best.config.model_dump(mode="json"),
+        "best_predicted": None if best is None else best.predicted.model_dump(mode="json"),
+    }
+
+
+class JobRunner:
+    """N planner threads and one poller thread for this process."""
+
+    def __init__(
+        self,
+        *,
+        database: Database,
+        settings: Settings,
+        metrics: Metrics,
+        planner: Planner = plan,
+    ) -> None:
+        self._db = database
+        self._settings = settings
+        self._metrics = metrics
+        self._planner = planner
+        self.worker = worker_name()
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._lock = threading.Lock()
+        self._futures: dict[str, Future[JobOutcome | None]] = {}
+        self._running: dict[str, str] = {}  # job id -> claim
+        self._busy = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._last_poll_error = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for i in range(self._settings.planner_threads):
+            thread = threading.Thread(
+                target=self._work, name=f"stagewright-planner-{i}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        poller = threading.Thread(target=self._poll, name="stagewright-jobs", daemon=True)
+        poller.start()
+        self._threads.append(poller)
+
+    def stop(self) -> None:
+        """Stop taking work and hand running jobs back to the queue. Threads idle or between
+        database calls end within a second; one in the middle of a search is abandoned (it
+        is a daemon and touches the database no more)."""
+        self._stop.set()
+        self._wake.set()
+        for _ in range(self._settings.planner_threads):
+            self._queue.put(_STOP)  # wakes idle workers at once
+        deadline = time.monotonic() + 2.0
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            claims = list(self._running.values())
+        if claims:
+            try:
+                with self._db.session() as session:
+                    released = crud.release_jobs(session=session, claims=claims)
+                log.info("released %d running job(s) back to the queue", released)
+            except Exception as exc:  # the lease will expire instead
+                log.warning("could not release running jobs (%s); they resume after the lease", exc)
+        with self._lock:
+            for future in self._futures.values():
+                if not future.done():
+                    future.set_result(None)
+            self._futures.clear()
+
+    # -- submitting ------------------------------------------------------------------------
+
+    def submit(self, job_id: str) -> Future[JobOutcome | None]:
+        """Queue a job here; the future resolves when this process has run it (None when
+        another process took it, or this one is stopping)."""
+        with self._lock:
+            future = self._futures.get(job_id)
+            if future is None:
+                future = Future()
+                self._futures[job_id] = future
+                self._queue.put(job_id)
+        return future
+
+    def future(self, job_id: str) -> Future[JobOutcome | None] | None:
+        """The future of a job this process has queued or runs, else None."""
+        with self._lock:
+            return self._futures.get(job_id)
+
+    @property
+    def in_progress(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job_id = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if job_id == _STOP or self._stop.is_set():
+                break
+            with self._lock:
+                self._busy += 1
+            outcome: JobOutcome | None = None
+            try:
+                outcome = self._run(job_id)
+            except Exception as exc:  # a job must never kill its thread
+                log.exception("job %s: unexpected error outside the search: %s", job_id, exc)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    future = self._futures.pop(job_id, None)
+                if future is not None and not future.done():
+                    future.set_result(outcome)
+
+    def _run(self, job_id: str) -> JobOutcome | None:
+        if self._stop.is_set():
+            return None
+        with self._db.session() as session:
+            claimed = crud.claim_job(session=session, job_id=job_id, worker=self.worker)
+        if claimed is None:
+            return None
+        with self._lock:
+            self._running[job_id] = claimed.claim
+        started = time.perf_counter()
+        try:
+            result, error = self._search(claimed)
+            if self._stop.is_set():  # stop() has handed the job back to the queue
+                return None
+            with self._db.session() as session:
+                stored = crud.finish_job(
+                    session=session,
+                    claimed=claimed,
+                    result=None if result is None else _as_json(result),
+                    summary=None if result is None else plan_summary(result),
+                    error=error,
+                )
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            # Leave it 'running' without heartbeats: the lease expires and it runs again.
+            log.warning("job %s: database unavailable, the job will run again: %s", job_id, exc)
+            return None
+        finally:
+            with self._lock:
+                self._running.pop(job_id, None)
+        if not stored:
+            return None
+        status = "done" if error is None else "failed"
+        self._metrics.job_finished(status, time.perf_counter() - started)
+        return JobOutcome(plan_id=claimed.plan_id, status=status)
+
+    def _search(self, claimed: crud.Claimed) -> tuple[Plan | None, dict[str, Any] | None]:
+        instance = f"/v1/plans/{claimed.plan_id}"
+        try:
+            request = PlanRequest.model_validate(claimed.request)
+            store = SqlProfileStore(self._db.sessions)
+            result = self._planner(request, store)
+        except StagewrightError as exc:
+            return None, problem_body(
+                422, "invalid-input", str(exc), title="Request cannot be planned", instance=instance
+            )
+        except ValidationError as exc:  # a stored request that no longer validates
+            return None, problem_body(
+                422,
+                "invalid-input",
+                f"the stored request is not valid for this version of stagewright: "
+                f"{exc.errors()[0]['msg']}; submit it again",
+                title="Request cannot be planned",
+                instance=instance,
+            )
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise
+            error_id = uuid.uuid4().hex[:12]
+            log.exception(
+                "job %s (plan %s) failed: error id %s", claimed.job_id, claimed.plan_id, error_id
+            )
+            return None, problem_body(
+                500,
+                "internal-error",
+                f"the planner failed on this request; this is a bug, not your input. Report it "
+                f"with error id {error_id} (the server log has the details)",
+                title="Internal server error",
+                instance=instance,
+                error_id=error_id,
+            )
+        return result.model_copy(update={"id": claimed.plan_id}), None
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._poll_once()
+            except Exception as exc:
+                now = time.monotonic()
+                if now - self._last_poll_error > 30:  # once per 30 s while the DB is away
+                    log.warning("job poller: %s", str(exc).splitlines()[0] if str(exc) else exc)
+                    self._last_poll_error = now
+            self._wake.wait(self._settings.job_poll_s)
+            self._wake.clear()
+
+    def _poll_once(self) -> None:
+        with self._lock:
+            claims = list(self._running.values())
+        with self._db.session() as session:
+            crud.heartbeat(session=session, claims=claims)
+            dead = dead_workers_on_this_host(crud.running_workers(session=session), self.worker)
+            requeued, failed = crud.requeue_orphans(
+                session=session,
+                lease_s=self._settings.job_lease_s,
+                max_attempts=self._settings.job_max_attempts,
+                dead_workers=dead,
+            )
+            if requeued or failed:
+                log.info("took back %d orphaned job(s); %d failed for good", requeued, failed)
+            with self._lock:
+                idle = self._settings.planner_threads - self._busy - self._queue.qsize()
+                mine = list(self._futures)
+            if idle <= 0:
+                return
+            for job_id in crud.queued_job_ids(session=session, limit=idle, exclude=mine):
+                self.submit(job_id)
+
+
+def _as_json(result: Plan) -> dict[str, Any]:
+    # Through pydantic's JSON encoder, so non-finite floats become null (valid JSON on every
+    # backend) exactly as any client would see them.
+    data: dict[str, Any] = json.loads(result.model_dump_json())
+    return data

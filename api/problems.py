@@ -1,0 +1,274 @@
+"""RFC 9457 problem details: the one place where errors become HTTP responses.
+
+Every error answer has the media type ``application/problem+json`` and the fields ``type``
+(a ``urn:stagewright:problem:...`` name), ``title``, ``status``, ``detail`` (what went wrong
+and what to change) and ``instance`` (the request path); validation problems add ``errors``
+with one entry per invalid field. Bad input is a 4xx, an unreachable database a 503 with
+Retry-After, and only a bug is a 500, whose body names an id to find the traceback in the
+server log without showing it to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import DataError, SQLAlchemyError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.routing import Match
+
+from api.core.db import is_unavailable
+from planner.errors import StagewrightError
+from planner.profiles import UnknownHardwareError
+
+__all__ = [
+    "PROBLEM_MEDIA_TYPE",
+    "ApiProblem",
+    "install_problem_handlers",
+    "problem_body",
+    "problem_response",
+    "problem_type",
+]
+
+log = logging.getLogger("stagewright.api")
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+RETRY_AFTER_S = 5
+
+
+def problem_type(slug: str) -> str:
+    return f"urn:stagewright:problem:{slug}"
+
+
+class ApiProblem(Exception):
+    """An error the API answers with a problem document. Raise it from routes and services;
+    the handler below renders it."""
+
+    def __init__(
+        self,
+        status: int,
+        slug: str,
+        detail: str,
+        *,
+        title: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        errors: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.detail = detail
+        self.title = title or HTTPStatus(status).phrase
+        self.headers = dict(headers or {})
+        self.errors = list(errors) if errors is not None else None
+
+
+def problem_body(
+    status: int,
+    slug: str,
+    detail: str,
+    *,
+    title: str | None = None,
+    instance: str | None = None,
+    errors: Sequence[Mapping[str, Any]] | None = None,
+    error_id: str | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": problem_type(slug) if slug != "about:blank" else slug,
+        "title": title or HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+    }
+    if instance is not None:
+        body["instance"] = instance
+    if errors is not None:
+        body["errors"] = [dict(e) for e in errors]
+    if error_id is not None:
+        body["error_id"] = error_id
+    return body
+
+
+def problem_response(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        content=json.dumps(body).encode(),
+        status_code=int(body["status"]),
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=dict(headers or {}),
+    )
+
+
+def _instance(request: Request) -> str:
+    return request.url.path
+
+
+async def _api_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiProblem)
+    body = problem_body(
+        exc.status,
+        exc.slug,
+        exc.detail,
+        title=exc.title,
+        instance=_instance(request),
+        errors=exc.errors,
+    )
+    return problem_response(body, exc.headers)
+
+
+def _location(loc: Sequence[str | int]) -> str:
+    return ".".join(str(part) for part in loc) or "request"
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    msg = str(err.get("msg", "invalid value"))
+    # Pydantic prefixes the text of a ValueError raised by a validator; ours already reads
+    # as a sentence that says what to change.
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix) :]
+    return msg
+
+
+async def _validation(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    raw = list(exc.errors())
+    if any(err.get("type") == "json_invalid" for err in raw):
+        err = next(e for e in raw if e.get("type") == "json_invalid")
+        reason = (err.get("ctx") or {}).get("error", "malformed JSON")
+        position = err.get("loc", ("body",))[-1]
+        where = f" at character {position}" if isinstance(position, int) else ""
+        body = problem_body(
+            400,
+            "malformed-json",
+            f"the request body is not valid JSON ({reason}{where}); "
+            "send a JSON object with Content-Type: application/json",
+            instance=_instance(request),
+        )
+        return problem_response(body)
+    items = [
+        {
+            "loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
+            "msg": _message(err),
+            "type": str(err.get("type", "value_error")),
+        }
+        for err in raw
+    ]
+    shown = "; ".join(f"{_location(item['loc'])}: {item['msg']}" for item in items[:5])
+    more = f" (and {len(items) - 5} more, see errors)" if len(items) > 5 else ""
+    body = problem_body(
+        422,
+        "validation-error",
+        f"the request is invalid: {shown}{more}",
+        title="Invalid request",
+        instance=_instance(request),
+        errors=items,
+    )
+    return problem_response(body)
+
+
+async def _planner_error(request: Request, exc: Exception) -> Response:
+    slug = "unknown-hardware" if isinstance(exc, UnknownHardwareError) else "invalid-input"
+    body = problem_body(
+        422,
+        slug,
+        str(exc),
+        title="Request cannot be planned",
+        instance=_instance(request),
+    )
+    return problem_response(body)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+    if exc.status_code == 404:
+        detail = f"no resource at {request.url.path}; the API is described at /docs"
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        allowed = _allowed_methods(request)
+        if allowed:
+            headers["Allow"] = ", ".join(allowed)
+        detail = (
+            f"{request.method} is not allowed on {request.url.path}; "
+            f"allowed: {headers.get('Allow', 'see /docs')}"
+        )
+    body = problem_body(exc.status_code, "about:blank", detail, instance=_instance(request))
+    return problem_response(body, headers)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette names only the first
+    matching route's): ask the router about each method."""
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return allowed
+
+
+def database_unavailable_body(instance: str) -> dict[str, Any]:
+    return problem_body(
+        503,
+        "database-unavailable",
+        "the database is unreachable or not ready; retry in a few seconds "
+        "(operators: check that it runs and that STAGEWRIGHT_DATABASE_URL points at it)",
+        title="Database unavailable",
+        instance=instance,
+    )
+
+
+async def _database_error(request: Request, exc: Exception) -> Response:
+    if is_unavailable(exc):
+        log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
+        return problem_response(
+            database_unavailable_body(_instance(request)),
+            {"Retry-After": str(RETRY_AFTER_S)},
+        )
+    if isinstance(exc, DataError):
+        # The database refused a value the validation let through (out of its range).
+        body = problem_body(
+            422,
+            "invalid-value",
+            "the database cannot store a value of this request (a number out of range or "
+            "a character it does not accept); check the values against /docs",
+            instance=_instance(request),
+        )
+        return problem_response(body)
+    return await _internal(request, exc)
+
+
+async def _internal(request: Request, exc: Exception) -> Response:
+    error_id = uuid.uuid4().hex[:12]
+    log.error(
+        "internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc
+    )
+    body = problem_body(
+        500,
+        "internal-error",
+        f"the server failed on this request; this is a bug, not your input. Report it with "
+        f"error id {error_id} (the server log has the details)",
+        title="Internal server error",
+        instance=_instance(request),
+        error_id=error_id,
+    )
+    return problem_response(body)
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Register the handlers; the most specific class wins (Starlette walks the MRO)."""
+    app.add_exception_handler(ApiProblem, _api_problem)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StagewrightError, _planner_error)
+    app.add_exception_handler(HTTPException, _http_exception)
+    app.add_exception_handler(SQLAlchemyError, _database_error)
+    app.add_exception_handler(Exception, _internal)

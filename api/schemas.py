@@ -1,0 +1,359 @@
+"""Shapes only the REST API needs. Plans reuse the planner's specs (PlanRequest, Plan,
+Candidate, ...) as they are; what is defined here is what the planner has no model for:
+problem details, job status around a Plan, hardware and profile uploads, simulate, and
+measurements. Every model rejects unknown fields and non-finite numbers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.profiles import LayerPoint
+from planner.specs import CandidateConfig, Plan, PlanStats, Precision, Predicted, Recompute
+from planner.specs import ScheduleName as ScheduleName
+
+__all__ = [
+    "HARDWARE_NAME_PATTERN",
+    "DeviceTiming",
+    "HardwareIn",
+    "HardwarePublic",
+    "Health",
+    "LayerPointIn",
+    "LayerPointPublic",
+    "LinkIn",
+    "LinkPublic",
+    "LinkSpec",
+    "MeasurementIn",
+    "MeasurementPublic",
+    "PlanList",
+    "PlanPublic",
+    "PlanStatus",
+    "PlanSummary",
+    "Problem",
+    "ProblemItem",
+    "ProfilesIn",
+    "ProfilesPublic",
+    "ProfilesWriteResult",
+    "SimulateRequest",
+    "SimulateResult",
+]
+
+PlanStatus = Literal["queued", "running", "done", "failed"]
+Origin = Literal["bundled", "api"]
+HARDWARE_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+HardwareName = Annotated[
+    str,
+    Field(
+        pattern=HARDWARE_NAME_PATTERN,
+        description="Hardware profile name: lower-case letters, digits, '.', '_' or '-' "
+        "(at most 64), e.g. 'a100-sxm-80g'.",
+    ),
+]
+# PostgreSQL text cannot hold NUL characters; nothing a person writes needs one.
+_NO_NUL = r"^[^\x00]*$"
+Label = Annotated[str, Field(max_length=200, pattern=_NO_NUL)]
+Note = Annotated[str, Field(max_length=2000, pattern=_NO_NUL)]
+Seconds = Annotated[float, Field(ge=0, le=1e9)]
+
+
+class _ApiModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class ProblemItem(_ApiModel):
+    """One invalid part of a request."""
+
+    loc: list[str | int] = Field(description="Where: 'body', then field names and indexes.")
+    msg: str = Field(description="What is wrong and what to change.")
+    type: str = Field(description="Machine-readable kind, e.g. 'missing' or 'limit'.")
+
+
+class Problem(_ApiModel):
+    """An RFC 9457 problem detail (media type application/problem+json)."""
+
+    type: str = Field(description="URI naming the kind of problem (urn:stagewright:problem:...).")
+    title: str = Field(description="Short summary of the kind of problem.")
+    status: int = Field(description="The HTTP status code.")
+    detail: str = Field(description="What went wrong in this request and what to change.")
+    instance: str | None = Field(default=None, description="The path or resource concerned.")
+    errors: list[ProblemItem] | None = Field(
+        default=None, description="Every invalid field (validation problems only)."
+    )
+    error_id: str | None = Field(
+        default=None, description="Internal errors: the id the server log files it under."
+    )
+
+
+class LinkSpec(_ApiModel):
+    """One kind of link between devices."""
+
+    kind: Label = Field(min_length=1, description="Link technology, e.g. 'nvlink3'.")
+    bandwidth_gbps: float = Field(
+        gt=0, le=1e6, description="GB/s (1e9 bytes/s), one direction, per device."
+    )
+    latency_us: float = Field(ge=0, le=1e6, description="Latency in microseconds.")
+
+
+class HardwareIn(_ApiModel):
+    """A hardware profile to create or replace (POST /v1/hardware)."""
+
+    name: HardwareName
+    description: Note = Field(default="", description="What the hardware is.")
+    peak_flops: dict[Precision, Annotated[float, Field(gt=0, le=1e18)]] = Field(
+        min_length=1, description="Peak dense matrix FLOP/s per precision, e.g. {'bf16': 312e12}."
+    )
+    memory_gib: float = Field(gt=0, le=1e5, description="Device memory in GiB.")
+    usable_memory_gib: float = Field(
+        gt=0, le=1e5, description="Memory left for tensors after the runtime's own (GiB)."
+    )
+    memory_bandwidth_gbps: float = Field(gt=0, le=1e7, description="HBM bandwidth in GB/s.")
+    intra_node: LinkSpec = Field(description="Link between devices of one node.")
+    inter_node: LinkSpec = Field(description="Link between nodes, per device.")
+    source: Note = Field(default="", description="Where the numbers come from.")
+
+    @model_validator(mode="after")
+    def _usable_fits(self) -> HardwareIn:
+        if self.usable_memory_gib > self.memory_gib:
+            raise ValueError(
+                f"usable_memory_gib {self.usable_memory_gib} is more than memory_gib "
+                f"{self.memory_gib}; usable memory is what is left of it"
+            )
+        return self
+
+
+class HardwarePublic(HardwareIn):
+    """A stored hardware profile."""
+
+    revision: int = Field(description="Goes up on every change to the profile or its points.")
+    origin: Origin = Field(description="'bundled' (from profiles/) or 'api' (posted).")
+    updated_at: datetime
+
+
+class LayerPointIn(_ApiModel):
+    """One measured transformer layer (per micro-batch, on one tensor-parallel rank)."""
+
+    gpu: HardwareName
+    precision: Precision = Field(default="bf16", description="Precision of the run.")
+    hidden_size: int = Field(ge=1, le=1_048_576, description="h.")
+    num_attention_heads: int = Field(ge=1, le=65_536, description="a.")
+    ffn_hidden_size: int | None = Field(
+        default=None, ge=1, le=4_194_304, description="MLP inner size; null means 4 x h."
+    )
+    seq_length: int = Field(ge=1, le=4_194_304, description="s.")
+    micro_batch_size: int = Field(ge=1, le=65_536, description="Samples per micro-batch.")
+    t: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel degree of the run.")
+    recompute: Recompute = Field(default="none", description="Recomputation mode of the run.")
+    sequence_parallel: bool = Field(default=False, description="Sequence parallelism on.")
+    flash_attention: bool = Field(default=False, description="Flash attention on.")
+    forward_ms: float = Field(gt=0, le=1e7, description="Forward time (ms).")
+    backward_ms: float = Field(
+        gt=0, le=1e7, description="Backward-for-input time (ms), or the fused backward."
+    )
+    weight_ms: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e7,
+        description="Backward-for-weights time (ms); null when backward_ms is the fused B + W.",
+    )
+    activation_bytes: float | None = Field(
+        default=None, ge=0, le=1e15, description="Saved-activation bytes of the layer."
+    )
+    includes_tp_comm: bool = Field(
+        default=True, description="The times include the tensor-parallel collectives."
+    )
+    source: Note = Field(default="", description="Where the point comes from.")
+
+    def to_point(self) -> LayerPoint:
+        return LayerPoint(
+            gpu=self.gpu,
+            precision=self.precision,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            ffn_hidden_size=self.ffn_hidden_size or 4 * self.hidden_size,
+            seq_length=self.seq_length,
+            micro_batch_size=self.micro_batch_size,
+            t=self.t,
+            recompute=self.recompute,
+            sequence_parallel=self.sequence_parallel,
+            flash_attention=self.flash_attention,
+            forward_ms=self.forward_ms,
+            backward_ms=self.backward_ms,
+            weight_ms=self.weight_ms,
+            activation_bytes=self.activation_bytes,
+            includes_tp_comm=self.includes_tp_comm,
+            source=self.source,
+        )
+
+
+class LayerPointPublic(LayerPointIn):
+    """A stored layer point."""
+
+    id: int
+    origin: Origin
+    updated_at: datetime
+
+
+class LinkIn(LinkSpec):
+    """A measured link of a hardware profile (its intra-node or inter-node link)."""
+
+    gpu: HardwareName
+    scope: Literal["intra_node", "inter_node"] = Field(description="Which link it is.")
+    source: Note = Field(default="", description="Where the numbers come from.")
+
+
+class LinkPublic(LinkIn):
+    origin: Origin
+    updated_at: datetime
+
+
+class ProfilesIn(_ApiModel):
+    """Layer points and link measurements to store (POST /v1/profiles). A point whose shape
+    (gpu, precision, sizes, t, recompute, switches) is already stored replaces it."""
+
+    layers: list[LayerPointIn] = Field(default_factory=list, description="Layer points.")
+    links: list[LinkIn] = Field(default_factory=list, max_length=256, description="Links.")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ProfilesIn:
+        if not self.layers and not self.links:
+            raise ValueError("nothing to store: give at least one entry in 'layers' or 'links'")
+        return self
+
+
+class ProfilesWriteResult(_ApiModel):
+    created: int = Field(description="Entries that were new.")
+    updated: int = Field(description="Entries that replaced different values.")
+    unchanged: int = Field(description="Entries identical to what was stored.")
+    revisions: dict[str, int] = Field(description="Hardware revision after the write, per GPU.")
+
+
+class ProfilesPublic(_ApiModel):
+    layers: list[LayerPointPublic] = Field(description="Layer points (one page of them).")
+    links: list[LinkPublic] = Field(description="Links of the hardware listed.")
+    total_layers: int = Field(description="Layer points matching the filter, all pages.")
+    limit: int
+    offset: int
+
+
+class PlanPublic(Plan):
+    """A stored plan: the planner's Plan plus where its search stands. Until ``status`` is
+    'done', ``best`` is null and the lists are empty; a 'failed' plan carries ``error``."""
+
+    stats: PlanStats | None = Field(  # type: ignore[assignment]
+        default=None, description="Search statistics; null until the search is done."
+    )
+    status: PlanStatus = Field(description="queued, running, done or failed.")
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    hardware_revision: int = Field(description="Revision of the hardware profile planned on.")
+    warnings: list[str] = Field(description="Settings of the request the server changed.")
+    error: Problem | None = Field(description="Why the search failed (status 'failed').")
+
+
+class PlanSummary(_ApiModel):
+    """One row of GET /v1/plans."""
+
+    id: str
+    status: PlanStatus
+    model_name: str
+    gpu: str
+    num_gpus: int
+    method: str
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    best_config: CandidateConfig | None = Field(description="The best candidate's config.")
+    best_predicted: Predicted | None = Field(description="What is predicted for it.")
+    error: Problem | None
+
+
+class PlanList(_ApiModel):
+    items: list[PlanSummary]
+    total: int = Field(description="Plans matching the filters, all pages.")
+    limit: int
+    offset: int
+
+
+class MeasurementIn(_ApiModel):
+    """What the executor measured when it ran one candidate of a plan."""
+
+    candidate: int = Field(
+        default=0, ge=0, le=999, description="Index of the candidate that ran (0 = best)."
+    )
+    step_time_s: float = Field(gt=0, le=1e7, description="Measured time of one optimizer step.")
+    peak_activation_bytes: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
+        default_factory=list,
+        max_length=65_536,
+        description="Peak saved-activation bytes per rank, in rank order.",
+    )
+    data: dict[str, Any] = Field(
+        default_factory=dict, description="Anything else, as JSON (losses, versions, host)."
+    )
+
+
+class MeasurementPublic(MeasurementIn):
+    id: int
+    plan_id: str
+    predicted_iteration_time_s: float | None = Field(
+        description="The plan's predicted step time for this candidate."
+    )
+    step_time_error: float | None = Field(
+        description="measured / predicted - 1 (0.1 = 10% slower than predicted)."
+    )
+    created_at: datetime
+
+
+StageTimes = Annotated[
+    Seconds | Annotated[list[Seconds], Field(min_length=1, max_length=4096)],
+    Field(description="One time for every stage, or a list with one per stage."),
+]
+
+
+class SimulateRequest(_ApiModel):
+    """``stagewright simulate`` over HTTP: generate a schedule and price it."""
+
+    schedule: ScheduleName = Field(description="Pipeline schedule.")
+    num_devices: int = Field(ge=1, le=1024, description="Pipeline devices.")
+    num_microbatches: int = Field(
+        ge=1, le=65_536, description="Micro-batches per batch (per batch for 2bw)."
+    )
+    forward: StageTimes = Field(description="Forward time.")
+    backward: StageTimes = Field(description="Backward-for-input time (or the whole backward).")
+    weight: StageTimes = Field(default=0.0, description="Backward-for-weights time.")
+    comm: Seconds = Field(default=0.0, description="Time added to every edge between devices.")
+    transfer: Seconds = Field(default=0.0, description="Time of one BPipe EVICT or LOAD.")
+    overlap_transfers: bool = Field(
+        default=True, description="BPipe transfers overlap compute (false: they block)."
+    )
+    num_chunks: int = Field(default=2, ge=1, le=16, description="Chunks per device (interleaved).")
+    num_batches: int = Field(
+        default=2, ge=1, le=16, description="Batches a 2bw schedule runs without a flush."
+    )
+
+
+class DeviceTiming(_ApiModel):
+    start: float = Field(description="Start of the device's first action.")
+    end: float = Field(description="End of its last action.")
+    busy: float = Field(description="Its compute time.")
+
+
+class SimulateResult(_ApiModel):
+    """The contract JSON of ``stagewright simulate --json``."""
+
+    makespan: float
+    bubble_fraction: float = Field(description="1 - busiest device's busy time / makespan.")
+    peak_activation_fraction: list[float] = Field(
+        description="Per device, peak saved activations in micro-batches of the whole model."
+    )
+    devices: list[DeviceTiming]
+
+
+class Health(_ApiModel):
+    status: Literal["ok"]
+    database: str = Field(description="Backend in use: sqlite or postgresql.")
+    version: str = Field(description="stagewright version.")
+    jobs_queued: int
+    jobs_running: int

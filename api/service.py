@@ -1,0 +1,107 @@
+"""What ``stagewright serve`` and ``stagewright profiles load`` do.
+
+Both first bring the database up to date: wait for it (a container may start before its
+database), upgrade the schema with Alembic, and load the bundled profiles (idempotent). Then
+``serve`` runs uvicorn with the application factory; worker processes rebuild the settings
+from the environment, which is set here from the options.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import logging.config
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from api.core.config import Settings, SettingsError
+from api.core.db import Database, describe_url, migrate, wait_for_database
+from api.store.profiles import WriteReport, load_bundled_profiles
+
+__all__ = ["load_profiles", "prepare_database", "serve"]
+
+log = logging.getLogger("stagewright.service")
+
+
+def _check_sqlite_path(database: Database) -> None:
+    if database.dialect != "sqlite":
+        return
+    path = database.url.database
+    if not path or path == ":memory:" or path.startswith("file::memory:"):
+        raise SettingsError(
+            "an in-memory SQLite database is not shared between the server's threads and "
+            "processes; use a file, e.g. sqlite:///stagewright.db"
+        )
+    folder = Path(path).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise SettingsError(
+            f"the folder {folder} for the SQLite file does not exist; create it or choose "
+            "another --database-url"
+        )
+
+
+def prepare_database(settings: Settings) -> WriteReport:
+    """Wait for the database, migrate it to the newest schema, load the bundled profiles."""
+    database = Database(settings.database_url)
+    try:
+        _check_sqlite_path(database)
+        wait_for_database(database, settings.database_wait_s)
+        migrate(database)
+        with database.session() as session:
+            return load_bundled_profiles(session=session)
+    finally:
+        database.dispose()
+
+
+def load_profiles(*, database_url: str | None) -> WriteReport:
+    return prepare_database(Settings.from_env(database_url=database_url))
+
+
+def _log_config() -> dict[str, Any]:
+    """Uvicorn's logging plus the service's own loggers, in every server process."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["stagewright"] = {
+        "handlers": ["default"],
+        "level": "INFO",
+        "propagate": False,
+    }
+    return config
+
+
+def serve(*, host: str, port: int, database_url: str | None, workers: int) -> int:
+    import uvicorn
+
+    settings = Settings.from_env(database_url=database_url)
+    log_config = _log_config()
+    logging.config.dictConfig(log_config)
+    report = prepare_database(settings)
+    log.info(
+        "database %s ready; bundled profiles: %d created, %d updated, %d unchanged",
+        describe_url(settings.database_url),
+        report.created,
+        report.updated,
+        report.unchanged,
+    )
+    # Worker processes build their settings from the environment: hand ours over.
+    os.environ.update(settings.to_env())
+    shown = f"[{host}]" if ":" in host else host
+    sys.stderr.write(
+        f"stagewright serving on http://{shown}:{port} (API docs at http://{shown}:{port}/docs)"
+        f", {workers} process(es), database {describe_url(settings.database_url)}\n"
+    )
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        access_log=settings.access_log,
+        log_config=log_config,
+        log_level="info",
+        timeout_graceful_shutdown=5,
+    )
+    return 0

@@ -1,0 +1,407 @@
+"""Plans, jobs and measurements: keyword-only functions over a Session.
+
+Functions that write commit their own transaction (each is one unit of work). Job state
+changes are conditional updates (``WHERE status = ... AND claim = ...``), so two processes
+can never both run or both finish the same job.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, defer
+
+from api.store.models import Job, Measurement, PlanRecord, utcnow
+
+__all__ = [
+    "ACTIVE",
+    "Claimed",
+    "claim_job",
+    "count_jobs",
+    "create_measurement",
+    "create_plan",
+    "find_plan_by_hash",
+    "finish_job",
+    "get_plan",
+    "heartbeat",
+    "job_for_plan",
+    "list_measurements",
+    "list_plans",
+    "queued_job_ids",
+    "release_jobs",
+    "requeue_orphans",
+    "running_workers",
+]
+
+ACTIVE = ("queued", "running")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def create_plan(
+    *,
+    session: Session,
+    request: dict[str, Any],
+    request_hash: str,
+    model_name: str,
+    gpu: str,
+    num_gpus: int,
+    method: str,
+    hardware_revision: int,
+    warnings: Sequence[str],
+) -> tuple[PlanRecord, Job]:
+    """A queued plan and its job, committed."""
+    now = utcnow()
+    plan = PlanRecord(
+        id=new_id(),
+        request_hash=request_hash,
+        request=request,
+        status="queued",
+        result=None,
+        summary=None,
+        error=None,
+        warnings=list(warnings),
+        # A label for listing; the request keeps the name exactly. PostgreSQL text cannot
+        # hold NUL characters.
+        model_name=model_name.replace("\x00", "")[:200],
+        gpu=gpu,
+        num_gpus=num_gpus,
+        method=method,
+        hardware_revision=hardware_revision,
+        created_at=now,
+        updated_at=now,
+        finished_at=None,
+    )
+    job = Job(
+        id=new_id(),
+        plan_id=plan.id,
+        kind="plan",
+        status="queued",
+        attempts=0,
+        created_at=now,
+    )
+    session.add(plan)
+    session.flush()
+    session.add(job)
+    session.commit()
+    return plan, job
+
+
+def get_plan(*, session: Session, plan_id: str) -> PlanRecord | None:
+    return session.get(PlanRecord, plan_id)
+
+
+def find_plan_by_hash(*, session: Session, request_hash: str) -> PlanRecord | None:
+    """The plan answering this request: a finished one if any, else one still in progress
+    (newest first); failed plans are not reused."""
+    for status in ("done", "running", "queued"):
+        found = session.scalar(
+            select(PlanRecord)
+            .where(PlanRecord.request_hash == request_hash, PlanRecord.status == status)
+            .order_by(PlanRecord.created_at.desc())
+            .limit(1)
+        )
+        if found is not None:
+            return found
+    return None
+
+
+def list_plans(
+    *,
+    session: Session,
+    status: str | None = None,
+    gpu: str | None = None,
+    model_name: str | None = None,
+    limit: int = 20,
+    offset: int = 0,
+) -> tuple[list[PlanRecord], int]:
+    """A page of plans, newest first, and how many match in all."""
+    filters = []
+    if status is not None:
+        filters.append(PlanRecord.status == status)
+    if gpu is not None:
+        filters.append(PlanRecord.gpu == gpu)
+    if model_name is not None:
+        filters.append(PlanRecord.model_name == model_name)
+    total = session.scalar(select(func.count()).select_from(PlanRecord).where(*filters)) or 0
+    # Only the columns a listing shows: never the (possibly megabytes of) result JSON.
+    rows = session.scalars(
+        select(PlanRecord)
+        .where(*filters)
+        .order_by(PlanRecord.created_at.desc(), PlanRecord.id)
+        .limit(limit)
+        .offset(offset)
+        .options(_listing_columns())
+    )
+    return list(rows), int(total)
+
+
+def _listing_columns() -> Any:
+    return defer(PlanRecord.result)
+
+
+def job_for_plan(*, session: Session, plan_id: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.plan_id == plan_id).limit(1))
+
+
+def count_jobs(*, session: Session) -> dict[str, int]:
+    rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
+    counts = {"queued": 0, "running": 0, "done": 0, "failed": 0}
+    for status, n in rows:
+        counts[str(status)] = int(n)
+    return counts
+
+
+def _set_plan_status(session: Session, plan_id: str, status: str, now: datetime) -> None:
+    session.execute(
+        update(PlanRecord)
+        .where(PlanRecord.id == plan_id)
+        .values(status=status, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+@dataclass(frozen=True)
+class Claimed:
+    job_id: str
+    plan_id: str
+    claim: str
+    request: dict[str, Any]
+
+
+def claim_job(*, session: Session, job_id: str, worker: str) -> Claimed | None:
+    """Mark a queued job as running under a new claim token, if it is still queued (another
+    process may have taken it). Returns what the worker needs, or None."""
+    now = utcnow()
+    claim = new_id()
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "queued")
+        .values(
+            status="running",
+            claim=claim,
+            worker=worker,
+            attempts=Job.attempts + 1,
+            started_at=now,
+            heartbeat_at=now,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if _rowcount(result) != 1:
+        session.rollback()
+        return None
+    job = session.get(Job, job_id, populate_existing=True)
+    assert job is not None
+    plan = session.get(PlanRecord, job.plan_id)
+    assert plan is not None
+    _set_plan_status(session, plan.id, "running", now)
+    session.commit()
+    return Claimed(job_id=job_id, plan_id=plan.id, claim=claim, request=dict(plan.request))
+
+
+def finish_job(
+    *,
+    session: Session,
+    claimed: Claimed,
+    result: dict[str, Any] | None,
+    summary: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+) -> bool:
+    """Store the outcome if the claim is still ours (False: the job was taken back because
+    this process missed its lease; its result is dropped, the new run will store one)."""
+    now = utcnow()
+    status = "done" if error is None else "failed"
+    done = session.execute(
+        update(Job)
+        .where(Job.id == claimed.job_id, Job.claim == claimed.claim, Job.status == "running")
+        .values(
+            status=status,
+            finished_at=now,
+            claim=None,
+            error=None if error is None else str(error.get("detail", "")),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if _rowcount(done) != 1:
+        session.rollback()
+        return False
+    session.execute(
+        update(PlanRecord)
+        .where(PlanRecord.id == claimed.plan_id)
+        .values(
+            status=status,
+            result=result,
+            summary=summary,
+            error=error,
+            updated_at=now,
+            finished_at=now,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return True
+
+
+def heartbeat(*, session: Session, claims: Sequence[str]) -> None:
+    """Renew the lease of the jobs this process runs."""
+    if not claims:
+        return
+    session.execute(
+        update(Job)
+        .where(Job.claim.in_(list(claims)), Job.status == "running")
+        .values(heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+
+
+def release_jobs(*, session: Session, claims: Sequence[str]) -> int:
+    """Put this process's running jobs back in the queue (a clean shutdown); the attempt
+    does not count against the job."""
+    released = 0
+    for claim in claims:
+        job = session.scalar(
+            select(Job)
+            .where(Job.claim == claim, Job.status == "running")
+            .execution_options(populate_existing=True)
+        )
+        if job is None:
+            continue
+        _requeue(session, job, count_attempt=False)
+        released += 1
+    session.commit()
+    return released
+
+
+def _requeue(session: Session, job: Job, *, count_attempt: bool) -> None:
+    now = utcnow()
+    job.status = "queued"
+    job.claim = None
+    job.worker = None
+    job.heartbeat_at = None
+    if not count_attempt:
+        job.attempts = max(0, job.attempts - 1)
+    _set_plan_status(session, job.plan_id, "queued", now)
+
+
+def requeue_orphans(
+    *,
+    session: Session,
+    lease_s: float,
+    max_attempts: int,
+    dead_workers: Sequence[str] = (),
+) -> tuple[int, int]:
+    """Jobs left 'running' by a process that died (lease expired, or a worker known to be
+    dead on this host) go back to the queue, or fail after ``max_attempts`` runs. Returns
+    (requeued, failed)."""
+    now = utcnow()
+    expired = now - timedelta(seconds=lease_s)
+    fresh = {"populate_existing": True}  # rows other sessions changed: read them anew
+    stale = select(Job).where(Job.status == "running", Job.heartbeat_at < expired)
+    jobs = list(session.scalars(stale.execution_options(**fresh)))
+    if dead_workers:
+        jobs += list(
+            session.scalars(
+                select(Job)
+                .where(
+                    Job.status == "running",
+                    Job.worker.in_(list(dead_workers)),
+                    Job.heartbeat_at >= expired,
+                )
+                .execution_options(**fresh)
+            )
+        )
+    requeued = failed = 0
+    for job in jobs:
+        if job.attempts >= max_attempts:
+            detail = (
+                f"the search was interrupted {job.attempts} times (the server stopped or "
+                "crashed while it ran); submit the request again, and if it keeps failing "
+                "ask the operator to look at the server's memory and logs"
+            )
+            job.status = "failed"
+            job.claim = None
+            job.finished_at = now
+            job.error = detail
+            session.execute(
+                update(PlanRecord)
+                .where(PlanRecord.id == job.plan_id)
+                .values(
+                    status="failed",
+                    updated_at=now,
+                    finished_at=now,
+                    error={
+                        "type": "urn:stagewright:problem:job-interrupted",
+                        "title": "Search interrupted",
+                        "status": 500,
+                        "detail": detail,
+                        "instance": f"/v1/plans/{job.plan_id}",
+                    },
+                )
+                .execution_options(synchronize_session=False)
+            )
+            failed += 1
+        else:
+            _requeue(session, job, count_attempt=True)
+            requeued += 1
+    session.commit()
+    return requeued, failed
+
+
+def running_workers(*, session: Session) -> list[str]:
+    return [
+        w
+        for w in session.scalars(select(Job.worker).where(Job.status == "running").distinct())
+        if w
+    ]
+
+
+def queued_job_ids(*, session: Session, limit: int, exclude: Sequence[str] = ()) -> list[str]:
+    """The oldest queued jobs not already in this process's queue."""
+    stmt = select(Job.id).where(Job.status == "queued").order_by(Job.created_at, Job.id)
+    if exclude:
+        stmt = stmt.where(Job.id.not_in(list(exclude)))
+    return list(session.scalars(stmt.limit(limit)))
+
+
+def create_measurement(
+    *,
+    session: Session,
+    plan_id: str,
+    candidate: int,
+    step_time_s: float,
+    peak_activation_bytes: Sequence[int],
+    predicted_iteration_time_s: float | None,
+    data: dict[str, Any],
+) -> Measurement:
+    row = Measurement(
+        plan_id=plan_id,
+        candidate=candidate,
+        step_time_s=step_time_s,
+        peak_activation_bytes=list(peak_activation_bytes),
+        predicted_iteration_time_s=predicted_iteration_time_s,
+        data=data,
+        created_at=utcnow(),
+    )
+    session.add(row)
+    session.commit()
+    return row
+
+
+def list_measurements(*, session: Session, plan_id: str) -> list[Measurement]:
+    return list(
+        session.scalars(
+            select(Measurement).where(Measurement.plan_id == plan_id).order_by(Measurement.id)
+        )
+    )
+
+
+def _rowcount(result: Any) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)

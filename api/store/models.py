@@ -1,0 +1,221 @@
+"""SQL tables (SQLAlchemy 2.0 declarative, ``Mapped``). Alembic's revisions in
+``migrations/`` create exactly these; a test compares the two.
+
+Times are stored as naive UTC (both backends agree on that) and read back as aware UTC.
+JSON columns use the portable ``JSON`` type (``json`` on PostgreSQL, text on SQLite).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Dialect,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+__all__ = [
+    "Base",
+    "CommProfile",
+    "Hardware",
+    "Job",
+    "LayerProfile",
+    "Measurement",
+    "PlanRecord",
+    "UTCDateTime",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A UTC instant: stored naive (in UTC), returned timezone-aware."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Hardware(Base):
+    """A hardware profile (peaks, memory); its links are in ``comm_profiles``. ``revision``
+    goes up on every change to it, its links or its layer points: plans are cached per
+    (request, revision), so a changed profile is never answered from an old plan."""
+
+    __tablename__ = "hardware"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    description: Mapped[str] = mapped_column(Text)
+    peak_flops: Mapped[dict[str, float]] = mapped_column(JSON)
+    memory_gib: Mapped[float] = mapped_column(Double)
+    usable_memory_gib: Mapped[float] = mapped_column(Double)
+    memory_bandwidth_gbps: Mapped[float] = mapped_column(Double)
+    source: Mapped[str] = mapped_column(Text)
+    origin: Mapped[str] = mapped_column(String(16))
+    revision: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class CommProfile(Base):
+    """Bandwidth and latency of one link scope of a hardware profile (the pipeline,
+    tensor- and data-parallel traffic is priced with these)."""
+
+    __tablename__ = "comm_profiles"
+    __table_args__ = (UniqueConstraint("gpu", "scope", name="uq_comm_profiles_gpu_scope"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    gpu: Mapped[str] = mapped_column(
+        String(64), ForeignKey("hardware.name", ondelete="CASCADE"), index=True
+    )
+    scope: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[str] = mapped_column(String(64))
+    bandwidth_gbps: Mapped[float] = mapped_column(Double)
+    latency_us: Mapped[float] = mapped_column(Double)
+    source: Mapped[str] = mapped_column(Text)
+    origin: Mapped[str] = mapped_column(String(16))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class LayerProfile(Base):
+    """One measured layer point (planner.profiles.LayerPoint). The shape columns are unique
+    together: writing a point of a known shape replaces its timings."""
+
+    __tablename__ = "layer_profiles"
+    __table_args__ = (
+        UniqueConstraint(
+            "gpu",
+            "precision",
+            "hidden_size",
+            "num_attention_heads",
+            "ffn_hidden_size",
+            "seq_length",
+            "micro_batch_size",
+            "t",
+            "recompute",
+            "sequence_parallel",
+            "flash_attention",
+            name="uq_layer_profiles_shape",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    gpu: Mapped[str] = mapped_column(
+        String(64), ForeignKey("hardware.name", ondelete="CASCADE"), index=True
+    )
+    precision: Mapped[str] = mapped_column(String(8))
+    hidden_size: Mapped[int] = mapped_column(Integer)
+    num_attention_heads: Mapped[int] = mapped_column(Integer)
+    ffn_hidden_size: Mapped[int] = mapped_column(Integer)
+    seq_length: Mapped[int] = mapped_column(Integer)
+    micro_batch_size: Mapped[int] = mapped_column(Integer)
+    t: Mapped[int] = mapped_column(Integer)
+    recompute: Mapped[str] = mapped_column(String(16))
+    sequence_parallel: Mapped[bool]
+    flash_attention: Mapped[bool]
+    forward_ms: Mapped[float] = mapped_column(Double)
+    backward_ms: Mapped[float] = mapped_column(Double)
+    weight_ms: Mapped[float | None] = mapped_column(Double)
+    activation_bytes: Mapped[float | None] = mapped_column(Double)
+    includes_tp_comm: Mapped[bool]
+    source: Mapped[str] = mapped_column(Text)
+    origin: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class PlanRecord(Base):
+    """A plan request and, once its job is done, the Plan (or the problem that stopped it).
+
+    ``request_hash`` covers the request, the hardware profile's revision and the planner's
+    version: an identical request is answered from here until one of them changes."""
+
+    __tablename__ = "plans"
+    __table_args__ = (
+        Index("ix_plans_request_hash_status", "request_hash", "status"),
+        Index("ix_plans_created_at", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    warnings: Mapped[list[str]] = mapped_column(JSON)
+    model_name: Mapped[str] = mapped_column(String(200))
+    gpu: Mapped[str] = mapped_column(String(64), index=True)
+    num_gpus: Mapped[int] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(String(16))
+    hardware_revision: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Job(Base):
+    """A background search. A process claims a queued job by writing its ``claim`` token
+    (only if still queued), renews ``heartbeat_at`` while it runs, and finishes it only while
+    the claim is still its own; a job whose heartbeat is older than the lease goes back to
+    the queue (the process that ran it died)."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    plan_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("plans.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    attempts: Mapped[int] = mapped_column(Integer)
+    claim: Mapped[str | None] = mapped_column(String(32))
+    worker: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class Measurement(Base):
+    """What the executor measured when it ran one of a plan's candidates."""
+
+    __tablename__ = "measurements"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    plan_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("plans.id", ondelete="CASCADE"), index=True
+    )
+    candidate: Mapped[int] = mapped_column(Integer)
+    step_time_s: Mapped[float] = mapped_column(Double)
+    peak_activation_bytes: Mapped[list[int]] = mapped_column(JSON)
+    predicted_iteration_time_s: Mapped[float | None] = mapped_column(Double)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

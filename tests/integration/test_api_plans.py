@@ -1,0 +1,361 @@
+"""/v1/plans and /v1/plans/{id}/measurements over HTTP, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from api.store import crud
+from api.store.profiles import SqlProfileStore
+from planner.errors import StagewrightError
+from planner.search import plan as real_plan
+from planner.specs import Plan, PlanRequest
+from tests.integration.conftest import assert_problem, example, tiny, wait_done
+
+PLAN_KEYS = {"id", "request", "best", "candidates", "rejected", "stats"}
+STATUS_KEYS = {"status", "created_at", "updated_at", "finished_at", "warnings", "error"}
+
+
+def test_post_plans_answers_201_with_the_plan_and_a_location(client):
+    response = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert PLAN_KEYS | STATUS_KEYS <= set(body)
+    assert body["status"] == "done"
+    assert response.headers["location"] == f"/v1/plans/{body['id']}"
+    assert response.headers["stagewright-cache"] == "miss"
+    # The body is a Plan: the planner's own model validates it.
+    plan = Plan.model_validate({k: body[k] for k in Plan.model_fields})
+    assert plan.best is not None and plan.best == plan.candidates[0]
+    assert plan.request == PlanRequest.model_validate(example("tiny-cpu"))
+    assert body["rejected"] == []  # like `stagewright plan` without --all
+    assert body["finished_at"].endswith("Z")
+
+
+def test_the_service_plans_like_the_cli(client):
+    """Same request, same store contents: the SQL-backed answer equals the JSON-backed one."""
+    body = client.post("/v1/plans", json=example("gpt3-13b-8xa100")).json()
+    expected = real_plan(PlanRequest.model_validate(example("gpt3-13b-8xa100")))
+    assert [c["config"] for c in body["candidates"]] == [
+        c.config.model_dump(mode="json") for c in expected.candidates
+    ]
+    assert body["best"]["predicted"] == expected.best.predicted.model_dump(mode="json")
+
+
+def test_include_rejected_lists_every_rejection(client):
+    body = client.post("/v1/plans?include_rejected=true", json=example("tiny-cpu")).json()
+    assert body["rejected"] and all({"config", "reason"} <= set(r) for r in body["rejected"])
+    again = client.get(f"/v1/plans/{body['id']}", params={"include_rejected": True}).json()
+    assert again["rejected"] == body["rejected"]
+    assert client.get(f"/v1/plans/{body['id']}").json()["rejected"] == []
+
+
+def test_identical_request_is_answered_from_the_store(client):
+    first = client.post("/v1/plans", json=example("tiny-cpu"))
+    # Same request with keys in another order and defaults spelled out.
+    data = example("tiny-cpu")
+    data["search"] = dict(reversed(list(data["search"].items())), time_limit_s=10.0)
+    second = client.post("/v1/plans", json=data)
+    assert second.status_code == 200
+    assert second.headers["stagewright-cache"] == "hit"
+    assert second.json()["id"] == first.json()["id"]
+    assert second.json()["candidates"] == first.json()["candidates"]
+    metrics = client.get("/metrics").text
+    assert 'stagewright_plan_cache_total{result="hit"} 1' in metrics
+    assert 'stagewright_plan_cache_total{result="miss"} 1' in metrics
+
+
+def test_a_profile_change_invalidates_the_cache(client):
+    first = client.post("/v1/plans", json=example("tiny-cpu")).json()
+    point = {
+        "gpu": "cpu",
+        "precision": "fp32",
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "seq_length": 128,
+        "micro_batch_size": 1,
+        "forward_ms": 1.0,
+        "backward_ms": 2.0,
+        "weight_ms": 1.5,
+    }
+    assert client.post("/v1/profiles", json={"layers": [point]}).status_code == 201
+    second = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert second.status_code == 201  # searched again, on the new profile
+    assert second.json()["id"] != first["id"]
+    assert second.json()["hardware_revision"] == first["hardware_revision"] + 1
+    # The measured point is used: the plan's times changed.
+    assert second.json()["best"]["predicted"] != first["best"]["predicted"]
+
+
+def test_wait_zero_answers_202_and_the_plan_is_polled(make_client):
+    release = threading.Event()
+
+    def slow(request, store):
+        release.wait(30)
+        return real_plan(request, store)
+
+    client = make_client(planner=slow)
+    response = client.post("/v1/plans?wait_s=0", json=example("tiny-cpu"))
+    assert response.status_code == 202
+    location = response.headers["location"]
+    body = response.json()
+    assert body["status"] in ("queued", "running")
+    assert body["best"] is None and body["candidates"] == [] and body["stats"] is None
+    polled = client.get(location)
+    assert polled.status_code == 200 and polled.headers["retry-after"] == "1"
+    # An identical request while it runs joins it instead of starting a second search.
+    joined = client.post("/v1/plans?wait_s=0", json=example("tiny-cpu"))
+    assert joined.status_code == 202 and joined.json()["id"] == body["id"]
+    release.set()
+    done = wait_done(client, body["id"])
+    assert done["status"] == "done" and done["best"] is not None
+    listed = client.get("/v1/plans", params={"status": "done"}).json()
+    assert [item["id"] for item in listed["items"]] == [body["id"]]
+
+
+def test_get_plan_404_for_unknown_and_malformed_ids(client):
+    assert_problem(client.get(f"/v1/plans/{'0' * 32}"), 404, "no plan with id", "GET /v1/plans")
+    assert_problem(client.get("/v1/plans/not-an-id"), 404, "no plan with id")
+    assert_problem(client.get("/v1/plans/%00"), 404)
+
+
+def test_list_plans_filters_and_pages(client):
+    ids = []
+    for batch in (16, 20, 24):
+        body = client.post("/v1/plans", json=tiny(**{"training.global_batch_size": batch})).json()
+        ids.append(body["id"])
+    client.post("/v1/plans", json=example("gpt3-13b-8xa100"))
+    page = client.get("/v1/plans", params={"gpu": "cpu", "limit": 2}).json()
+    assert page["total"] == 3 and page["limit"] == 2
+    assert [item["id"] for item in page["items"]] == ids[::-1][:2]  # newest first
+    rest = client.get("/v1/plans", params={"gpu": "cpu", "limit": 2, "offset": 2}).json()
+    assert [item["id"] for item in rest["items"]] == [ids[0]]
+    item = page["items"][0]
+    assert item["status"] == "done" and item["model_name"] == "tiny-gpt"
+    assert item["num_gpus"] == 4 and item["best_config"]["t"] >= 1
+    assert item["best_predicted"]["samples_per_s"] > 0
+    assert client.get("/v1/plans", params={"model": "gpt3-13b"}).json()["total"] == 1
+    assert client.get("/v1/plans", params={"status": "failed"}).json()["total"] == 0
+
+
+def test_list_plans_rejects_bad_filters(client):
+    body = assert_problem(client.get("/v1/plans", params={"limit": 0}), 422, "limit")
+    assert body["errors"][0]["loc"] == ["query", "limit"]
+    assert_problem(client.get("/v1/plans", params={"status": "finished"}), 422, "status")
+    assert_problem(client.get("/v1/plans", params={"gpu": "A100!"}), 422, "gpu")
+
+
+def test_invalid_request_is_422_with_every_field_named(client):
+    data = example("tiny-cpu")
+    data["model"]["hidden_size"] = 250  # not divisible by 8 heads
+    body = assert_problem(client.post("/v1/plans", json=data), 422, "num_attention_heads")
+    assert body["errors"][0]["loc"][:2] == ["body", "model"]
+    assert "Value error" not in body["detail"]
+    data = example("tiny-cpu")
+    del data["cluster"]
+    data["search"]["method"] = "annealing"
+    data["extra"] = 1
+    body = assert_problem(client.post("/v1/plans", json=data), 422)
+    locs = {tuple(e["loc"]) for e in body["errors"]}
+    assert {("body", "cluster"), ("body", "search", "method"), ("body", "extra")} <= locs
+    assert body["type"] == "urn:stagewright:problem:validation-error"
+
+
+def test_malformed_json_is_400(client):
+    response = client.post(
+        "/v1/plans", content=b'{"model": ', headers={"content-type": "application/json"}
+    )
+    assert_problem(response, 400, "not valid JSON")
+
+
+def test_unknown_gpu_lists_the_known_ones(client):
+    body = assert_problem(
+        client.post("/v1/plans", json=tiny(**{"cluster.gpu": "tpu-v9"})),
+        422,
+        "unknown GPU 'tpu-v9'",
+        "a100-sxm-80g",
+        "POST /v1/hardware",
+    )
+    assert body["type"] == "urn:stagewright:problem:unknown-hardware"
+    assert_problem(
+        client.post("/v1/plans", json=tiny(**{"cluster.gpu": "A100 \x00"})), 422, "unknown GPU"
+    )
+
+
+def test_unsupported_precision_fails_before_any_job(client):
+    data = example("gpt3-13b-8xa100")
+    data["cluster"]["gpu"] = "v100-32g"
+    assert_problem(client.post("/v1/plans", json=data), 422, "bf16", "fp16")
+    assert client.get("/v1/plans").json()["total"] == 0
+
+
+def test_search_space_limits_are_422_with_the_limit(make_client):
+    client = make_client(max_gpus=64, max_top_k=5, max_global_batch_size=64)
+    body = assert_problem(
+        client.post(
+            "/v1/plans",
+            json=tiny(
+                **{
+                    "cluster.num_nodes": 100,
+                    "search.top_k": 6,
+                    "training.global_batch_size": 128,
+                    "model.num_layers": 5000,
+                }
+            ),
+        ),
+        422,
+        "limit of 64",
+        "limit of 5",
+        "limit of 1024",
+    )
+    assert body["type"] == "urn:stagewright:problem:limit-exceeded"
+    locs = [e["loc"] for e in body["errors"]]
+    assert ["body", "search", "top_k"] in locs and ["body", "cluster"] in locs
+    sizes = tiny(**{"search.micro_batch_sizes": list(range(1, 18))})
+    assert_problem(client.post("/v1/plans", json=sizes), 422, "limit of 16 entries")
+    assert_problem(
+        client.post("/v1/plans?wait_s=31", json=example("tiny-cpu")), 422, "limit of 30 s"
+    )
+
+
+def test_cpsat_time_is_capped_with_a_warning(make_client):
+    seen = []
+
+    def record(request, store):
+        seen.append(request.search.time_limit_s)
+        return real_plan(request, store)
+
+    client = make_client(planner=record, max_cpsat_time_s=3)
+    body = client.post("/v1/plans", json=tiny(**{"search.time_limit_s": 300})).json()
+    assert seen == [3.0]
+    assert body["request"]["search"]["time_limit_s"] == 3.0
+    assert body["warnings"] == ["search.time_limit_s 300 s lowered to this server's cap of 3 s"]
+
+
+def test_body_over_the_limit_is_413_with_the_limit(make_client):
+    client = make_client(max_body_bytes=4096)
+    data = example("tiny-cpu")
+    data["model"]["name"] = "x" * 5000
+    assert_problem(client.post("/v1/plans", json=data), 413, "at most 4,096 bytes")
+
+    def chunks():
+        yield b'{"model": {"name": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}}'
+
+    chunked = client.post(
+        "/v1/plans", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert_problem(chunked, 413, "larger than that", "4,096")
+
+
+def test_full_queue_is_503_with_retry_after(make_client, database_url):
+    client = make_client(max_queued_jobs=1, job_poll_s=3600)
+    time.sleep(0.3)  # the poller has made its first round and sleeps
+    database = client.app.state.stagewright.database
+    with database.session() as session:
+        crud.create_plan(
+            session=session,
+            request=example("tiny-cpu"),
+            request_hash="f" * 64,
+            model_name="waiting",
+            gpu="cpu",
+            num_gpus=4,
+            method="grid",
+            hardware_revision=1,
+            warnings=[],
+        )
+    response = client.post("/v1/plans", json=tiny(**{"training.global_batch_size": 20}))
+    assert_problem(response, 503, "1 searches are waiting", "retry")
+    assert response.headers["retry-after"] == "30"
+
+
+def test_a_planner_error_in_the_job_is_422_and_stored(make_client):
+    def refuse(request, store):
+        raise StagewrightError("this model cannot be split that way; use fewer stages")
+
+    client = make_client(planner=refuse)
+    response = client.post("/v1/plans", json=example("tiny-cpu"))
+    body = assert_problem(response, 422, "use fewer stages")
+    plan_id = response.headers["location"].rsplit("/", 1)[1]
+    assert body["instance"] == f"/v1/plans/{plan_id}"
+    stored = client.get(f"/v1/plans/{plan_id}").json()
+    assert stored["status"] == "failed" and stored["error"]["detail"] == body["detail"]
+    # A failed plan is not reused: the same request is searched again.
+    assert client.post("/v1/plans", json=example("tiny-cpu")).status_code == 422
+    assert client.get("/v1/plans").json()["total"] == 2
+
+
+def test_a_planner_bug_is_500_without_internals(make_client):
+    def crash(request, store):
+        raise ZeroDivisionError("secret internals")
+
+    client = make_client(planner=crash)
+    body = assert_problem(client.post("/v1/plans", json=example("tiny-cpu")), 500, "error id")
+    assert "secret" not in json.dumps(body) and body["error_id"] in body["detail"]
+
+
+def test_jobs_use_the_sql_profile_store(make_client):
+    stores = []
+
+    def spy(request, store):
+        stores.append(store)
+        return real_plan(request, store)
+
+    make_client(planner=spy).post("/v1/plans", json=example("tiny-cpu"))
+    assert isinstance(stores[0], SqlProfileStore)
+
+
+# -- measurements ---------------------------------------------------------------------------
+
+
+def test_measurements_are_stored_next_to_the_prediction(client):
+    plan = client.post("/v1/plans", json=example("tiny-cpu")).json()
+    predicted = plan["candidates"][1]["predicted"]["iteration_time_s"]
+    report = {
+        "candidate": 1,
+        "step_time_s": predicted * 1.1,
+        "peak_activation_bytes": [1000, 900, 800, 700],
+        "data": {"executor": "gloo", "losses": [2.3, 2.1]},
+    }
+    response = client.post(f"/v1/plans/{plan['id']}/measurements", json=report)
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["plan_id"] == plan["id"] and body["candidate"] == 1
+    assert body["predicted_iteration_time_s"] == pytest.approx(predicted)
+    assert body["step_time_error"] == pytest.approx(0.1)
+    assert body["data"] == report["data"]
+    listed = client.get(f"/v1/plans/{plan['id']}/measurements").json()
+    assert [m["id"] for m in listed] == [body["id"]]
+
+
+def test_measurements_error_paths(make_client):
+    release = threading.Event()
+
+    def slow(request, store):
+        release.wait(30)
+        return real_plan(request, store)
+
+    client = make_client(planner=slow)
+    missing = f"/v1/plans/{'a' * 32}/measurements"
+    assert_problem(client.post(missing, json={"step_time_s": 1.0}), 404, "no plan")
+    assert_problem(client.get(missing), 404, "no plan")
+    pending = client.post("/v1/plans?wait_s=0", json=example("tiny-cpu")).json()
+    url = f"/v1/plans/{pending['id']}/measurements"
+    assert_problem(client.post(url, json={"step_time_s": 1.0}), 409, "until status is 'done'")
+    release.set()
+    wait_done(client, pending["id"])
+    body = assert_problem(
+        client.post(url, json={"step_time_s": 1.0, "candidate": 99}), 422, "numbered 0 to 4"
+    )
+    assert body["errors"][0]["loc"] == ["body", "candidate"]
+    assert_problem(client.post(url, json={"step_time_s": -1}), 422, "step_time_s")
+    assert_problem(client.post(url, json={"step_time_s": 1, "rank": 0}), 422, "rank")
+    nan = client.post(
+        url, content=b'{"step_time_s": NaN}', headers={"content-type": "application/json"}
+    )
+    assert_problem(nan, 422, "step_time_s")

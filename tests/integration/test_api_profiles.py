@@ -1,0 +1,157 @@
+"""/v1/hardware and /v1/profiles over HTTP, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tests.integration.conftest import assert_problem
+
+H200X: dict[str, Any] = {
+    "name": "h200x-test",
+    "description": "a test accelerator",
+    "peak_flops": {"bf16": 1.0e15, "fp32": 6.0e13},
+    "memory_gib": 141.0,
+    "usable_memory_gib": 139.0,
+    "memory_bandwidth_gbps": 4800,
+    "intra_node": {"kind": "nvlink4", "bandwidth_gbps": 450, "latency_us": 3},
+    "inter_node": {"kind": "infiniband-ndr", "bandwidth_gbps": 50, "latency_us": 5},
+    "source": "made up for a test",
+}
+POINT: dict[str, Any] = {
+    "gpu": "cpu",
+    "precision": "fp32",
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "seq_length": 128,
+    "micro_batch_size": 2,
+    "forward_ms": 3.0,
+    "backward_ms": 4.0,
+    "weight_ms": 3.5,
+    "activation_bytes": 1.5e6,
+    "source": "test",
+}
+
+
+def test_hardware_lists_the_bundled_profiles(client):
+    response = client.get("/v1/hardware")
+    assert response.status_code == 200
+    names = [h["name"] for h in response.json()]
+    assert names == sorted(names) and {"a100-sxm-80g", "cpu", "v100-16g"} <= set(names)
+    a100 = client.get("/v1/hardware/a100-sxm-80g").json()
+    assert a100["peak_flops"]["bf16"] == 312e12 and a100["origin"] == "bundled"
+    assert a100["intra_node"] == {"kind": "nvlink3", "bandwidth_gbps": 300.0, "latency_us": 3.0}
+    assert a100["revision"] == 1
+
+
+def test_hardware_404(client):
+    assert_problem(client.get("/v1/hardware/tpu-v9"), 404, "no hardware profile 'tpu-v9'")
+    assert_problem(client.get("/v1/hardware/Not%20A%20Name"), 404, "GET /v1/hardware")
+
+
+def test_post_hardware_creates_replaces_and_keeps_revisions(client):
+    created = client.post("/v1/hardware", json=H200X)
+    assert created.status_code == 201, created.text
+    assert created.headers["location"] == "/v1/hardware/h200x-test"
+    assert created.json()["revision"] == 1 and created.json()["origin"] == "api"
+    same = client.post("/v1/hardware", json=H200X)
+    assert same.status_code == 200 and same.json()["revision"] == 1  # nothing changed
+    changed = copy.deepcopy(H200X)
+    changed["inter_node"]["bandwidth_gbps"] = 100
+    replaced = client.post("/v1/hardware", json=changed)
+    assert replaced.status_code == 200 and replaced.json()["revision"] == 2
+    assert client.get("/v1/hardware/h200x-test").json()["inter_node"]["bandwidth_gbps"] == 100
+    # Plans can use it at once.
+    request = {
+        "model": {
+            "name": "m",
+            "num_layers": 8,
+            "hidden_size": 1024,
+            "num_attention_heads": 16,
+            "seq_length": 512,
+            "vocab_size": 1000,
+        },
+        "cluster": {"gpu": "h200x-test", "num_nodes": 1, "gpus_per_node": 2},
+        "training": {"global_batch_size": 8},
+    }
+    plan = client.post("/v1/plans", json=request)
+    assert plan.status_code == 201 and plan.json()["hardware_revision"] == 2
+
+
+def test_post_hardware_validation(client):
+    bad = dict(H200X, usable_memory_gib=200)
+    assert_problem(client.post("/v1/hardware", json=bad), 422, "usable_memory_gib 200")
+    body = assert_problem(client.post("/v1/hardware", json=dict(H200X, name="H200 X")), 422)
+    assert body["errors"][0]["loc"] == ["body", "name"]
+    assert_problem(
+        client.post("/v1/hardware", json=dict(H200X, peak_flops={"int4": 1e15})), 422, "int4"
+    )
+    assert_problem(client.post("/v1/hardware", json=dict(H200X, peak_flops={})), 422)
+    assert_problem(client.post("/v1/hardware", json=dict(H200X, memory_gib=-1)), 422)
+    assert_problem(client.post("/v1/hardware", json=dict(H200X, source="a\x00b")), 422, "source")
+    assert client.get("/v1/hardware/h200x-test").status_code == 404
+
+
+def test_profiles_list_filter_and_page(client):
+    everything = client.get("/v1/profiles").json()
+    assert everything["total_layers"] == 14 and len(everything["layers"]) == 14
+    assert {link["scope"] for link in everything["links"]} == {"intra_node", "inter_node"}
+    a100 = client.get("/v1/profiles", params={"gpu": "a100-sxm-80g", "limit": 5}).json()
+    assert len(a100["layers"]) == 5 and a100["total_layers"] == 14
+    assert all(p["gpu"] == "a100-sxm-80g" for p in a100["layers"])
+    assert [link["gpu"] for link in a100["links"]] == ["a100-sxm-80g"] * 2
+    page2 = client.get("/v1/profiles", params={"gpu": "a100-sxm-80g", "offset": 5}).json()
+    assert {p["id"] for p in page2["layers"]}.isdisjoint({p["id"] for p in a100["layers"]})
+    assert client.get("/v1/profiles", params={"gpu": "cpu"}).json()["layers"] == []
+    assert_problem(client.get("/v1/profiles", params={"limit": 5000}), 422, "limit")
+    assert_problem(client.get("/v1/profiles", params={"gpu": "bad name"}), 422, "gpu")
+
+
+def test_post_profiles_upserts_by_shape(client):
+    first = client.post("/v1/profiles", json={"layers": [POINT]})
+    assert first.status_code == 201, first.text
+    assert first.json() == {"created": 1, "updated": 0, "unchanged": 0, "revisions": {"cpu": 2}}
+    again = client.post("/v1/profiles", json={"layers": [POINT]})
+    assert again.status_code == 200
+    assert again.json() == {"created": 0, "updated": 0, "unchanged": 1, "revisions": {"cpu": 2}}
+    faster = client.post("/v1/profiles", json={"layers": [dict(POINT, forward_ms=2.5)]})
+    assert faster.json() == {"created": 0, "updated": 1, "unchanged": 0, "revisions": {"cpu": 3}}
+    stored = client.get("/v1/profiles", params={"gpu": "cpu"}).json()["layers"]
+    assert len(stored) == 1 and stored[0]["forward_ms"] == 2.5
+    assert stored[0]["ffn_hidden_size"] == 2048 and stored[0]["origin"] == "api"
+
+
+def test_post_profiles_links(client):
+    link = {
+        "gpu": "cpu",
+        "scope": "inter_node",
+        "kind": "ethernet-100g",
+        "bandwidth_gbps": 12.5,
+        "latency_us": 20,
+    }
+    response = client.post("/v1/profiles", json={"links": [link]})
+    assert response.status_code == 200  # the link existed: replaced, nothing created
+    assert response.json()["updated"] == 1 and response.json()["revisions"] == {"cpu": 2}
+    assert client.get("/v1/hardware/cpu").json()["inter_node"]["kind"] == "ethernet-100g"
+
+
+def test_post_profiles_errors(make_client):
+    client = make_client(max_profile_points=2)
+    assert_problem(client.post("/v1/profiles", json={}), 422, "nothing to store")
+    assert_problem(
+        client.post("/v1/profiles", json={"layers": [dict(POINT, gpu="tpu-v9")]}),
+        422,
+        "'tpu-v9'",
+        "POST /v1/hardware",
+    )
+    assert_problem(
+        client.post("/v1/profiles", json={"layers": [POINT] * 3}), 422, "limit of 2 per request"
+    )
+    body = assert_problem(
+        client.post("/v1/profiles", json={"layers": [dict(POINT, forward_ms=0)]}), 422
+    )
+    assert body["errors"][0]["loc"] == ["body", "layers", 0, "forward_ms"]
+    assert_problem(
+        client.post("/v1/profiles", json={"links": [{"gpu": "cpu", "scope": "rack", "kind": "x"}]}),
+        422,
+    )

@@ -1,0 +1,160 @@
+"""/v1/simulate, /healthz, /metrics, /docs, unknown routes and methods, and write
+authentication, over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.schedules import generate
+from planner.simulate import Durations, simulate
+from tests.integration.conftest import assert_problem, example
+
+CONTRACT_PATHS = {
+    ("post", "/v1/plans"),
+    ("get", "/v1/plans"),
+    ("get", "/v1/plans/{plan_id}"),
+    ("post", "/v1/simulate"),
+    ("get", "/v1/hardware"),
+    ("post", "/v1/hardware"),
+    ("get", "/v1/profiles"),
+    ("post", "/v1/profiles"),
+    ("post", "/v1/plans/{plan_id}/measurements"),
+    ("get", "/healthz"),
+    ("get", "/metrics"),
+}
+
+
+def test_simulate_returns_the_cli_contract(client):
+    body = {
+        "schedule": "1f1b",
+        "num_devices": 4,
+        "num_microbatches": 8,
+        "forward": 1.0,
+        "backward": 1.0,
+        "weight": 1.0,
+        "comm": 0.05,
+    }
+    response = client.post("/v1/simulate", json=body)
+    assert response.status_code == 200, response.text
+    expected = simulate(generate("1f1b", 4, 8), Durations(1.0, 1.0, 1.0, comm=0.05))
+    assert response.json() == expected.to_contract()
+    assert response.json()["peak_activation_fraction"][0] == 1.0
+
+
+def test_simulate_per_stage_times_and_schedule_options(client):
+    body = {
+        "schedule": "v-half",
+        "num_devices": 4,
+        "num_microbatches": 8,
+        "forward": [1, 1, 1, 1, 1, 1, 1, 1.2],
+        "backward": 1,
+        "weight": 0.5,
+    }
+    assert client.post("/v1/simulate", json=body).status_code == 200
+    bpipe = {
+        "schedule": "bpipe",
+        "num_devices": 8,
+        "num_microbatches": 16,
+        "forward": 1,
+        "backward": 2,
+        "transfer": 0.5,
+        "overlap_transfers": False,
+    }
+    result = client.post("/v1/simulate", json=bpipe).json()
+    assert max(result["peak_activation_fraction"]) < 1.0  # activation balancing
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"forward": [1, 1, 1]}, "got 3 values for 4 stages"),
+        ({"schedule": "interleaved", "num_microbatches": 6}, "multiple"),
+        ({"num_devices": 64, "num_microbatches": 512}, "limit of 16384"),
+        ({"schedule": "pipedream"}, "schedule"),
+        ({"forward": -1}, "forward"),
+        ({"num_devices": 0}, "num_devices"),
+    ],
+)
+def test_simulate_errors(client, change, needle):
+    body = {"schedule": "1f1b", "num_devices": 4, "num_microbatches": 8, "forward": 1}
+    body["backward"] = 1
+    body.update(change)
+    assert_problem(client.post("/v1/simulate", json=body), 422, needle)
+
+
+def test_simulate_rejects_non_finite_numbers(client):
+    raw = b'{"schedule": "1f1b", "num_devices": 2, "num_microbatches": 2, "forward": Infinity,'
+    raw += b' "backward": 1}'
+    response = client.post(
+        "/v1/simulate", content=raw, headers={"content-type": "application/json"}
+    )
+    assert_problem(response, 422, "forward")
+
+
+def test_healthz(client, database_url):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok" and body["database"] == database_url.split(":")[0].split("+")[0]
+    assert body["jobs_queued"] == 0 and body["version"]
+
+
+def test_metrics_in_prometheus_text_format(client):
+    client.post("/v1/plans", json=example("tiny-cpu"))
+    client.get(f"/v1/plans/{'0' * 32}")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = response.text
+    assert "# TYPE stagewright_http_requests_total counter" in text
+    assert 'stagewright_http_requests_total{method="POST",route="/v1/plans",status="201"} 1' in text
+    # One series per route template, not per plan id.
+    assert 'route="/v1/plans/{plan_id}",status="404"} 1' in text
+    assert 'stagewright_jobs{status="done"} 1' in text
+    assert "stagewright_database_up 1" in text
+    assert 'stagewright_jobs_finished_total{status="done"} 1' in text
+    assert "stagewright_job_duration_seconds_count 1" in text
+
+
+def test_docs_openapi_and_root(client):
+    assert client.get("/docs").status_code == 200
+    schema = client.get("/openapi.json").json()
+    operations = {(m, p) for p, item in schema["paths"].items() for m in item}
+    assert CONTRACT_PATHS <= operations
+    assert schema["components"]["schemas"]["Problem"]["properties"]["detail"]
+    post_plans = schema["paths"]["/v1/plans"]["post"]
+    assert {"200", "201", "202", "401", "413", "422", "503"} <= set(post_plans["responses"])
+    assert post_plans["security"] == [{"bearer": []}]
+    assert client.get("/").json()["docs"] == "/docs"
+
+
+def test_unknown_route_and_method_are_problems(client):
+    assert_problem(client.get("/v2/nothing"), 404, "/docs")
+    response = client.delete("/v1/hardware")
+    assert_problem(response, 405, "DELETE is not allowed", "GET")
+    assert "POST" in response.headers["allow"]
+
+
+def test_writes_need_the_token_when_one_is_set(make_client):
+    client = make_client(api_token="s3cret-token")
+    missing = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert_problem(missing, 401, "Authorization: Bearer")
+    assert missing.headers["www-authenticate"] == 'Bearer realm="stagewright"'
+    wrong = client.post("/v1/simulate", json={}, headers={"Authorization": "Bearer nope"})
+    assert_problem(wrong, 401, "missing or wrong")
+    assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
+    basic = client.post("/v1/hardware", json={}, headers={"Authorization": "Basic czNjcmV0"})
+    assert_problem(basic, 401)
+    # Checked before the body: an unauthenticated client cannot make it parse anything.
+    huge = client.post("/v1/profiles", content=b"x" * 2_000_000)
+    assert_problem(huge, 401)
+    good = client.post(
+        "/v1/plans",
+        json=example("tiny-cpu"),
+        headers={"Authorization": "Bearer s3cret-token"},
+    )
+    assert good.status_code == 201
+    # Reads stay open.
+    assert client.get("/v1/plans").status_code == 200
+    assert client.get(good.headers["location"]).status_code == 200
+    assert client.get("/metrics").status_code == 200

@@ -1,0 +1,114 @@
+"""`stagewright profiles load` and `stagewright serve` as operators run them."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from api.cli import main
+from api.core.config import Settings, SettingsError
+from api.core.db import normalize_url
+from tests.integration.conftest import example
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_profiles_load_is_idempotent(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    code, out, _ = run(capsys, "profiles", "load", "--database-url", url)
+    assert code == 0 and out == "profiles: 21 created, 0 updated, 0 unchanged\n"
+    code, out, _ = run(capsys, "profiles", "load", "--database-url", url)
+    assert code == 0 and out == "profiles: 0 created, 0 updated, 21 unchanged\n"
+
+
+def test_profiles_load_on_postgresql(postgres_schema, capsys):
+    from tests.integration.conftest import schema_url
+
+    url = schema_url(postgres_schema)
+    for _ in range(2):
+        code, out, _ = run(capsys, "profiles", "load", "--database-url", url)
+        assert code == 0 and "0 updated" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--database-url", "nonsense"], {}, "is not a database URL; use sqlite:///"),
+        (["--database-url", "mysql://u@h/db"], {}, "'mysql' is not supported"),
+        (["--database-url", "sqlite:///no/such/folder/x.db"], {}, "does not exist; create it"),
+        (["--database-url", "sqlite://"], {}, "in-memory SQLite"),
+        ([], {"STAGEWRIGHT_PLANNER_THREADS": "many"}, "STAGEWRIGHT_PLANNER_THREADS='many'"),
+        ([], {"STAGEWRIGHT_MAX_BODY_BYTES": "10"}, "greater than or equal to 1024"),
+        (["--port", "70000"], {}, "--port 70000 is not a port"),
+        (["--workers", "0"], {}, "--workers must be at least 1"),
+    ],
+)
+def test_serve_reports_bad_settings_in_one_line(monkeypatch, capsys, args, env, needle):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code, out, err = run(capsys, "serve", *args)
+    assert code == 2 and out == ""
+    assert err.startswith("stagewright serve: error: ") and err.count("\n") == 1
+    assert needle in err
+
+
+def test_unreachable_postgres_is_reported_after_the_wait(monkeypatch, capsys):
+    monkeypatch.setenv("STAGEWRIGHT_DATABASE_WAIT_S", "0")
+    url = "postgresql://nobody:secret@127.0.0.1:1/none"
+    code, _, err = run(capsys, "profiles", "load", "--database-url", url)
+    assert code == 2
+    assert "cannot reach the database at postgresql" in err
+    assert "://nobody:***@127.0.0.1:1/none (" in err
+    assert "secret" not in err and "check that it is running" in err
+
+
+def test_settings_from_the_environment():
+    settings = Settings.from_env(
+        {"STAGEWRIGHT_PLAN_WAIT_S": "0.5", "STAGEWRIGHT_API_TOKEN": " ", "OTHER": "x"},
+        database_url="sqlite:///a.db",
+    )
+    assert settings.plan_wait_s == 0.5 and settings.api_token is None
+    assert settings.database_url == "sqlite:///a.db"
+    assert "token" not in repr(Settings(api_token="abc"))
+    with pytest.raises(SettingsError, match="STAGEWRIGHT_JOB_LEASE_S='-1'"):
+        Settings.from_env({"STAGEWRIGHT_JOB_LEASE_S": "-1"})
+    assert Settings.from_env(Settings(max_top_k=7).to_env()).max_top_k == 7
+    assert normalize_url("postgres://u@h/db").drivername == "postgresql+psycopg"
+
+
+def test_serve_runs_the_service_on_the_embedded_default(tmp_path, start_server):
+    """`stagewright serve` from a clean folder: migrates, loads, serves, plans."""
+    server = start_server(f"sqlite:///{tmp_path / 'served.db'}")
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        assert http.get("/healthz").json()["database"] == "sqlite"
+        assert len(http.get("/v1/hardware").json()) == 7
+        response = http.post("/v1/plans", json=example("tiny-cpu"))
+        assert response.status_code == 201 and response.json()["best"]
+    text = server.log_path.read_text()
+    assert f"stagewright serving on {server.url}" in text
+
+
+def test_two_server_processes_share_one_store(tmp_path, start_server):
+    """`serve --workers 2`: both processes answer, plan, and see each other's plans."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.integration.conftest import tiny
+
+    server = start_server(f"sqlite:///{tmp_path / 'two.db'}", workers=2)
+
+    def submit(batch: int) -> tuple[int, str]:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            response = http.post("/v1/plans", json=tiny(**{"training.global_batch_size": batch}))
+            return response.status_code, response.json()["id"]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(submit, range(16, 48, 2)))
+    assert {status for status, _ in results} == {201}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        assert http.get("/v1/plans", params={"limit": 100}).json()["total"] == len(results)
+        for _, plan_id in results:
+            assert http.get(f"/v1/plans/{plan_id}").json()["status"] == "done"

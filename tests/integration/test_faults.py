@@ -1,0 +1,232 @@
+"""Faults: a server killed in the middle of a search, a clean stop, and a database that goes
+away and comes back."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+
+from api.app import create_app
+from api.core.db import Database, migrate
+from api.store.models import Job
+from api.store.profiles import load_bundled_profiles
+from tests.integration.conftest import (
+    PG_ADMIN_URL,
+    assert_problem,
+    example,
+    free_port,
+    settings_for,
+    wait_done,
+)
+
+# GPT-3 175B on 1,024 A100s, every schedule: about 3-5 s of searching in a new process.
+SLOW = example("gpt3-175b-1024xa100")
+
+
+def _job(url: str) -> Job:
+    database = Database(url)
+    try:
+        with database.session() as session:
+            job = session.scalar(select(Job))
+            assert job is not None
+            return job
+    finally:
+        database.dispose()
+
+
+def _wait_running(http: httpx.Client, plan_id: str) -> None:
+    deadline = time.monotonic() + 30
+    while http.get(f"/v1/plans/{plan_id}").json()["status"] != "running":
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+
+
+def test_a_search_survives_a_clean_stop_and_a_crash(tmp_path, start_server):
+    url = f"sqlite:///{tmp_path / 'fault.db'}"
+    env = {"STAGEWRIGHT_JOB_POLL_S": "0.2"}
+
+    first = start_server(url, env=env)
+    with httpx.Client(base_url=first.url, timeout=30) as http:
+        submitted = http.post("/v1/plans", params={"wait_s": 0}, json=SLOW)
+        assert submitted.status_code == 202
+        plan_id = submitted.json()["id"]
+        _wait_running(http, plan_id)
+    first.stop()  # SIGTERM: the job goes straight back to the queue, not counted
+    job = _job(url)
+    assert (job.status, job.attempts, job.claim) == ("queued", 0, None)
+
+    second = start_server(url, env=env)
+    with httpx.Client(base_url=second.url, timeout=30) as http:
+        _wait_running(http, plan_id)
+        time.sleep(0.5)  # well inside the search
+    second.kill()  # SIGKILL: nothing runs on the way out
+    assert _job(url).status == "running"
+
+    third = start_server(url, env=env)
+    with httpx.Client(base_url=third.url, timeout=30) as http:
+        # The dead process's job is taken back at once (its pid is gone on this host).
+        done = wait_done(http, plan_id, timeout_s=90)
+        assert done["status"] == "done", done
+        assert len(done["candidates"]) == 10 and done["stats"]["evaluated"] == 3168
+        # One search, even after two interruptions: the request is answered from the store.
+        again = http.post("/v1/plans", json=SLOW)
+        assert again.status_code == 200 and again.json()["id"] == plan_id
+    job = _job(url)
+    assert job.status == "done" and job.attempts == 2
+
+
+def test_missing_sqlite_database_is_503_until_it_is_there(tmp_path):
+    folder = tmp_path / "volume"
+    url = f"sqlite:///{folder / 'stagewright.db'}"
+    app = create_app(settings_for(url))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for response in (
+            client.get("/healthz"),
+            client.get("/v1/plans"),
+            client.get("/v1/hardware"),
+            client.post("/v1/plans", json=example("tiny-cpu")),
+        ):
+            assert_problem(response, 503, "database is unreachable", "retry")
+            assert response.headers["retry-after"] == "5"
+        metrics = client.get("/metrics")
+        assert metrics.status_code == 200 and "stagewright_database_up 0" in metrics.text
+        # The volume is mounted and the database restored: no restart needed.
+        folder.mkdir()
+        database = Database(url)
+        migrate(database)
+        with database.session() as session:
+            load_bundled_profiles(session=session)
+        database.dispose()
+        assert client.get("/healthz").status_code == 200
+        assert client.post("/v1/plans", json=example("tiny-cpu")).status_code == 201
+
+
+class TcpProxy:
+    """127.0.0.1:port -> the PostgreSQL server; down() cuts every connection and refuses new
+    ones (the database host went away), up() serves again on the same port."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+
+    def up(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        with self._lock:
+            if self._listener is not None:
+                # Without shutdown() a thread blocked in accept() keeps it listening (Linux).
+                try:
+                    self._listener.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                self._listener.close()
+                self._listener = None
+            for sock in self._sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+            self._sockets.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def postgres_via_proxy(postgres_schema):
+    """A migrated schema reached through a proxy the test can cut."""
+    schema = f"{postgres_schema}_fault_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG_ADMIN_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    target = make_url(PG_ADMIN_URL)
+    proxy = TcpProxy((target.host or "127.0.0.1", target.port or 5432))
+    proxy.up()
+    url = (
+        target.set(host="127.0.0.1", port=proxy.port)
+        .update_query_dict({"options": f"-csearch_path={schema}"})
+        .render_as_string(hide_password=False)
+    )
+    database = Database(url)
+    migrate(database)
+    with database.session() as session:
+        load_bundled_profiles(session=session)
+    database.dispose()
+    try:
+        yield url, proxy
+    finally:
+        proxy.down()
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def test_postgres_outage_is_503_and_the_service_recovers(postgres_via_proxy):
+    url, proxy = postgres_via_proxy
+    app = create_app(settings_for(url))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        created = client.post("/v1/plans", json=example("tiny-cpu"))
+        assert created.status_code == 201
+        location = created.headers["location"]
+
+        proxy.down()
+        started = time.monotonic()
+        for response in (
+            client.get("/healthz"),
+            client.get(location),
+            client.post("/v1/plans", json=example("tiny-cpu")),
+            client.post("/v1/hardware", json={}),  # 422 needs no database
+        ):
+            if response.status_code != 422:
+                body = assert_problem(response, 503, "database is unreachable")
+                assert body["type"] == "urn:stagewright:problem:database-unavailable"
+                assert "psycopg" not in response.text and "127.0.0.1" not in response.text
+        assert time.monotonic() - started < 15  # refused at once, not a long hang
+        assert "stagewright_database_up 0" in client.get("/metrics").text
+
+        proxy.up()
+        assert client.get("/healthz").status_code == 200
+        assert client.get(location).json()["status"] == "done"
+        again = client.post("/v1/plans", json=example("tiny-cpu"))
+        assert again.status_code == 200 and again.headers["stagewright-cache"] == "hit"

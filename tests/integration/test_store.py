@@ -1,0 +1,238 @@
+"""The SQL store on SQLite and PostgreSQL: migrations match the models, the bundled profiles
+load idempotently, the SQL profile store plans like the JSON one, and jobs are claimed once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, select, text, update
+
+from api.core.db import Database
+from api.store import crud
+from api.store.models import Base, Hardware, Job, PlanRecord, utcnow
+from api.store.profiles import (
+    SqlProfileStore,
+    WriteReport,
+    load_bundled_profiles,
+    upsert_layer_point,
+)
+from api.store.profiles_io import store_layer_point
+from planner.profiles import JsonProfileStore, LayerPoint, ProfileStore, UnknownHardwareError
+from planner.search import plan
+from planner.specs import PlanRequest
+from tests.integration.conftest import PG_ADMIN_URL, REPO, example, reset, schema_url
+
+TABLES = {"hardware", "comm_profiles", "layer_profiles", "plans", "jobs", "measurements"}
+
+
+@pytest.fixture
+def database(database_url):
+    reset(database_url)
+    db = Database(database_url)
+    yield db
+    db.dispose()
+
+
+def test_migrated_schema_matches_the_models(database):
+    with database.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+        assert TABLES <= set(inspect(conn).get_table_names())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_database_url(request, tmp_path):
+    """A database with nothing in it yet."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    schema = request.getfixturevalue("postgres_schema") + "_empty"
+    admin = create_engine(PG_ADMIN_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield schema_url(schema)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def test_alembic_command_line_upgrades_checks_and_downgrades(empty_database_url):
+    """`alembic upgrade head` as CI and operators run it, from the repository root; then
+    `alembic check` finds nothing the models have that the migrations lack."""
+    env = {**os.environ, "STAGEWRIGHT_DATABASE_URL": empty_database_url}
+    alembic = [sys.executable, "-m", "alembic"]
+    for args in (["upgrade", "head"], ["check"], ["downgrade", "base"], ["upgrade", "head"]):
+        done = subprocess.run(
+            alembic + args, cwd=REPO, env=env, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+    current = subprocess.run(
+        [*alembic, "current"], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    assert "0001 (head)" in current.stdout
+
+
+def test_loading_the_bundled_profiles_twice_changes_nothing(database):
+    with database.session() as session:
+        report = load_bundled_profiles(session=session)
+    assert (report.created, report.updated) == (0, 0)
+    assert report.unchanged == 7 + 14
+    with database.session() as session:
+        assert all(h.revision == 1 for h in session.scalars(select(Hardware)))
+
+
+def test_loading_keeps_api_edits_and_repairs_bundled_rows(database):
+    with database.session() as session:
+        a100 = session.get(Hardware, "a100-sxm-80g")
+        a100.origin = "api"
+        a100.memory_gib = 81.0
+        v100 = session.get(Hardware, "v100-16g")
+        v100.memory_gib = 1.0  # an older release's bundled value
+        session.commit()
+    with database.session() as session:
+        report = load_bundled_profiles(session=session)
+        assert report.updated == 1 and report.revisions["v100-16g"] == 2
+        assert session.get(Hardware, "a100-sxm-80g").memory_gib == 81.0
+        assert session.get(Hardware, "v100-16g").memory_gib == 15.8
+
+
+def test_sql_profile_store_is_a_profile_store_that_plans_like_the_json_one(database):
+    store: ProfileStore = SqlProfileStore(database.sessions)
+    bundled = JsonProfileStore.load()
+    assert store.hardware_names() == bundled.hardware_names()
+    assert store.hardware("a100-sxm-80g") == bundled.hardware("a100-sxm-80g")
+    assert list(store.layer_points("a100-sxm-80g")) == list(bundled.layer_points("a100-sxm-80g"))
+    with pytest.raises(UnknownHardwareError, match="known hardware profiles: a100-40g"):
+        store.hardware("tpu-v9")
+    request = PlanRequest.model_validate(example("gpt3-13b-8xa100"))
+    ours, theirs = plan(request, store), plan(request, bundled)
+    assert ours.candidates == theirs.candidates and ours.rejected == theirs.rejected
+
+
+def test_store_layer_point_for_command_line_tools(database_url, database):
+    point = LayerPoint(
+        gpu="cpu",
+        precision="fp32",
+        hidden_size=256,
+        num_attention_heads=8,
+        ffn_hidden_size=1024,
+        seq_length=128,
+        micro_batch_size=1,
+        t=1,
+        recompute="none",
+        sequence_parallel=False,
+        flash_attention=False,
+        forward_ms=1.0,
+        backward_ms=1.0,
+        weight_ms=0.5,
+        activation_bytes=1e6,
+        includes_tp_comm=True,
+        source="measured",
+    )
+    where = store_layer_point(database_url, point)
+    assert "created" in where and "cpu revision 2" in where
+    assert list(SqlProfileStore(database.sessions).layer_points("cpu")) == [point]
+    with pytest.raises(UnknownHardwareError):
+        store_layer_point(database_url, LayerPoint(**{**point.__dict__, "gpu": "nope"}))
+
+
+def _queued(session) -> tuple[PlanRecord, Job]:
+    return crud.create_plan(
+        session=session,
+        request=example("tiny-cpu"),
+        request_hash="0" * 64,
+        model_name="tiny",
+        gpu="cpu",
+        num_gpus=4,
+        method="grid",
+        hardware_revision=1,
+        warnings=[],
+    )
+
+
+def test_a_job_is_claimed_once_and_finished_only_by_its_claimer(database):
+    with database.session() as session:
+        _, job = _queued(session)
+    with database.session() as a, database.session() as b:
+        first = crud.claim_job(session=a, job_id=job.id, worker="host:1:a")
+        second = crud.claim_job(session=b, job_id=job.id, worker="host:2:b")
+    assert first is not None and second is None
+    with database.session() as session:
+        assert session.get(PlanRecord, first.plan_id).status == "running"
+        stolen = crud.Claimed(job.id, first.plan_id, "f" * 32, first.request)
+        assert not crud.finish_job(
+            session=session, claimed=stolen, result=None, summary=None, error=None
+        )
+        assert crud.finish_job(
+            session=session, claimed=first, result={"id": "x"}, summary={}, error=None
+        )
+        assert session.get(PlanRecord, first.plan_id).status == "done"
+
+
+def test_orphaned_jobs_are_requeued_then_failed(database):
+    with database.session() as session:
+        _, job = _queued(session)
+    for attempt in (1, 2):
+        with database.session() as session:
+            assert crud.claim_job(session=session, job_id=job.id, worker="gone:1:x")
+            session.execute(update(Job).values(heartbeat_at=utcnow() - timedelta(seconds=60)))
+            session.commit()
+            requeued, failed = crud.requeue_orphans(session=session, lease_s=30, max_attempts=2)
+        if attempt == 1:
+            assert (requeued, failed) == (1, 0)
+        else:
+            assert (requeued, failed) == (0, 1)
+    with database.session() as session:
+        record = session.get(PlanRecord, job.plan_id)
+        assert record.status == "failed" and "interrupted 2 times" in record.error["detail"]
+
+
+def test_released_jobs_do_not_count_as_attempts(database):
+    with database.session() as session:
+        _, job = _queued(session)
+        claimed = crud.claim_job(session=session, job_id=job.id, worker="here:1:x")
+        assert crud.release_jobs(session=session, claims=[claimed.claim]) == 1
+        session.expire_all()
+        stored = session.get(Job, job.id)
+        assert stored.status == "queued" and stored.attempts == 0
+        assert crud.queued_job_ids(session=session, limit=5) == [job.id]
+        assert crud.queued_job_ids(session=session, limit=5, exclude=[job.id]) == []
+
+
+def test_write_report_counts_one_revision_per_write(database):
+    points = [
+        LayerPoint(
+            "cpu",
+            "fp32",
+            256,
+            8,
+            1024,
+            128,
+            mb,
+            1,
+            "none",
+            False,
+            False,
+            1.0,
+            1.0,
+            None,
+            None,
+            True,
+            "t",
+        )
+        for mb in (1, 2, 4)
+    ]
+    report = WriteReport()
+    with database.session() as session:
+        for point in points:
+            upsert_layer_point(session=session, point=point, origin="api", report=report)
+        session.commit()
+    assert report.created == 3 and report.revisions == {"cpu": 2}
