@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-dev
 
 .DEFAULT_GOAL := help
 
-.PHONY: help run plan migrate test lint typecheck unit bench clean
+.PHONY: help run plan migrate test lint typecheck browser unit bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -38,7 +38,13 @@ typecheck: $(STAMP)  ## mypy --strict on planner and api
 unit: $(STAMP)  ## the pytest suite only
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit  ## everything CI runs: lint, types, the whole test suite
+browser:  ## Debian's chromium for the dashboard tests (installed with apt-get when missing)
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "install chromium (apt-get install chromium) for the dashboard tests" >&2; fi; }
+
+test: lint typecheck browser unit  ## everything CI runs: lint, types, the whole test suite
 
 bench: $(STAMP)  ## schedules, simulator and planner speed, paper reproduction, cpsat, service load, executor (slow)
 	$(BIN)/python benchmarks/schedules.py

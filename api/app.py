@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.staticfiles import StaticFiles
 
 from api.core.config import Settings
 from api.core.db import Database
@@ -26,7 +27,7 @@ from api.jobs import JobRunner, Planner
 from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
 from api.problems import install_problem_handlers
-from api.routes import hardware, health, plans, profiles, simulate
+from api.routes import dashboard, hardware, health, plans, profiles, simulate
 from api.routes.health import version
 from api.schemas import Problem
 from api.security import WriteAuthMiddleware
@@ -79,12 +80,9 @@ def create_app(settings: Settings | None = None, *, planner: Planner | None = No
     )
     app.state.stagewright = state
     install_problem_handlers(app)
-    for module in (plans, simulate, hardware, profiles, health):
+    for module in (plans, simulate, hardware, profiles, health, dashboard):
         app.include_router(module.router)
-
-    @app.get("/", include_in_schema=False)
-    def root() -> dict[str, str]:
-        return {"name": "stagewright", "docs": "/docs", "openapi": "/openapi.json"}
+    app.mount("/static", StaticFiles(directory=dashboard.STATIC), name="static")
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(WriteAuthMiddleware, token=settings.api_token)

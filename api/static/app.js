@@ -58,16 +58,16 @@ window.addEventListener("DOMContentLoaded", route);
 // ------------------------------------------------------------------ plan list
 async function showPlans() {
   app.replaceChildren(el("h1", {}, "Plans"), el("p", { class: "muted" }, "Loading…"));
-  const { status, body } = await api("/v1/plans?limit=200");
+  const { status, body } = await api("/v1/plans?limit=100");
   if (status !== 200) return app.replaceChildren(el("div", { class: "banner bad" }, problemText(body)));
   const items = body.items || body.plans || body || [];
   const rows = items.map((p) => el("tr", {},
     el("td", { class: "l" }, el("a", { href: `#/plans/${p.id}` }, p.id.slice(0, 8))),
-    el("td", { class: "l" }, p.model || (p.request && p.request.model && p.request.model.name) || "–"),
-    el("td", { class: "l" }, p.cluster || "–"),
+    el("td", { class: "l" }, p.model_name || "–"),
+    el("td", { class: "l" }, `${p.num_gpus} × ${p.gpu}`),
     el("td", { class: "l" }, el("span", { class: "tag" }, p.status || "done")),
-    el("td", { class: "l" }, p.best_config ? (typeof p.best_config === "string" ? p.best_config : cfgText(p.best_config)) : "–"),
-    el("td", {}, fmt(p.samples_per_s, 3)),
+    el("td", { class: "l" }, p.best_config ? cfgText(p.best_config) : "–"),
+    el("td", {}, p.best_predicted ? fmt(p.best_predicted.samples_per_s, 3) : "–"),
     el("td", { class: "l" }, (p.created_at || "").replace("T", " ").slice(0, 19)),
   ));
   app.replaceChildren(
@@ -82,11 +82,11 @@ async function showPlans() {
 // ------------------------------------------------------------------ plan page
 async function showPlan(id) {
   app.replaceChildren(el("p", { class: "muted" }, "Loading plan…"));
-  const { status, body } = await api(`/v1/plans/${id}`);
+  const { status, body } = await api(`/v1/plans/${id}?include_rejected=true`);
   if (status === 404) return app.replaceChildren(el("div", { class: "banner bad" }, `No plan ${id}.`));
   if (status !== 200) return app.replaceChildren(el("div", { class: "banner bad" }, problemText(body)));
-  const plan = body.plan || body.result || (body.candidates ? body : null);
   const state = body.status || "done";
+  const plan = state === "done" ? body : null;
   if (!plan) {
     app.replaceChildren(el("h1", {}, `Plan ${id.slice(0, 8)}`),
       el("div", { class: "card" }, `Status: ${state}. `, state === "failed" ? problemText(body.error || body) : "This page refreshes until the search finishes."));
@@ -127,7 +127,8 @@ function renderPlan(id, plan) {
   if (plan.by_schedule && plan.by_schedule.length) parts.push(el("h2", {}, "Does a schedule pay off here?"), scheduleTable(plan));
   if (best) {
     const gantt = el("div", { id: "gantt-box" }, el("p", { class: "muted" }, "Simulating the schedule…"));
-    parts.push(el("h2", {}, `Schedule timeline: ${best.config.schedule}, ${best.config.p} devices, ${best.config.num_microbatches} micro-batches`), gantt);
+    const n = (k, word) => `${k} ${word}${k === 1 ? "" : "s"}`;
+    parts.push(el("h2", {}, `Schedule timeline: ${best.config.schedule}, ${n(best.config.p, "device")}, ${n(best.config.num_microbatches, "micro-batch")}`.replace("micro-batchs", "micro-batches")), gantt);
     loadTimeline(id, gantt);
     parts.push(el("h2", {}, "Launch"), launchBlock(best));
   }
@@ -193,7 +194,7 @@ function rejectedTable(plan) {
     { label: "configuration", value: (r) => cfgText(r.config), left: true },
     { label: "peak GiB", value: (r) => r.predicted ? r.predicted.peak_memory_gib : -1, text: (r) => r.predicted ? fmt(r.predicted.peak_memory_gib, 1) : "–" },
     { label: "reason", value: (r) => r.reason, left: true },
-  ], plan.rejected.slice(0, 2000), { index: 1, dir: 1 });
+  ], plan.rejected.slice(0, 2000), { index: 1, dir: -1 });
 }
 
 // ------------------------------------------------------------------ charts
@@ -214,7 +215,11 @@ function scatter(plan, capacity) {
   const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", id: "scatter", role: "img" });
   if (!pts.length) return svg;
   const cap = capacity || (plan.capacity_gib ?? null);
-  const maxX = Math.max(...pts.map((p) => p.x), cap || 0) * 1.05 || 1;
+  // Out-of-memory points can sit far to the right; keep the interesting part in view and
+  // pin the rest to the right edge.
+  const fitX = Math.max(0, ...pts.filter((p) => p.fit).map((p) => p.x));
+  const maxX = Math.max(fitX, cap || 0) * 1.6 || Math.max(...pts.map((p) => p.x)) * 1.05 || 1;
+  for (const p of pts) { if (p.x > maxX) { p.clipped = p.x; p.x = maxX; } }
   const maxY = Math.max(...pts.map((p) => p.y)) * 1.08 || 1;
   const sx = (x) => L + (x / maxX) * (W - L - R), sy = (y) => H - B - (y / maxY) * (H - B - T);
   for (let i = 0; i <= 5; i++) {
@@ -240,7 +245,7 @@ function scatter(plan, capacity) {
     const shape = p.fit
       ? svgEl("circle", { cx: sx(p.x), cy: sy(p.y), r: p.est ? 2.5 : 4, fill: p.est ? "#9db4e8" : "#2f5fd0", "fill-opacity": p.est ? 0.6 : 0.9, class: "pt-fit" })
       : svgEl("path", { d: `M ${sx(p.x) - 3} ${sy(p.y) - 3} l 6 6 m 0 -6 l -6 6`, stroke: "#b42318", "stroke-opacity": 0.5, class: "pt-oom" });
-    const title = svgEl("title"); title.textContent = `${p.label}: ${fmt(p.y, 3)} samples/s, ${fmt(p.x, 1)} GiB${p.fit ? "" : " (does not fit)"}`;
+    const title = svgEl("title"); title.textContent = `${p.label}: ${fmt(p.y, 3)} samples/s, ${fmt(p.clipped ?? p.x, 1)} GiB${p.fit ? "" : " (does not fit)"}`;
     shape.append(title); svg.append(shape);
   }
   const wrap = el("div", { class: "card" }, svg,
@@ -325,6 +330,8 @@ function gantt(timeline) {
     }
     canvas.dataset.rowH = rowH;
   }
+  // What the chart shows, for people reading the page source and for the browser tests.
+  canvas.dataset.actionsPerDevice = JSON.stringify(devices.map((d) => d.actions.length));
   canvas.addEventListener("wheel", (ev) => {
     ev.preventDefault();
     const rect = canvas.getBoundingClientRect();
@@ -456,7 +463,7 @@ async function submitForm(form) {
 
 // ------------------------------------------------------------------ hardware and profiles
 async function showHardware() {
-  const [hw, prof] = await Promise.all([api("/v1/hardware"), api("/v1/profiles?limit=500")]);
+  const [hw, prof] = await Promise.all([api("/v1/hardware"), api("/v1/profiles")]);
   const parts = [el("h1", {}, "Hardware and profiles")];
   if (hw.status !== 200) parts.push(el("div", { class: "banner bad" }, problemText(hw.body)));
   else {
@@ -474,7 +481,7 @@ async function showHardware() {
   parts.push(el("h2", {}, "Layer profiles (the points the cost model interpolates)"));
   if (prof.status !== 200) parts.push(el("div", { class: "banner bad" }, problemText(prof.body)));
   else {
-    const points = prof.body.items || prof.body;
+    const points = prof.body.layers || prof.body.items || prof.body;
     parts.push(sortableTable("profiles", [
       { label: "gpu", value: (p) => p.gpu, left: true }, { label: "hidden", value: (p) => p.hidden_size },
       { label: "heads", value: (p) => p.num_attention_heads }, { label: "seq", value: (p) => p.seq_length },

@@ -1,0 +1,106 @@
+"""A real server and a real headless Chromium (Debian's, driven by Playwright)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(__file__).resolve().parents[2] / ".test-artifacts" / "browser"
+
+if CHROMIUM is None:
+    if os.environ.get("STAGEWRIGHT_REQUIRE_BROWSER") == "1":
+        raise RuntimeError(
+            "STAGEWRIGHT_REQUIRE_BROWSER=1 but no chromium on PATH: apt-get install chromium"
+        )
+    pytest.skip(
+        "no chromium on PATH (apt-get install chromium); Playwright cannot download "
+        "its own browser here",
+        allow_module_level=True,
+    )
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("dashboard")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "STAGEWRIGHT_API_TOKEN"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--database-url",
+            f"sqlite:///{folder / 'dashboard.db'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            raise RuntimeError("the server did not start")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, request):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
+    assert not errors, errors
