@@ -186,5 +186,8 @@ def run(
         reasons = _RANK_ERROR.findall(done.stderr) or done.stderr.strip().splitlines()[-3:]
         raise ExecutorError(f"the run failed (exit {done.returncode}): " + " | ".join(reasons[:4]))
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    for line in warnings:
+        sys.stderr.write(line + "\n")
     prediction = predicted_activation_bytes(data, store)
     return RunResult(world, ranks, prediction, done.stdout, done.stderr)

@@ -62,6 +62,7 @@ class ExecConfig:
     lr: float = 1e-3
     seed: int = 1234
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    notes: tuple[str, ...] = ()  # settings of the config this executor does not apply
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         return self.coords.index((dp, pp, tp))
@@ -93,10 +94,22 @@ def load_config(data: dict[str, Any]) -> ExecConfig:
             lr=float(data.get("lr", 1e-3)),
             seed=int(data.get("seed", 1234)),
             raw=data,
+            notes=_unapplied(data, t),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"executor config is missing or has a bad field: {exc}") from exc
     validate(schedule)
+    notes = []
+    if str(data.get("recompute", "none")) != "none":
+        notes.append(
+            f"recompute {data['recompute']!r} is not applied by this executor: it runs "
+            f"without recomputation (saved activations are those of 'none')"
+        )
+    if training.get("sequence_parallel") and t > 1:
+        notes.append(
+            "sequence_parallel is not applied by this executor: tensor parallelism runs without it"
+        )
+    object.__setattr__(config, "notes", tuple(notes))
     if len(coords) != t * p * d or sorted(coords) != sorted(
         (a, b, c) for a in range(d) for b in range(p) for c in range(t)
     ):
@@ -110,6 +123,21 @@ def load_config(data: dict[str, Any]) -> ExecConfig:
     if shape.num_heads % t:
         raise ValueError(f"t = {t} does not divide the {shape.num_heads} attention heads")
     return config
+
+
+def _unapplied(data: dict[str, Any], t: int) -> tuple[str, ...]:
+    """Settings of an executor config this executor runs without (said, never ignored)."""
+    notes = []
+    if str(data.get("recompute", "none")) != "none":
+        notes.append(
+            f"recompute {data['recompute']!r} is not applied by this executor: it runs "
+            f"without recomputation (saved activations are those of 'none')"
+        )
+    if data.get("training", {}).get("sequence_parallel") and t > 1:
+        notes.append(
+            "sequence_parallel is not applied by this executor: tensor parallelism runs without it"
+        )
+    return tuple(notes)
 
 
 def batch_for(config: ExecConfig, step: int) -> tuple[Tensor, Tensor]:

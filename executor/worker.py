@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     world = dist.get_world_size()
     for path, config in configs:
+        if rank == 0:
+            for note in config.notes:
+                sys.stderr.write(f"warning: {path.name}: {note}\n")
         needed = config.t * config.p * config.d
         if needed != world:
             sys.stderr.write(
