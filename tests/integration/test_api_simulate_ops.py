@@ -125,7 +125,9 @@ def test_docs_openapi_and_root(client):
     post_plans = schema["paths"]["/v1/plans"]["post"]
     assert {"200", "201", "202", "401", "413", "422", "503"} <= set(post_plans["responses"])
     assert post_plans["security"] == [{"bearer": []}]
-    assert client.get("/").json()["docs"] == "/docs"
+    root = client.get("/")  # the dashboard
+    assert root.status_code == 200 and root.headers["content-type"].startswith("text/html")
+    assert "/static/app.js" in root.text
 
 
 def test_unknown_route_and_method_are_problems(client):
