@@ -36,6 +36,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from executor.model import GPTShape, Stage, TensorParallel, build_stage, init_full_weights
+from executor.split_backward import Pending, backward_input, backward_weight
 from planner.schedules import Action, ActionKind, Schedule, validate, with_communication
 
 __all__ = ["ExecConfig", "Runtime", "StepReport", "batch_for", "load_config"]
@@ -293,6 +294,7 @@ class Runtime:
         self.verify_grads: dict[int, dict[str, Tensor]] = {}
         self.keep_grads = False
         self.first_losses: list[float] = []
+        self.pending: dict[tuple[int, int], Pending] = {}
 
     # ------------------------------------------------------------------ groups
     def _groups(self) -> TensorParallel:
@@ -549,10 +551,13 @@ class Runtime:
             stage_in.pop(key)
             ledger.release(key)
             return
-        grad_out[key] = upstream
+        params = [p for p in self._version_params(s, key) if p.requires_grad]
         if s > 0:
-            (gx,) = torch.autograd.grad(outputs[key], x, upstream, retain_graph=True)
+            gx, pending = backward_input(outputs[key], upstream, x, params)
             grad_in[key] = gx.detach()
+        else:  # the first stage has no input gradient: W does the whole backward
+            pending = Pending(outputs[key], upstream, params, fallback=True)
+        self.pending[key] = pending
 
     def _weight(
         self,
@@ -561,10 +566,8 @@ class Runtime:
         grad_out: dict[tuple[int, int], Tensor],
         ledger: _Ledger,
     ) -> None:
-        s, _ = key
-        out = outputs.pop(key)
-        params = [p for p in self._version_params(s, key) if p.requires_grad]
-        torch.autograd.backward(out, grad_out.pop(key), inputs=params)
+        outputs.pop(key)
+        backward_weight(self.pending.pop(key))
         ledger.release(key)
 
     def _version_params(self, s: int, key: tuple[int, int]) -> list[Tensor]:
