@@ -27,8 +27,9 @@ compared as a check that the two compute the same thing.
    ``torch.autograd.graph.saved_tensors_hooks`` around ``schedule.step`` (the pack hook returns a
    holder of a detached alias; ``weakref.finalize`` on the holder sees autograd let go).
 3. Backward split cost, in this process: one middle stage of a ZBV split at 2 ranks (2 layers by
-   default), the time of a full backward against stagewright's B + W (``autograd.grad`` to the
-   input with the graph kept, then ``autograd.backward(inputs=parameters)``) and torch's I + W
+   default), the time of a full backward against stagewright's B + W
+   (``executor.split_backward``: B records the gradient at each node where a weight branch
+   leaves the input path, W starts there) and torch's I + W
    (``stage_backward_input`` keeps the gradients at the nodes where the weight paths branch off,
    ``stage_backward_weight`` starts from there); then where stagewright is slower, and how much
    of the v-zb difference this split predicts.
@@ -262,6 +263,7 @@ def backward_split(
     from torch.distributed.pipelining import _backward as pipe_backward
 
     from executor.model import GPTShape, build_stage, init_full_weights
+    from executor.split_backward import backward_input, backward_weight
 
     torch.set_num_threads(1)
     shape = GPTShape(
@@ -291,9 +293,9 @@ def backward_split(
     def stagewright() -> list[float]:
         x, out = forward()
         began = time.perf_counter()
-        torch.autograd.grad(out, x, g, retain_graph=True)
+        _, pending = backward_input(out, g, x, params)
         mid = time.perf_counter()
-        torch.autograd.backward(out, g, inputs=params)
+        backward_weight(pending)
         return [mid - began, time.perf_counter() - mid]
 
     def torch_split() -> list[float]:
@@ -369,17 +371,13 @@ def explain(
     extra = sw_total - t_total
     pairs = (2 * p - 1) * m  # stage 0 has no input gradient on either side: W is all of it
     predicted = extra * pairs / p
-    confirmed = split["sw_w"] / base > 0.85 and split["t_w"] / base < 0.75
     out.append(
-        f"- v-zb backward split ({'confirmed' if confirmed else 'NOT confirmed'} on one stage): "
-        "stagewright's B is autograd.grad(out, x, retain_graph=True) and its W is "
-        "autograd.backward(out, grad, inputs=parameters) from the stage output again, which "
-        "re-walks the activation-gradient chain B already walked: W alone costs "
-        f"{split['sw_w'] / base:.2f}x a full backward, B + W {sw_total / base:.2f}x. torch's "
-        "ZBV I (stage_backward_input) keeps, with pre-hooks, the gradients at the nodes where "
-        "the weight paths branch off the input path, and its W (stage_backward_weight) runs "
-        "autograd.grad from those nodes to the weights only: W "
-        f"{split['t_w'] / base:.2f}x, I + W {t_total / base:.2f}x."
+        "- v-zb backward split, on one stage: stagewright's B records the gradient at each "
+        "node where a weight branch leaves the input path and its W starts there "
+        f"(executor/split_backward.py): W {split['sw_w'] / base:.2f}x a full backward, "
+        f"B + W {sw_total / base:.2f}x; torch's ZBV does the same with "
+        f"stage_backward_input/weight: W {split['t_w'] / base:.2f}x, I + W "
+        f"{t_total / base:.2f}x."
     )
     if "v-zb" in timings:
         zb = timings["v-zb"]
@@ -446,9 +444,9 @@ def main(argv: list[str] | None = None) -> int:
             lines, timings = timing(two, args.pairs, args.steps, work, notes)
             print("\n".join(lines))
             print(
-                "\nbusy = time inside compute actions; stagewright's includes waiting for its "
-                "receives (it waits inside F and B), torch's does not (its schedule waits before "
-                "calling the stage)."
+                "\nbusy = time inside compute actions; neither side counts waiting for a receive "
+                "(stagewright waits before it starts the clock, torch's schedule before it calls "
+                "the stage)."
             )
         if not args.skip_memory:
             four = {name: write(name, 4) for name in ("1f1b", "v-zb")}
