@@ -5,13 +5,13 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner.specs import Candidate, Plan
+from planner.specs import CandidateConfig, Plan
 
 __all__ = ["render_plan"]
 
 
-def _config_text(candidate: Candidate) -> tuple[str, ...]:
-    c = candidate.config
+def _config_text(c: CandidateConfig) -> tuple[str, ...]:
+    """The t, p, d, mb, m, recompute, schedule columns of a configuration."""
     return (
         str(c.t),
         str(c.p),
@@ -60,7 +60,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         pr = candidate.predicted
         table.add_row(
             str(rank),
-            *_config_text(candidate),
+            *_config_text(candidate.config),
             f"{pr.iteration_time_s:.3f}",
             f"{pr.samples_per_s:.2f}",
             f"{pr.mfu:.1%}",
@@ -134,17 +134,6 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         for header in ("t", "p", "d", "mb", "m", "recompute", "schedule", "peak GiB", "reason"):
             rejected.add_column(header)
         for reject in plan.rejected:
-            c = reject.config
             peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
-            rejected.add_row(
-                str(c.t),
-                str(c.p),
-                str(c.d),
-                str(c.micro_batch_size),
-                str(c.num_microbatches),
-                c.recompute,
-                c.schedule,
-                peak,
-                reject.reason,
-            )
+            rejected.add_row(*_config_text(reject.config), peak, reject.reason)
         console.print(rejected)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from executor.launcher import torchrun_command  # noqa: E402
 from planner.costmodel.evaluate import num_stages, split_layers  # noqa: E402
 from planner.launch import executor_config  # noqa: E402
 from planner.placement import place  # noqa: E402
@@ -99,12 +99,6 @@ def make_config(
     return data
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class RunFailed(RuntimeError):
     pass
 
@@ -112,21 +106,9 @@ class RunFailed(RuntimeError):
 def launch(side: str, config: Path, nproc: int, steps: int, out: Path, *extra: str) -> list[dict]:
     """One torchrun of ``side`` ("stagewright" or "torch"); the rank reports."""
     target = ["-m", "executor.worker"] if side == "stagewright" else [str(TORCH_WORKER)]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={_free_port()}",
-        *target,
-        str(config),
-        "--steps",
-        str(steps),
-        "--out",
-        str(out),
-        *extra,
-    ]
+    command = torchrun_command(
+        nproc, *target, str(config), "--steps", str(steps), "--out", str(out), *extra
+    )
     env = {
         **os.environ,
         "GLOO_SOCKET_IFNAME": "lo",

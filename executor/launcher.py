@@ -113,6 +113,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def torchrun_command(nproc: int, *target: str) -> list[str]:
+    """``python -m torch.distributed.run`` for ``nproc`` local ranks on a free loopback port,
+    followed by ``target`` (``-m module`` or a script, and its arguments)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={_free_port()}",
+        *target,
+    ]
+
+
 _RANK_ERROR = re.compile(r"^rank \d+: .*$", re.MULTILINE)
 
 
@@ -145,13 +159,8 @@ def run(
     if steps < 1:
         raise StagewrightError("--steps must be at least 1")
     out = out_dir or Path(tempfile.mkdtemp(prefix="stagewright-run-"))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={world}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={_free_port()}",
+    command = torchrun_command(
+        world,
         "-m",
         "executor.worker",
         str(config_path),
@@ -161,7 +170,7 @@ def run(
         str(out),
         "--timeout",
         str(timeout_s),
-    ]
+    )
     if verify:
         command.append("--verify")
     if lr is not None:

@@ -344,9 +344,7 @@ class Runtime:
         outputs: dict[tuple[int, int], Tensor] = {}
         stage_in: dict[tuple[int, int], Tensor] = {}
         grad_in: dict[tuple[int, int], Tensor] = {}
-        grad_out: dict[tuple[int, int], Tensor] = {}
         received: dict[tuple[ActionKind, int, int], tuple[Any, Tensor]] = {}
-        version_of: dict[tuple[int, int], int] = {}
         sends: list[Any] = []
         copies: list[list[Any]] = []  # [compute actions to pass, work, on_done]
         evicted_like: dict[tuple[int, int], list[Tensor]] = {}
@@ -391,7 +389,6 @@ class Runtime:
                         outputs,
                         received,
                         ledger,
-                        version_of,
                         losses,
                         shape,
                     )
@@ -400,11 +397,9 @@ class Runtime:
                         work, flat = loads.pop(key)
                         work.wait()
                         ledger.restore(key, flat, evicted_like.pop(key))
-                    self._backward(
-                        action, key, stage_in, outputs, grad_in, grad_out, received, ledger
-                    )
+                    self._backward(action, key, stage_in, outputs, grad_in, received, ledger)
                 elif kind is K.W:
-                    self._weight(key, outputs, grad_out, ledger)
+                    self._weight(key, outputs, ledger)
                 else:
                     self._optimizer_step(action)
                 busy += time.perf_counter() - began
@@ -476,7 +471,6 @@ class Runtime:
         outputs: dict[tuple[int, int], Tensor],
         received: dict[Any, Any],
         ledger: _Ledger,
-        version_of: dict[Any, int],
         losses: list[float],
         shape: tuple[int, int, int],
     ) -> None:
@@ -495,9 +489,7 @@ class Runtime:
                     work.wait()
             x.requires_grad_(True)
         stage_in[key] = x
-        version = self.current_version[s]
-        version_of[key] = version
-        params = self.versions[s][version]
+        params = self.versions[s][self.current_version[s]]
         stage = self.stages[s]
         with ledger.hooks(key):
             if stage.has_head:
@@ -536,7 +528,6 @@ class Runtime:
         stage_in: dict[tuple[int, int], Tensor],
         outputs: dict[tuple[int, int], Tensor],
         grad_in: dict[tuple[int, int], Tensor],
-        grad_out: dict[tuple[int, int], Tensor],
         received: dict[Any, Any],
         ledger: _Ledger,
     ) -> None:
@@ -551,7 +542,8 @@ class Runtime:
             stage_in.pop(key)
             ledger.release(key)
             return
-        params = [p for p in self._version_params(s, key) if p.requires_grad]
+        # Split backward runs only in flushed schedules: one weight version per stage.
+        params = [p for p in self.versions[s][self.current_version[s]].values() if p.requires_grad]
         if s > 0:
             gx, pending = backward_input(outputs[key], upstream, x, params)
             grad_in[key] = gx.detach()
@@ -563,15 +555,11 @@ class Runtime:
         self,
         key: tuple[int, int],
         outputs: dict[tuple[int, int], Tensor],
-        grad_out: dict[tuple[int, int], Tensor],
         ledger: _Ledger,
     ) -> None:
         outputs.pop(key)
         backward_weight(self.pending.pop(key))
         ledger.release(key)
-
-    def _version_params(self, s: int, key: tuple[int, int]) -> list[Tensor]:
-        return list(self.versions[s][self.current_version[s]].values())
 
     # ------------------------------------------------------------------ optimizer
     def _optimizer_step(self, action: Action) -> None:

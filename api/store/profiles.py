@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -231,6 +232,22 @@ def _assign(row: Any, values: dict[str, Any]) -> bool:
     return changed
 
 
+def _replace(
+    row: Any, values: dict[str, Any], origin: Origin, now: datetime, keep_api_rows: bool
+) -> str:
+    """Update an existing profile row in place; 'updated' if any value differed, else
+    'unchanged'. With ``keep_api_rows`` (the bundled load) a row posted through the API is
+    left as it is; otherwise the writer becomes the row's origin either way."""
+    if keep_api_rows and row.origin == "api":
+        return "unchanged"
+    changed = _assign(row, values)
+    row.origin = origin
+    if not changed:
+        return "unchanged"
+    row.updated_at = now
+    return "updated"
+
+
 def upsert_hardware(
     *,
     session: Session,
@@ -310,18 +327,12 @@ def upsert_link(
         "latency_us": link.latency_us,
         "source": source,
     }
+    now = utcnow()
     if row is None:
-        session.add(CommProfile(gpu=gpu, scope=scope, origin=origin, updated_at=utcnow(), **values))
+        session.add(CommProfile(gpu=gpu, scope=scope, origin=origin, updated_at=now, **values))
         outcome = "created"
-    elif keep_api_rows and row.origin == "api":
-        return "unchanged"
-    elif _assign(row, values):
-        row.updated_at = utcnow()
-        row.origin = origin
-        outcome = "updated"
     else:
-        row.origin = origin
-        outcome = "unchanged"
+        outcome = _replace(row, values, origin, now, keep_api_rows)
     if outcome != "unchanged":
         _bump(session, gpu, report)
     session.flush()
@@ -346,15 +357,8 @@ def upsert_layer_point(
     if row is None:
         session.add(LayerProfile(origin=origin, created_at=now, updated_at=now, **key, **values))
         outcome = "created"
-    elif keep_api_rows and row.origin == "api":
-        outcome = "unchanged"
-    elif _assign(row, values):
-        row.updated_at = now
-        row.origin = origin
-        outcome = "updated"
     else:
-        row.origin = origin
-        outcome = "unchanged"
+        outcome = _replace(row, values, origin, now, keep_api_rows)
     if outcome != "unchanged":
         _bump(session, point.gpu, report)
     else:

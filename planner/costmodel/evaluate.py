@@ -35,7 +35,7 @@ from planner.costmodel.timing import (
 )
 from planner.placement import Assignment, Placement, place
 from planner.profiles import HardwareProfile, LayerPoint, Link
-from planner.schedules import Schedule, generate
+from planner.schedules import Schedule, generate, looped_placement, v_placement
 from planner.schedules._inflight import InflightProfile, inflight_profile, peak_from_profile
 from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import CandidateConfig, PlanRequest, Recompute
@@ -263,38 +263,32 @@ def _crosses_nodes(placement: Placement, schedule: str) -> bool:
     )
 
 
-def _stage_devices(schedule: str, p: int) -> list[int]:
-    stages = num_stages(schedule, p)
+def _stage_devices(schedule: str, p: int) -> tuple[int, ...]:
+    """Stage -> device of a schedule, by the generators' own placement rule."""
     if schedule in ("v-min", "v-half", "v-zb"):
-        return [s if s < p else 2 * p - 1 - s for s in range(stages)]
-    return [s % p for s in range(stages)]
+        return v_placement(p)
+    return looped_placement(p, num_stages(schedule, p) // p)
 
 
 @dataclass(frozen=True)
 class _Shape:
     """What every candidate of one (schedule, p, simulated micro-batches) shares."""
 
-    schedule: Schedule
     profile: InflightProfile
-    stage_device: tuple[int, ...]
-    stages_by_device: tuple[tuple[int, ...], ...]
     in_flight: tuple[float, ...]  # peak saved micro-batches per device, per stage it holds
 
 
 @lru_cache(maxsize=256)
 def _shape(schedule: str, p: int, m: int) -> _Shape:
-    """The schedule of a shape (with at most ``m_cap`` micro-batches) and its in-flight
-    profile, built once and shared by every candidate of that shape."""
+    """The in-flight profile of a shape's schedule (with at most ``m_cap`` micro-batches),
+    built once and shared by every candidate of that shape."""
     built = generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=2, check=False)
     profile = inflight_profile(built)
     n = built.num_stages
     units = peak_from_profile(profile, [1.0] * n)
     by_device = tuple(built.stages_of(device) for device in range(p))
     return _Shape(
-        built,
         profile,
-        built.stage_devices,
-        by_device,
         tuple(units[d] / len(by_device[d]) for d in range(p)),
     )
 

@@ -11,7 +11,14 @@ from planner.schedules._basic import weight_version_2bw as weight_version_2bw
 from planner.schedules._bpipe import bpipe, bpipe_mu_opt, plan_transfers
 from planner.schedules._comm import with_communication
 from planner.schedules._format import format_grid, format_timeline
-from planner.schedules._ir import SCHEDULE_FORMAT, Action, ActionKind, Schedule
+from planner.schedules._ir import (
+    SCHEDULE_FORMAT,
+    Action,
+    ActionKind,
+    Schedule,
+    looped_placement,
+    v_placement,
+)
 from planner.schedules._validate import validate
 from planner.schedules._vshape import VSHAPE_NAMES, block_offsets, building_block, vshape
 
@@ -27,7 +34,9 @@ __all__ = [
     "format_grid",
     "format_timeline",
     "generate",
+    "looped_placement",
     "plan_transfers",
+    "v_placement",
     "validate",
     "weight_version_2bw",
     "with_communication",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from planner.errors import ScheduleConfigError
-from planner.schedules._ir import Action, ActionKind, Schedule
+from planner.schedules._ir import Action, ActionKind, Schedule, looped_placement
 
 __all__ = ["gpipe", "interleaved", "one_f_one_b", "pipedream_2bw", "require"]
 
@@ -125,8 +125,9 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
             bwd(k)
         row += [_step(c * p + r, m - 1, c) for c in range(v)]
         rows.append(tuple(row))
-    stage_devices = tuple(s % p for s in range(p * v))
-    return Schedule("interleaved", p, m, stage_devices, tuple(rows), meta={"num_chunks": v})
+    return Schedule(
+        "interleaved", p, m, looped_placement(p, v), tuple(rows), meta={"num_chunks": v}
+    )
 
 
 def weight_version_2bw(microbatch: int, num_microbatches: int) -> int:

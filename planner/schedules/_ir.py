@@ -275,6 +275,19 @@ class Schedule:
         return cls.from_dict(data)
 
 
+def looped_placement(num_devices: int, num_chunks: int = 1) -> tuple[int, ...]:
+    """Stage -> device when chunks loop over the devices (1F1B, GPipe, interleaved):
+    stage s runs on device ``s % num_devices``."""
+    return tuple(s % num_devices for s in range(num_devices * num_chunks))
+
+
+def v_placement(num_devices: int) -> tuple[int, ...]:
+    """Stage -> device of the V-shape schedules: the first half of the stages goes down the
+    devices, the second half comes back up, so device i holds stages i and 2d - 1 - i."""
+    d = num_devices
+    return tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d))
+
+
 def _chunks(stage_devices: Sequence[int]) -> dict[int, int]:
     """stage -> chunk (index of the stage among its device's stages)."""
     seen: dict[int, int] = {}

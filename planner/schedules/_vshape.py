@@ -32,7 +32,7 @@ from itertools import product
 from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
 from planner.schedules._engine import compile_schedule, run_timing
-from planner.schedules._ir import Action, ActionKind, Schedule
+from planner.schedules._ir import Action, ActionKind, Schedule, v_placement
 
 __all__ = ["VSHAPE_NAMES", "BlockOffsets", "block_offsets", "building_block", "vshape"]
 
@@ -147,7 +147,7 @@ def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = T
             action = Action(kind, _stage(device, chunk, d), k, chunk)
             placed[device].append((t + k * REPEAT_INTERVAL, action))
     orders = [[a for _, a in sorted(row, key=lambda item: item[0])] for row in placed]
-    stage_devices = tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d))
+    stage_devices = v_placement(d)
     if reorder:
         orders = _squeeze_and_reorder(orders, stage_devices, m)
     rows = tuple(

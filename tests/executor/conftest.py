@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the executor tests need torch (make test installs it)")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from executor.launcher import torchrun_command  # noqa: E402
 
 
 def torchrun(
@@ -29,20 +23,9 @@ def torchrun(
     env: dict[str, str] | None = None,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        "-m",
-        "executor.worker",
-        *map(str, paths),
-        "--out",
-        str(out),
-        *args,
-    ]
+    command = torchrun_command(
+        nproc, "-m", "executor.worker", *map(str, paths), "--out", str(out), *args
+    )
     environment = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
     return subprocess.run(
         command, capture_output=True, text=True, env=environment, timeout=timeout, check=False
