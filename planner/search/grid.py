@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
+from planner._gc import collector_paused
 from planner.costmodel.evaluate import (
     Estimate,
     PlanContext,
@@ -154,6 +155,11 @@ def _memory_reason(est: Estimate, gpu: str, usable_gib: float) -> str:
 
 def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
     """Search the request's space and return the ranked, launchable plan."""
+    with collector_paused():
+        return _plan(request, store)
+
+
+def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     started = time.perf_counter()
     store = store or default_store()
     hardware = store.hardware(request.cluster.gpu)

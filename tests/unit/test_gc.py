@@ -1,0 +1,69 @@
+"""The search pauses the cyclic collector and always gives it back."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+from planner._gc import collector_paused
+
+
+@pytest.fixture(autouse=True)
+def _collector_on():
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if was:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_paused_inside_and_back_on_after():
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_back_on_after_an_exception():
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("search failed")
+    assert gc.isenabled()
+
+
+def test_nested_pauses_end_with_the_outermost():
+    with collector_paused():
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # the outer search is still running
+    assert gc.isenabled()
+
+
+def test_overlapping_searches_on_threads_restore_it_once_both_end():
+    first_in, second_done = threading.Event(), threading.Event()
+    seen_by_first: list[bool] = []
+
+    def first():
+        with collector_paused():
+            first_in.set()
+            second_done.wait(5)
+            seen_by_first.append(gc.isenabled())
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_in.wait(5)
+    with collector_paused():  # ends before the first one does
+        pass
+    second_done.set()
+    thread.join(5)
+    assert seen_by_first == [False]  # the second search ending did not turn it back on
+    assert gc.isenabled()
+
+
+def test_left_off_when_it_was_off_before():
+    gc.disable()
+    with collector_paused():
+        pass
+    assert not gc.isenabled()
