@@ -6,8 +6,8 @@ Two depths:
   schedule's order, see :mod:`planner.schedules._inflight`); time is the busiest device's work
   plus the schedule's idle time scaled from the papers' bubble ratios.
 - :func:`price` (the top candidates): the simulator times the real schedule with these
-  durations. For long runs it simulates ``m_cap`` micro-batches and extends the steady state
-  linearly, which tests check against simulating all of them.
+  durations. For long runs it simulates ``timing_microbatches`` micro-batches and extends the
+  steady state linearly, which tests check against simulating all of them.
 """
 
 from __future__ import annotations
@@ -279,9 +279,8 @@ class _Shape:
 
 
 @lru_cache(maxsize=256)
-def _shape(schedule: str, p: int, m: int) -> _Shape:
-    """The in-flight profile of a shape's schedule (with at most ``m_cap`` micro-batches),
-    built once and shared by every candidate of that shape."""
+def _built_shape(schedule: str, p: int, m: int) -> _Shape:
+    """The in-flight profile of the schedule built with ``m`` micro-batches."""
     built = generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=2, check=False)
     profile = inflight_profile(built)
     n = built.num_stages
@@ -293,16 +292,47 @@ def _shape(schedule: str, p: int, m: int) -> _Shape:
     )
 
 
+@lru_cache(maxsize=256)
+def _shape(schedule: str, p: int, m: int) -> _Shape:
+    """The in-flight profile of ``schedule`` on p devices with m micro-batches, shared by
+    every candidate of that shape: built with ``m_cap`` micro-batches, which gives the same
+    profile, and for GPipe scaled from one micro-batch to m (every device holds all of them
+    at its peak)."""
+    cap = m_cap(schedule, p, m)
+    built = _built_shape(schedule, p, cap)
+    if schedule not in _GROWS_WITH_M or cap == m:
+        return built
+    scale = m // cap
+    return _Shape(
+        [
+            [{s: c * scale for s, c in moment.items()} for moment in moments]
+            for moments in built.profile
+        ],
+        tuple(c * scale for c in built.in_flight),
+    )
+
+
+_GROWS_WITH_M = frozenset({"gpipe"})
+
+
 def m_cap(schedule: str, p: int, m: int) -> int:
-    """Micro-batches simulated before the steady state is extended: by 2p every schedule but
-    GPipe has reached its peak memory and its repeating pattern (checked in the tests up to
-    p = 32). GPipe keeps every micro-batch until its backward, so its peak grows with m and
-    it is always built whole."""
-    return m if schedule == "gpipe" else min(m, 2 * p)
+    """Micro-batches a schedule is built with to count its in-flight micro-batches.
 
-
-def _sim_microbatches(config: CandidateConfig) -> int:
-    return m_cap(config.schedule, config.p, config.num_microbatches)
+    Past its warm-up a schedule repeats one pattern, so its in-flight profile stops changing
+    once m reaches a saturation point: p for 1F1B and 2BW (device s warms up with
+    min(p - s, m) forwards), p + 1 for V-Min and V-Half, 2p for BPipe, V-ZB and interleaved
+    (the tests check each against building every micro-batch, up to p = 32). GPipe runs every
+    forward before any backward, so its peak grows with m: it is built with one micro-batch
+    and scaled (``_shape``)."""
+    if schedule in _GROWS_WITH_M:
+        return 1
+    if schedule in ("1f1b", "2bw"):
+        saturation = p
+    elif schedule in ("v-min", "v-half"):
+        saturation = p + 1
+    else:
+        saturation = 2 * p
+    return min(m, saturation)
 
 
 @dataclass(frozen=True)
@@ -320,7 +350,7 @@ class DeviceMemory:
 
 
 def shape_profile(schedule: str, p: int, m: int) -> InflightProfile:
-    """In-flight profile (per device, Pareto peak moments) of a schedule shape."""
+    """In-flight profile (per device, Pareto peak moments) of ``schedule`` with m micro-batches."""
     return _shape(schedule, p, m).profile
 
 
@@ -350,7 +380,7 @@ def device_memory(
     static = max(params) * per_param
     counted = static * (1 + ALLOWANCE_FRACTION) + WORKSPACE_GIB * GIB <= capacity
     if counted:
-        shape = _shape(config.schedule, config.p, _sim_microbatches(config))
+        shape = _shape(config.schedule, config.p, config.num_microbatches)
         peaks = peak_from_profile(shape.profile, costs.activation_bytes)
         in_flight = list(shape.in_flight)
     else:
@@ -485,9 +515,9 @@ def timing_microbatches(schedule: str, p: int, m: int) -> int:
     """Micro-batches simulated exactly for the step time: 3p + 2 (a multiple of p for
     interleaved), so that both runs whose difference gives the steady-state slope (that and
     p fewer) are past the warm-up: V-Half and V-ZB with a heavier last stage settle only after
-    about 2p + 2 (checked in the tests against simulating every micro-batch)."""
-    if schedule == "gpipe":
-        return m
+    about 2p + 2. GPipe's step time is affine in m from the start (each phase is a flow shop
+    of identical micro-batches). The tests check all of them against simulating every
+    micro-batch."""
     cap = 3 * p + 2
     if schedule == "interleaved":
         cap = -(-cap // p) * p

@@ -33,7 +33,6 @@ from planner.costmodel.evaluate import (
     WORKSPACE_GIB,
     PlanContext,
     device_memory,
-    m_cap,
     shape_profile,
     stage_costs,
     stages_by_device,
@@ -142,8 +141,7 @@ def _data(
     layer_static = round(layer_parameters(r.model) / coarse.t * per_param / _KIB)
     extra_static = [round(p * per_param / _KIB) for p in base.parameters]
     effective = (capacity - WORKSPACE_GIB * GIB) / (1 + ALLOWANCE_FRACTION)
-    simulated = m_cap(coarse.schedule, coarse.p, coarse.num_microbatches)
-    profile = shape_profile(coarse.schedule, coarse.p, simulated)
+    profile = shape_profile(coarse.schedule, coarse.p, coarse.num_microbatches)
     return _Data(
         stages=len(coarse.layers_per_stage),
         devices=coarse.p,

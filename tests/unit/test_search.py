@@ -363,6 +363,7 @@ def test_price_simulates_short_runs_exactly(schedule):
     "schedule, p, m",
     [
         ("gpipe", 4, 32),
+        ("gpipe", 2, 40),
         ("1f1b", 4, 32),
         ("1f1b", 2, 40),
         ("interleaved", 4, 32),

@@ -1,0 +1,47 @@
+"""The search counts in-flight micro-batches on a schedule built with ``m_cap``
+micro-batches: that must give the profile of the schedule built with all of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.costmodel.evaluate import INTERLEAVED_CHUNKS, m_cap, shape_profile
+from planner.schedules import SCHEDULE_NAMES, generate
+from planner.schedules._inflight import InflightProfile, inflight_profile
+
+DEVICES = (2, 3, 4, 5, 8, 13, 16, 32)
+
+
+def _normal(profile: InflightProfile) -> list[list[tuple[tuple[int, int], ...]]]:
+    return [sorted(tuple(sorted(moment.items())) for moment in moments) for moments in profile]
+
+
+def _whole(schedule: str, p: int, m: int) -> InflightProfile:
+    built = generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=2, check=False)
+    return inflight_profile(built)
+
+
+def _counts_beyond_the_cap(schedule: str, p: int) -> list[int]:
+    """Micro-batch counts past the cap (where the capped profile stands in for the whole),
+    near it and well beyond it; only counts the schedule accepts."""
+    cap = m_cap(schedule, p, 10**6)
+    counts = {cap + 1, cap + 2, cap + p // 2 + 1, 2 * cap + 1, 3 * p + 1}
+    if schedule == "interleaved":
+        counts = {-(-c // p) * p for c in counts}
+    return sorted(c for c in counts if c > cap)
+
+
+@pytest.mark.parametrize("p", DEVICES)
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULE_NAMES if s != "gpipe"])
+def test_the_profile_stops_changing_at_the_cap(schedule, p):
+    for m in _counts_beyond_the_cap(schedule, p):
+        assert m_cap(schedule, p, m) < m
+        assert _normal(shape_profile(schedule, p, m)) == _normal(_whole(schedule, p, m)), m
+
+
+@pytest.mark.parametrize("p", DEVICES)
+def test_gpipe_holds_every_micro_batch_on_every_device(p):
+    for m in (1, 2, p, 3 * p + 1):
+        expected = [[{device: m}] for device in range(p)]  # one stage per device, all m saved
+        assert shape_profile("gpipe", p, m) == expected
+        assert _whole("gpipe", p, m) == expected
