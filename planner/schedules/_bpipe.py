@@ -50,31 +50,38 @@ def plan_transfers(
     key = [(a.stage, a.microbatch) for a in compute]
     is_f = [a.kind is F for a in compute]
     is_bwd = [a.kind is BW or a.kind is ActionKind.W for a in compute]
-    backward_at = {key[i]: i for i in range(n) if compute[i].kind.is_backward}
+    level = plain_peak = 0
+    for i in range(n):
+        if is_f[i]:
+            level += 1
+            plain_peak = max(plain_peak, level)
+        if is_bwd[i]:
+            level -= 1
+    if plain_peak <= capacity:
+        # Never over capacity without transfers: the loop below would plan none (a device
+        # in the acceptor half, or a short run), so skip it.
+        return [[] for _ in range(n)], plain_peak
+    is_backward = [a.kind.is_backward for a in compute]
+    backward_at = {key[i]: i for i in range(n) if is_backward[i]}
     transfers: list[list[tuple[ActionKind, tuple[int, int]]]] = [[] for _ in range(n)]
     held: set[tuple[int, int]] = set()
     evicted: set[tuple[int, int]] = set()
-    loaded_at: dict[tuple[int, int], int] = {}
-
-    def load_position(i: int) -> int | None:
-        """Where the LOAD for the backward at i goes: i - 1 if a forward precedes it
-        (steady phase), else i itself (cool-down: the device is waiting anyway)."""
-        return i - 1 if i > 0 and is_f[i - 1] else i
+    # Where the LOAD for the backward at j goes: j - 1 if a forward precedes it (steady
+    # phase), else j itself (cool-down: the device is waiting anyway). Inverted: the
+    # backwards whose load position is i.
+    loads_for: list[list[int]] = [[] for _ in range(n)]
+    for j in range(n):
+        if is_backward[j]:
+            loads_for[j - 1 if j > 0 and is_f[j - 1] else j].append(j)
 
     def loads_issued_at(i: int) -> list[tuple[int, int]]:
-        found = []
-        for j in (i, i + 1):
-            if j < n and compute[j].kind.is_backward and key[j] in evicted:
-                if load_position(j) == i:
-                    found.append(key[j])
-        return found
+        return [key[j] for j in loads_for[i] if key[j] in evicted]
 
     peak = 0
     for i in range(n):
         for item in loads_issued_at(i):
             evicted.discard(item)
             held.add(item)
-            loaded_at[item] = i
             transfers[i].append((LOAD, item))
         if is_f[i]:
             held.add(key[i])
