@@ -134,24 +134,29 @@ class SimulationResult:
 
 
 def simulate(
-    schedule: Schedule,
+    schedule: Schedule | CompiledSchedule,
     durations: Durations,
     activation: Sequence[float] | None = None,
+    *,
+    track_memory: bool = True,
 ) -> SimulationResult:
     """Time ``schedule`` under ``durations`` and track saved activations.
 
-    ``activation[s]`` is the saved-activation size of one micro-batch on stage s in any unit
-    (default ``1 / num_stages``: fractions of the whole model's). Raises SimulationError for
-    bad durations and InvalidScheduleError if the schedule cannot run (missing inputs,
-    deadlock)."""
-    num_stages = schedule.num_stages
+    ``schedule`` may come already compiled (:func:`compile_schedule`), for callers that time
+    one schedule under many durations. ``activation[s]`` is the saved-activation size of one
+    micro-batch on stage s in any unit (default ``1 / num_stages``: fractions of the whole
+    model's). ``track_memory=False`` skips the memory curves (``memory`` and
+    ``peak_activation`` are then empty) for callers that want the timing only. Raises
+    SimulationError for bad durations and InvalidScheduleError if the schedule cannot run
+    (missing inputs, deadlock)."""
+    compiled = schedule if isinstance(schedule, CompiledSchedule) else compile_schedule(schedule)
+    num_stages = compiled.schedule.num_stages
     fwd, bwd, wgt = durations.per_stage(num_stages)
     sizes = (
         [1.0 / num_stages] * num_stages if activation is None else [float(a) for a in activation]
     )
     if len(sizes) != num_stages:
         raise SimulationError(f"activation sizes: got {len(sizes)} values for {num_stages} stages")
-    compiled = compile_schedule(schedule)
     table = {
         K.F: fwd,
         K.B: bwd,
@@ -159,8 +164,10 @@ def simulate(
         K.BW: [b + w for b, w in zip(bwd, wgt, strict=True)],
     }
     optimizer = [durations.optimizer] * num_stages
-    per_kind = [table.get(a.kind, optimizer) for a in compiled.action_of]
-    duration = [row[a.stage] for row, a in zip(per_kind, compiled.action_of, strict=True)]
+    duration = [
+        table.get(kind, optimizer)[stage]
+        for kind, stage in zip(compiled.kinds, compiled.stages, strict=True)
+    ]
     timing = run_timing(
         compiled,
         duration,
@@ -171,9 +178,9 @@ def simulate(
     start, end = timing.start, timing.end
     devices = _device_stats(compiled, start, end)
     makespan = max((d.end for d in devices), default=0.0)
-    memory = _memory_curves(compiled, start, end, sizes)
+    memory = _memory_curves(compiled, start, end, sizes) if track_memory else []
     peaks = [max((level for _, level in curve), default=0.0) for curve in memory]
-    return SimulationResult(schedule, start, end, makespan, devices, memory, peaks)
+    return SimulationResult(compiled.schedule, start, end, makespan, devices, memory, peaks)
 
 
 def _device_stats(

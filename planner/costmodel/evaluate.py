@@ -35,7 +35,8 @@ from planner.costmodel.timing import (
 )
 from planner.placement import Assignment, Placement, place
 from planner.profiles import HardwareProfile, LayerPoint, Link
-from planner.schedules import Schedule, generate, looped_placement, v_placement
+from planner.schedules import generate, looped_placement, v_placement
+from planner.schedules._engine import CompiledSchedule, compile_schedule
 from planner.schedules._inflight import InflightProfile, inflight_profile, peak_from_profile
 from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import CandidateConfig, PlanRequest, Recompute
@@ -507,8 +508,11 @@ def _durations(costs: StageCosts) -> Durations:
 
 
 @lru_cache(maxsize=256)
-def _timing_schedule(schedule: str, p: int, m: int, batches: int = 2) -> Schedule:
-    return generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=batches, check=False)
+def _timing_schedule(schedule: str, p: int, m: int, batches: int = 2) -> CompiledSchedule:
+    """The schedule ``price`` simulates, compiled once: every candidate of the shape reuses it."""
+    return compile_schedule(
+        generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=batches, check=False)
+    )
 
 
 def timing_microbatches(schedule: str, p: int, m: int) -> int:
@@ -534,23 +538,23 @@ def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
     m = config.num_microbatches
     simulated = timing_microbatches(config.schedule, config.p, m)
     schedule = _timing_schedule(config.schedule, config.p, simulated)
-    result = simulate(schedule, durations, activation=costs.activation_bytes)
+    result = simulate(schedule, durations, track_memory=False)
     makespan = result.makespan
     if config.schedule == "2bw":
         # Steady state of 2BW: one more batch costs (makespan(3 batches) - makespan(2)).
         three = _timing_schedule("2bw", config.p, simulated, 3)
-        per_batch = simulate(three, durations).makespan - makespan
+        per_batch = simulate(three, durations, track_memory=False).makespan - makespan
         makespan = per_batch * m / simulated
     elif m > simulated:
         step = config.p
         shorter = _timing_schedule(config.schedule, config.p, simulated - step)
-        slope = (makespan - simulate(shorter, durations).makespan) / step
+        slope = (makespan - simulate(shorter, durations, track_memory=False).makespan) / step
         makespan += (m - simulated) * slope
     params = max(sum(costs.parameters[s] for s in _stages_on(config, d)) for d in range(config.p))
     dp = _data_parallel_seconds(ctx, config, params)
     opt = _optimizer_seconds(ctx, config, params)
     iteration = makespan + dp + opt
-    batches = schedule.num_batches
+    batches = schedule.schedule.num_batches
     busy = m * max(d.busy for d in result.devices) / (simulated * batches)
     r = ctx.request
     flops = model_flops_per_step(r.model, r.training.global_batch_size)

@@ -55,3 +55,18 @@ def test_device_span_ignores_bookkeeping_markers():
     # BPipe acceptors carry zero-time mirrors; the device starts at its first real work.
     result = simulate(generate("bpipe", 4, 8), Durations(1.0, 2.0, transfer=0.5))
     assert [d.start for d in result.devices] == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("name", ["bpipe", "v-zb", "2bw"])
+def test_a_compiled_schedule_times_the_same_and_timing_only_skips_memory(name):
+    from planner.schedules._engine import compile_schedule
+
+    schedule = generate(name, 4, 8)
+    durations = Durations(1.0, 1.5, 0.5, comm=0.1, transfer=0.3)
+    full = simulate(schedule, durations)
+    quick = simulate(compile_schedule(schedule), durations, track_memory=False)
+    assert quick.schedule is schedule
+    assert (quick.start, quick.end, quick.makespan) == (full.start, full.end, full.makespan)
+    assert quick.devices == full.devices
+    assert quick.memory == [] and quick.peak_activation == []
+    assert full.peak_activation and max(full.peak_activation) > 0
