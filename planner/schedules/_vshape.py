@@ -31,7 +31,6 @@ from itertools import product
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
-from planner.schedules._engine import compile_schedule, run_timing
 from planner.schedules._ir import Action, ActionKind, Schedule, v_placement
 
 __all__ = ["VSHAPE_NAMES", "BlockOffsets", "block_offsets", "building_block", "vshape"]
@@ -146,10 +145,11 @@ def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = T
         for (device, chunk, kind), t in cells.items():
             action = Action(kind, _stage(device, chunk, d), k, chunk)
             placed[device].append((t + k * REPEAT_INTERVAL, action))
-    orders = [[a for _, a in sorted(row, key=lambda item: item[0])] for row in placed]
+    # Cells of one device are distinct (no collision), so tuples sort by cell alone.
+    orders = [[a for _, a in sorted(row)] for row in placed]
     stage_devices = v_placement(d)
     if reorder:
-        orders = _squeeze_and_reorder(orders, stage_devices, m)
+        orders = _squeeze_and_reorder(orders, 2 * d, m)
     rows = tuple(
         tuple(row)
         + tuple(Action(ActionKind.OPTIMIZER_STEP, _stage(i, c, d), m - 1, c) for c in (0, 1))
@@ -172,66 +172,126 @@ def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = T
 
 
 # --------------------------------------------------------------------------- squeeze/reorder
-def _unit_times(
-    orders: list[list[Action]], stage_devices: tuple[int, ...], m: int
-) -> list[list[int]]:
-    """Squeeze: the cell of every pass when each device runs its order as early as the
-    dependencies allow, every pass one unit long."""
-    schedule = Schedule(
-        "v", len(orders), m, stage_devices, tuple(tuple(o) for o in orders), split_backward=True
-    )
-    compiled = compile_schedule(schedule)
-    timing = run_timing(compiled, [1.0] * len(compiled.action_of))
-    out = []
-    for device, order in enumerate(orders):
-        base = compiled.offsets[device]
-        out.append([round(timing.start[base + k]) for k in range(len(order))])
-    return out
+@dataclass
+class _Squeezed:
+    """Unit-time cells of a set of device orders: ``times[d][k]`` is the cell of
+    ``orders[d][k]``; ``start[kind][stage * m + microbatch]`` the cell of that pass (-1 if
+    it is not in the orders), for kind 0 = F, 1 = B, 2 = W."""
+
+    times: list[list[int]]
+    start: list[list[int]]
 
 
-def _squeeze_and_reorder(
-    orders: list[list[Action]], stage_devices: tuple[int, ...], m: int
-) -> list[list[Action]]:
-    times = _unit_times(orders, stage_devices, m)
-    orders = _fill_warmup(orders, times, stage_devices)
-    return _reorder_cooldown(orders, stage_devices, m)
+_KIND_CODE = {F: 0, B: 1, W: 2}
 
 
-def _fill_warmup(
-    orders: list[list[Action]], times: list[list[int]], stage_devices: tuple[int, ...]
-) -> list[list[Action]]:
+def _unit_times(orders: list[list[Action]], num_stages: int, m: int) -> _Squeezed:
+    """Squeeze: the cell of every pass when each device runs its order as early as its
+    inputs allow, every pass one unit long.
+
+    This is the timing engine's semantics (:mod:`planner.schedules._engine`) with unit
+    durations and no communication time, specialised to F/B/W passes: a generator runs it
+    twice per schedule, on every shape the planner counts, and skipping the general
+    compilation makes it several times faster (a test checks it against the engine). Each
+    pass has at most one consumer on another device, so one waiting device per pass."""
+    last = num_stages - 1
+    size = num_stages * m
+    start = [[-1] * size for _ in range(3)]
+    end_f, end_b = [-1] * size, [-1] * size
+    wait_f, wait_b = [-1] * size, [-1] * size
+    times = [[0] * len(order) for order in orders]
+    position = [0] * len(orders)
+    free = [0] * len(orders)
+    work = list(range(len(orders)))
+    while work:
+        device = work.pop()
+        order, row = orders[device], times[device]
+        i, t, n = position[device], free[device], len(order)
+        while i < n:
+            action = order[i]
+            kind, stage = action.kind, action.stage
+            slot = stage * m + action.microbatch
+            if kind is F:
+                if stage > 0:
+                    ready = end_f[slot - m]
+                    if ready < 0:
+                        wait_f[slot - m] = device
+                        break
+                    t = max(t, ready)
+            elif kind is B:
+                if stage == last:
+                    ready = end_f[slot]
+                    waits = wait_f
+                    needed = slot
+                else:
+                    needed = slot + m
+                    ready = end_b[needed]
+                    waits = wait_b
+                if ready < 0:
+                    waits[needed] = device
+                    break
+                t = max(t, ready)
+            else:  # W follows its own B on this device
+                t = max(t, end_b[slot])
+            row[i] = t
+            start[_KIND_CODE[kind]][slot] = t
+            t += 1
+            if kind is F:
+                end_f[slot] = t
+                woken = wait_f[slot]
+            elif kind is B:
+                end_b[slot] = t
+                woken = wait_b[slot]
+            else:
+                woken = -1
+            if woken >= 0:
+                work.append(woken)
+            i += 1
+        position[device], free[device] = i, t
+    if any(i < len(order) for i, order in zip(position, orders, strict=True)):
+        raise ScheduleConfigError("V-shape squeeze: the device orders deadlock")  # a bug
+    return _Squeezed(times, start)
+
+
+def _squeeze_and_reorder(orders: list[list[Action]], num_stages: int, m: int) -> list[list[Action]]:
+    squeezed = _unit_times(orders, num_stages, m)
+    orders = _fill_warmup(orders, squeezed, m)
+    return _reorder_cooldown(orders, num_stages, m)
+
+
+def _fill_warmup(orders: list[list[Action]], squeezed: _Squeezed, m: int) -> list[list[Action]]:
     """Appendix C, warm-up: scan cells left to right; a vacant cell before the device's first
     B is filled with the first later forward of that device whose inputs are ready by then,
     leaving every other pass where it is. A forward moved earlier keeps its activations alive
     longer, so a move is taken only if the device's saved-activation count stays within the
     peak the squeezed schedule already has: the warm-up reorder buys throughput, never memory
     (the paper's premise: "the peak of memory happens in the stable phase")."""
-    at: dict[tuple[ActionKind, int, int], int] = {}
+    times = squeezed.times
+    f_at, w_at = list(squeezed.start[0]), squeezed.start[2]
     cell_of: list[dict[int, Action]] = []
-    for device, order in enumerate(orders):
-        cells = {}
-        for action, t in zip(order, times[device], strict=True):
-            at[(action.kind, action.stage, action.microbatch)] = t
-            cells[t] = action
-        cell_of.append(cells)
     alive: list[list[int]] = []  # saved activations during each cell, per device
-    for device, order in enumerate(orders):
-        horizon = max(times[device]) + 1
+    first_b: list[int] = []
+    for order, device_times in zip(orders, times, strict=True):
+        cell_of.append(dict(zip(device_times, order, strict=True)))
+        horizon = device_times[-1] + 1
         level = [0] * (horizon + 1)
-        for action in order:
+        first = horizon
+        for action, t in zip(order, device_times, strict=True):
             if action.kind is F:
-                level[at[(F, action.stage, action.microbatch)]] += 1
-                level[at[(W, action.stage, action.microbatch)] + 1] -= 1
+                level[t] += 1
+                level[w_at[action.stage * m + action.microbatch] + 1] -= 1
+            elif action.kind is B and t < first:
+                first = t
         running = 0
         for t in range(horizon + 1):
             running += level[t]
             level[t] = running
         alive.append(level)
+        first_b.append(first)
     peak = [max(level) for level in alive]
-    f_cells = [sorted(t for t, a in cells.items() if a.kind is F) for cells in cell_of]
-    first_b = [
-        min(t for a, t in zip(order, times[dv], strict=True) if a.kind is B)
-        for dv, order in enumerate(orders)
+    f_cells = [
+        [t for t, a in zip(device_times, order, strict=True) if a.kind is F]
+        for order, device_times in zip(orders, times, strict=True)
     ]
     for t in range(max(first_b)):
         for device, cells in enumerate(cell_of):
@@ -242,32 +302,38 @@ def _fill_warmup(
             forward_cells = f_cells[device]
             index = bisect_right(forward_cells, t)
             # Candidates in cell order. The level over [t, later) only grows with ``later``:
-            # once a move would exceed the peak, every later candidate would too.
+            # once a move would exceed the peak, every later candidate would too. A stage's
+            # forwards run in micro-batch order on every device, so once one forward of a
+            # stage is not ready, no later one of that stage is: when both of the device's
+            # stages are stuck, nothing later can move here.
             scanned = t
-            while index < len(forward_cells):
+            stuck: set[int] = set()
+            while index < len(forward_cells) and len(stuck) < 2:
                 later = forward_cells[index]
                 while scanned < later and level[scanned] < full:
                     scanned += 1
                 if scanned < later:
                     break
                 action = cells[later]
-                stage, mb = action.stage, action.microbatch
-                if stage == 0 or at[(F, stage - 1, mb)] + 1 <= t:
+                if action.stage in stuck:
+                    index += 1
+                    continue
+                slot = action.stage * m + action.microbatch
+                if action.stage == 0 or f_at[slot - m] + 1 <= t:
                     for c in range(t, later):
                         level[c] += 1
                     del cells[later]
                     cells[t] = action
                     del forward_cells[index]
                     insort(forward_cells, t)
-                    at[(F, stage, mb)] = t
+                    f_at[slot] = t
                     break
+                stuck.add(action.stage)
                 index += 1
     return [[cells[t] for t in sorted(cells)] for cells in cell_of]
 
 
-def _reorder_cooldown(
-    orders: list[list[Action]], stage_devices: tuple[int, ...], m: int
-) -> list[list[Action]]:
+def _reorder_cooldown(orders: list[list[Action]], num_stages: int, m: int) -> list[list[Action]]:
     """Appendix C, cool-down: drop the W passes after each device's last F, squeeze, put the
     dropped Ws into the idle cells that remain (each after its B), the rest at the end."""
     kept: list[list[Action]] = []
@@ -276,21 +342,17 @@ def _reorder_cooldown(
         last_f = max(k for k, a in enumerate(order) if a.kind is F)
         kept.append(order[: last_f + 1] + [a for a in order[last_f + 1 :] if a.kind is not W])
         dropped.append([a for a in order[last_f + 1 :] if a.kind is W])
-    times = _unit_times(kept, stage_devices, m)
-    b_end: dict[tuple[int, int], int] = {}
-    for order, device_times in zip(kept, times, strict=True):
-        for action, t in zip(order, device_times, strict=True):
-            if action.kind is B:
-                b_end[(action.stage, action.microbatch)] = t + 1
+    squeezed = _unit_times(kept, num_stages, m)
+    b_at = squeezed.start[1]
     result = []
-    for order, device_times, ws in zip(kept, times, dropped, strict=True):
+    for order, device_times, ws in zip(kept, squeezed.times, dropped, strict=True):
         cells = dict(zip(device_times, order, strict=True))
-        waiting = sorted(ws, key=lambda a: b_end[(a.stage, a.microbatch)])
+        waiting = sorted(ws, key=lambda a: b_at[a.stage * m + a.microbatch])
         horizon = max(cells) if cells else 0
         for t in range(horizon):
             if t in cells or not waiting:
                 continue
-            if b_end[(waiting[0].stage, waiting[0].microbatch)] <= t:
+            if b_at[waiting[0].stage * m + waiting[0].microbatch] + 1 <= t:
                 cells[t] = waiting.pop(0)
         result.append([cells[t] for t in sorted(cells)] + waiting)
     return result

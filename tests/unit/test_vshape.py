@@ -131,3 +131,22 @@ def test_reordering_never_raises_the_peak():
         squeezed_only = simulate(vshape(name, d, m, reorder=False), EQUAL)
         assert max(reordered.peak_activation) <= max(squeezed_only.peak_activation) + 1e-9
         assert reordered.makespan <= squeezed_only.makespan + 1e-9
+
+
+@pytest.mark.parametrize("name", ["v-min", "v-half", "v-zb"])
+@pytest.mark.parametrize("d, m", [(2, 1), (3, 5), (4, 8), (7, 3), (8, 20)])
+def test_the_generators_squeeze_times_like_the_engine(name, d, m):
+    """The squeeze (step 3) has its own unit-time loop for speed; it must give the engine's
+    times for unit durations, on the repeated block and on the reordered schedule."""
+    from planner.schedules._engine import compile_schedule, run_timing
+    from planner.schedules._vshape import _unit_times, vshape
+
+    for schedule in (vshape(name, d, m, reorder=False), vshape(name, d, m)):
+        orders = [[a for a in row if a.kind is not K.OPTIMIZER_STEP] for row in schedule.actions]
+        compiled = compile_schedule(schedule)
+        engine = run_timing(compiled, [1.0] * len(compiled.action_of)).start
+        expected = [
+            [round(engine[compiled.offsets[dev] + k]) for k in range(len(orders[dev]))]
+            for dev in range(d)
+        ]
+        assert _unit_times(orders, 2 * d, m).times == expected
