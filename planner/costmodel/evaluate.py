@@ -321,8 +321,9 @@ def m_cap(schedule: str, p: int, m: int) -> int:
 
     Past its warm-up a schedule repeats one pattern, so its in-flight profile stops changing
     once m reaches a saturation point: p for 1F1B and 2BW (device s warms up with
-    min(p - s, m) forwards), p + 1 for V-Min and V-Half, 2p for BPipe, V-ZB and interleaved
-    (the tests check each against building every micro-batch, up to p = 32). GPipe runs every
+    min(p - s, m) forwards), p + 1 for V-Min and V-Half, ceil(3p / 2) for BPipe, 2p for V-ZB
+    and interleaved (the tests check each against building every micro-batch, up to p = 32,
+    BPipe up to 64). GPipe runs every
     forward before any backward, so its peak grows with m: it is built with one micro-batch
     and scaled (``_shape``)."""
     if schedule in _GROWS_WITH_M:
@@ -331,6 +332,8 @@ def m_cap(schedule: str, p: int, m: int) -> int:
         saturation = p
     elif schedule in ("v-min", "v-half"):
         saturation = p + 1
+    elif schedule == "bpipe":
+        saturation = (3 * p + 1) // 2
     else:
         saturation = 2 * p
     return min(m, saturation)

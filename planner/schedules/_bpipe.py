@@ -21,6 +21,7 @@ the paper's algorithm exactly, and the same rule yields the interleaved variant 
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from planner.schedules._basic import interleaved, one_f_one_b, require
@@ -77,14 +78,19 @@ def plan_transfers(
     def loads_issued_at(i: int) -> list[tuple[int, int]]:
         return [key[j] for j in loads_for[i] if key[j] in evicted]
 
+    # Belady's victim is the held micro-batch whose backward comes last: a heap of the held
+    # ones by that position, entries of micro-batches no longer held dropped when they surface.
+    furthest_first: list[tuple[int, tuple[int, int]]] = []
     peak = 0
     for i in range(n):
         for item in loads_issued_at(i):
             evicted.discard(item)
             held.add(item)
+            heapq.heappush(furthest_first, (-backward_at[item], item))
             transfers[i].append((LOAD, item))
         if is_f[i]:
             held.add(key[i])
+            heapq.heappush(furthest_first, (-backward_at.get(key[i], n), key[i]))
         peak = max(peak, len(held))
         if is_bwd[i]:
             held.discard(key[i])
@@ -96,15 +102,35 @@ def plan_transfers(
         demand += len(upcoming)
         busy = {key[i], key[i + 1], *upcoming}
         while demand > capacity:
-            candidates = [k for k in held if k not in busy]
-            if not candidates:
+            victim = _furthest(furthest_first, held, busy)
+            if victim is None:
                 break
-            victim = max(candidates, key=lambda k: backward_at.get(k, n))
             held.discard(victim)
             evicted.add(victim)
             transfers[i].append((EVICT, victim))
             demand -= 1
     return transfers, peak
+
+
+def _furthest(
+    heap: list[tuple[int, tuple[int, int]]], held: set[tuple[int, int]], busy: set[tuple[int, int]]
+) -> tuple[int, int] | None:
+    """Pop the held, not busy micro-batch whose backward comes last (None if there is none);
+    busy ones stay in the heap."""
+    kept = []
+    victim = None
+    while heap:
+        entry = heapq.heappop(heap)
+        if entry[1] not in held:
+            continue  # evicted or freed since it was pushed
+        if entry[1] in busy:
+            kept.append(entry)
+            continue
+        victim = entry[1]
+        break
+    for entry in kept:
+        heapq.heappush(heap, entry)
+    return victim
 
 
 def bpipe(num_devices: int, num_microbatches: int, num_chunks: int = 1) -> Schedule:
@@ -159,12 +185,13 @@ def _add_acceptor_mirrors(
     durations = [1.0 if a.kind is F else 2.0 for a in compiled.action_of]
     timing = run_timing(compiled, durations, transfer=0.5)
     mirrors: dict[int, list[tuple[float, Action]]] = {}
-    for i, action in enumerate(compiled.action_of):
-        if action.kind.is_transfer:
-            evictor = compiled.device_of[i]
-            assert action.peer is not None
-            mirror = Action(action.kind, action.stage, action.microbatch, action.chunk, evictor)
-            mirrors.setdefault(action.peer, []).append((timing.start[i], mirror))
+    for evictor, row in enumerate(rows):
+        base = compiled.offsets[evictor]
+        for position, action in enumerate(row):
+            if action.kind is EVICT or action.kind is LOAD:
+                assert action.peer is not None
+                mirror = Action(action.kind, action.stage, action.microbatch, action.chunk, evictor)
+                mirrors.setdefault(action.peer, []).append((timing.start[base + position], mirror))
     out = []
     for device, row in enumerate(rows):
         pending = sorted(mirrors.get(device, []), key=lambda item: item[0])
