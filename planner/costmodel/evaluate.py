@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from planner.costmodel.flops import logits_flops, model_flops_per_step
 from planner.costmodel.memory import (
@@ -189,22 +190,41 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     logits = logits_flops(model, mb) / t / rate  # vocabulary-parallel output layer
     tp = tensor_parallel_seconds(model, training, mb, t, hw.intra_node)
     per_layer_params = layer_parameters(model) / t
-    forward, backward, weight, activation, params, tp_comm, working = [], [], [], [], [], [], []
+    # Per layer of each mode: (F, B, W, saved bytes, TP collectives, recompute working set).
+    per_mode: dict[Recompute, tuple[float, float, float, float, float, float]] = {}
     for stage_modes in modes:
-        f = b = w = act = comm = work = 0.0
-        for mode, n in stage_modes.items():
-            layer = ctx.layer(mb, t, mode)
-            f += n * layer.forward
-            b += n * layer.backward
-            w += n * layer.weight
-            measured = layer.activation_bytes
-            act += n * (
-                measured
-                if measured is not None
-                else activation_bytes_per_layer(model, training, mb, t, mode)
-            )
-            comm += n * tp * (3 if mode == "full" else 2)
-            work = max(work, recompute_working_bytes(model, training, mb, t, mode))
+        for mode in stage_modes:
+            if mode not in per_mode:
+                layer = ctx.layer(mb, t, mode)
+                measured = layer.activation_bytes
+                per_mode[mode] = (
+                    layer.forward,
+                    layer.backward,
+                    layer.weight,
+                    measured
+                    if measured is not None
+                    else activation_bytes_per_layer(model, training, mb, t, mode),
+                    tp * (3 if mode == "full" else 2),
+                    recompute_working_bytes(model, training, mb, t, mode),
+                )
+    forward, backward, weight, activation, params, tp_comm, working = [], [], [], [], [], [], []
+    # Stages mostly repeat a few compositions (n layers of one mode): price each once.
+    seen: dict[tuple[tuple[Recompute, int], ...], tuple[float, ...]] = {}
+    for stage_modes in modes:
+        composition = tuple(stage_modes.items())
+        row = seen.get(composition)
+        if row is None:
+            f = b = w = act = comm = work = 0.0
+            for mode, n in composition:
+                lf, lb, lw, lact, lcomm, lwork = per_mode[mode]
+                f += n * lf
+                b += n * lb
+                w += n * lw
+                act += n * lact
+                comm += n * lcomm
+                work = max(work, lwork)
+            row = seen[composition] = (f, b, w, act, comm, work)
+        f, b, w, act, comm, work = row
         forward.append(f)
         backward.append(b)
         weight.append(w)
@@ -339,8 +359,10 @@ def m_cap(schedule: str, p: int, m: int) -> int:
     return min(m, saturation)
 
 
-@dataclass(frozen=True)
-class DeviceMemory:
+class DeviceMemory(NamedTuple):
+    """Bytes on one pipeline device. A named tuple: a search makes one per device of every
+    candidate (tens of thousands), and these are the cheapest immutable records to create."""
+
     parameters: float
     gradients: float
     optimizer: float

@@ -146,13 +146,18 @@ def _pareto(points: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 def peak_from_profile(profile: InflightProfile, sizes: Sequence[float]) -> list[float]:
     """Peak saved activations per device for per-stage micro-batch ``sizes``."""
-    return [
-        round(
-            max((sum(sizes[s] * c for s, c in moment.items()) for moment in moments), default=0.0),
-            9,
-        )
-        for moments in profile
-    ]
+    # Plain loops: the search calls this for every candidate, and they beat generators here.
+    peaks = []
+    for moments in profile:
+        best = 0.0
+        for moment in moments:
+            total = 0.0
+            for stage, count in moment.items():
+                total += sizes[stage] * count
+            if total > best:
+                best = total
+        peaks.append(round(best, 9))
+    return peaks
 
 
 def peak_by_order(schedule: Schedule, sizes: Sequence[float] | None = None) -> list[float]:
