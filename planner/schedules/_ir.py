@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from planner.errors import InvalidScheduleError
 
@@ -96,12 +96,14 @@ _KIND_ALTERNATION = "|".join(sorted((k.value for k in ActionKind), key=len, reve
 _ACTION_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATION})(\d+)(?:@(\d+))?(?:v(\d+))?$")
 
 
-@dataclass(frozen=True, slots=True)
-class Action:
+class Action(NamedTuple):
     """One step of one device: ``kind`` applied to (``stage``, ``microbatch``).
 
     ``chunk`` is the stage's index among its device's stages. ``peer`` names the other device
     of a SEND/RECV/EVICT/LOAD; ``version`` the weight version of a WEIGHT_VERSION switch.
+
+    A named tuple (immutable, hashable) rather than a frozen dataclass: generators create
+    hundreds of thousands per search, and a tuple is created about 2.5x faster.
     """
 
     kind: ActionKind

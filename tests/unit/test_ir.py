@@ -176,7 +176,7 @@ def test_w_before_b_is_rejected():
 def test_wrong_chunk_is_rejected():
     schedule = generate("interleaved", 2, 2)
     row = list(schedule.actions[0])
-    row[0] = replace(row[0], chunk=1)
+    row[0] = row[0]._replace(chunk=1)
     bad = replace(schedule, actions=(tuple(row), schedule.actions[1]))
     with pytest.raises(InvalidScheduleError, match="chunk") as info:
         validate(bad)
