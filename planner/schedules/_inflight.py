@@ -26,6 +26,7 @@ __all__ = ["InflightProfile", "inflight_profile", "peak_by_order", "peak_from_pr
 K = ActionKind
 
 _TRANSFERS = frozenset({K.EVICT, K.LOAD})
+_COMPUTE = frozenset(k for k in K if k.is_compute)
 _TRACKED = _TRANSFERS | {K.F}
 
 InflightProfile = list[list[dict[int, int]]]
@@ -41,30 +42,8 @@ def inflight_profile(schedule: Schedule) -> InflightProfile:
         if len(stages) == 1 and not any(a.kind in _TRANSFERS for a in row):
             profile.append([{stages[0]: _single_stage_peak(row)}])
             continue
-        counter = _DeviceCounter(stages)
-        for action in row:
-            kind, stage = action.kind, action.stage
-            if kind.is_compute:
-                counter.compute_starts()
-                if kind is K.F:
-                    counter.add(stage)
-                counter.observe()
-                if kind is K.W or kind is K.BW:
-                    counter.free_when_done(stage)
-            elif kind.is_transfer:
-                # Issued once the previous compute action has ended: its frees are done.
-                counter.apply_pending()
-                owner = stage_devices[stage] == device
-                if kind is K.EVICT and owner:
-                    counter.deferred.append([2, counter.slot[stage]])
-                elif kind is K.EVICT or owner:  # the acceptor receives / the evictor loads
-                    counter.add(stage)
-                    counter.observe()
-                else:  # the acceptor hands a LOAD back
-                    counter.free_when_done(stage)
-        profile.append(
-            [{stages[i]: c for i, c in enumerate(v) if c} for v in _pareto(counter.seen)]
-        )
+        seen = _moments(row, stages, stage_devices, device)
+        profile.append([{stages[i]: c for i, c in enumerate(v) if c} for v in _pareto(seen)])
     return profile
 
 
@@ -74,7 +53,7 @@ def _single_stage_peak(row: Sequence[Action]) -> int:
     pending = 0
     for action in row:
         kind = action.kind
-        if kind.is_compute:
+        if kind in _COMPUTE:
             level -= pending
             pending = 0
             if kind is K.F:
@@ -85,44 +64,59 @@ def _single_stage_peak(row: Sequence[Action]) -> int:
     return peak
 
 
-class _DeviceCounter:
-    """Saved micro-batches per stage on one device while walking its list; stages are
-    numbered by their position (``slot``) in the device's list of relevant stages."""
+def _moments(
+    row: Sequence[Action], stages: list[int], stage_devices: Sequence[int], device: int
+) -> set[tuple[int, ...]]:
+    """Walk one device's list and collect its saved micro-batches per stage (numbered by
+    position in ``stages``) while each action runs. Only moments after a count went up are
+    kept: one reached by frees alone is dominated by the moment before it.
 
-    def __init__(self, stages: list[int]) -> None:
-        self.slot = {stage: i for i, stage in enumerate(stages)}
-        self.counts = [0] * len(stages)
-        self.pending: list[int] = []  # slots freed when the running compute action ends
-        self.deferred: list[list[int]] = []  # [compute actions still to pass, slot]: EVICTs
-        self.seen: set[tuple[int, ...]] = set()
-
-    def add(self, stage: int) -> None:
-        self.counts[self.slot[stage]] += 1
-
-    def free_when_done(self, stage: int) -> None:
-        self.pending.append(self.slot[stage])
-
-    def observe(self) -> None:
-        self.seen.add(tuple(self.counts))
-
-    def apply_pending(self) -> None:
-        for slot in self.pending:
-            self.counts[slot] -= 1
-        self.pending.clear()
-
-    def compute_starts(self) -> None:
-        """The previous action has ended, and EVICTs issued two compute actions ago too."""
-        self.apply_pending()
-        if not self.deferred:
-            return
-        keep = []
-        for entry in self.deferred:
-            entry[0] -= 1
-            if entry[0] <= 0:
-                self.counts[entry[1]] -= 1
-            else:
-                keep.append(entry)
-        self.deferred = keep
+    Frees of a W or fused BW apply when the next action starts (the W has ended); an
+    evictor's EVICT frees its copy once the compute action it overlaps has ended (two
+    compute actions later); a transfer is issued after the previous compute action ended."""
+    slot = {stage: i for i, stage in enumerate(stages)}
+    counts = [0] * len(stages)
+    pending: list[int] = []  # slots freed when the running compute action ends
+    deferred: list[list[int]] = []  # [compute actions still to start, slot]: EVICTs
+    seen: set[tuple[int, ...]] = set()
+    rose = False
+    for action in row:
+        kind = action.kind
+        if kind in _COMPUTE:
+            for index in pending:
+                counts[index] -= 1
+            pending.clear()
+            if deferred:
+                keep = []
+                for entry in deferred:
+                    entry[0] -= 1
+                    if entry[0] <= 0:
+                        counts[entry[1]] -= 1
+                    else:
+                        keep.append(entry)
+                deferred = keep
+            if kind is K.F:
+                counts[slot[action.stage]] += 1
+                rose = True
+            if rose:
+                seen.add(tuple(counts))
+                rose = False
+            if kind is K.W or kind is K.BW:
+                pending.append(slot[action.stage])
+        elif kind in _TRANSFERS:
+            # Issued once the previous compute action has ended: its frees are done.
+            for index in pending:
+                counts[index] -= 1
+            pending.clear()
+            owner = stage_devices[action.stage] == device
+            if kind is K.EVICT and owner:
+                deferred.append([2, slot[action.stage]])
+            elif kind is K.EVICT or owner:  # the acceptor receives / the evictor loads
+                counts[slot[action.stage]] += 1
+                seen.add(tuple(counts))
+            else:  # the acceptor hands a LOAD back
+                pending.append(slot[action.stage])
+    return seen
 
 
 def _pareto(points: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
