@@ -48,6 +48,15 @@ class Placement:
     assignment: Assignment
     coords: tuple[tuple[int, int, int], ...]  # indexed by global rank: (dp, pp, tp)
 
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        # The cost model caches by placement; hashing every coordinate of a 1,024-rank job
+        # on each lookup cost more than the lookup saved.
+        return hash((self.t, self.p, self.d, self.gpus_per_node, self.assignment, self.coords))
+
     @property
     def world_size(self) -> int:
         return self.t * self.p * self.d

@@ -23,8 +23,6 @@ import numpy as np
 from planner.errors import SimulationError
 from planner.schedules import Action, ActionKind, Schedule
 from planner.schedules._engine import (
-    COMPUTE,
-    MARKER,
     CompiledSchedule,
     compile_schedule,
     run_timing,
@@ -189,15 +187,14 @@ def _device_stats(
     """Span and busy time per device. Zero-time markers (SEND/RECV, version switches, the
     acceptor's mirrors) are bookkeeping, not work, and do not open or close a device's span."""
     stats = []
-    offsets = compiled.offsets
-    lane = compiled.lane
-    for device in range(len(offsets) - 1):
-        work = [i for i in range(offsets[device], offsets[device + 1]) if lane[i] != MARKER]
+    for work, compute in compiled.work_by_device:
         if not work:
             stats.append(DeviceStats(0.0, 0.0, 0.0))
             continue
-        busy = sum(end[i] - start[i] for i in work if lane[i] == COMPUTE)
-        stats.append(DeviceStats(start[work[0]], max(end[i] for i in work), busy))
+        busy = 0.0
+        for i in compute:
+            busy += end[i] - start[i]
+        stats.append(DeviceStats(start[work[0]], max([end[i] for i in work]), busy))
     return stats
 
 

@@ -99,9 +99,15 @@ def split_layers(num_layers: int, stages: int) -> list[int] | None:
     """Spread layers over stages as evenly as possible; when they do not divide, the first
     and last stages get fewer (they also run the embedding and the output layer, as the
     V-shape paper arranges, §4.1). None when a middle stage would get no layer."""
+    counts = _split_layers(num_layers, stages)
+    return None if counts is None else list(counts)
+
+
+@lru_cache(maxsize=1024)
+def _split_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
     base, extra = divmod(num_layers, stages)
     if extra == 0:
-        return [base] * stages
+        return (base,) * stages
     # ``stages - extra`` stages get ``base``: the first and last first, then from the ends in.
     light = stages - extra
     order = []
@@ -116,7 +122,7 @@ def split_layers(num_layers: int, stages: int) -> list[int] | None:
         counts[stage] = base
     if base == 0 and any(c == 0 for c in counts[1:-1]):
         return None
-    return counts
+    return tuple(counts)
 
 
 @dataclass
@@ -402,7 +408,7 @@ def device_memory(
         weight_b *= 2  # the stashed second version (PipeDream-2BW §3.1)
     per_param = weight_b + grad_b + opt_b
     by_device = stages_by_device(config.schedule, config.p)
-    params = [sum(costs.parameters[s] for s in stages) for stages in by_device]
+    params = _device_sums(costs.parameters, by_device)
     static = max(params) * per_param
     counted = static * (1 + ALLOWANCE_FRACTION) + WORKSPACE_GIB * GIB <= capacity
     if counted:
@@ -413,8 +419,8 @@ def device_memory(
         peaks = [0.0] * config.p
         in_flight = [0.0] * config.p
     out = []
-    for device in range(config.p):
-        working = max(costs.working_bytes[s] for s in by_device[device])
+    for device, stages in enumerate(by_device):
+        working = max([costs.working_bytes[s] for s in stages])
         activations = peaks[device] + (working if counted else 0.0)
         tensors = params[device] * per_param + activations
         allowance = WORKSPACE_GIB * GIB + ALLOWANCE_FRACTION * tensors
@@ -429,6 +435,17 @@ def device_memory(
             )
         )
     return out, counted
+
+
+def _device_sums(values: list[float], by_device: tuple[tuple[int, ...], ...]) -> list[float]:
+    """Per device, the sum of its stages' values (plain loops: called per candidate)."""
+    out = []
+    for stages in by_device:
+        total = 0.0
+        for stage in stages:
+            total += values[stage]
+        out.append(total)
+    return out
 
 
 def _data_parallel_seconds(
@@ -486,14 +503,14 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
     memory, counted = device_memory(ctx, config, costs, capacity=capacity)
     m = config.num_microbatches
     by_device = stages_by_device(config.schedule, config.p)
-    per_device = [
-        sum(costs.forward[s] + costs.backward[s] + costs.weight[s] for s in stages)
-        for stages in by_device
+    compute = [
+        f + b + w for f, b, w in zip(costs.forward, costs.backward, costs.weight, strict=True)
     ]
+    per_device = _device_sums(compute, by_device)
     busy = m * max(per_device)
     stage_time = sum(per_device) / config.p
     idle = _IDLE_VS_1F1B[config.schedule] * (config.p - 1) * (stage_time + 2 * costs.p2p_s)
-    params = max(sum(costs.parameters[s] for s in stages) for stages in by_device)
+    params = max(_device_sums(costs.parameters, by_device))
     total = (
         busy
         + idle

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from planner.errors import InvalidScheduleError
 from planner.schedules._ir import Action, ActionKind, Schedule
@@ -64,6 +65,17 @@ class CompiledSchedule:
 
     def inputs(self, i: int) -> list[int]:
         return [j for j in (self.dep_a[i], self.dep_b[i]) if j >= 0]
+
+    @cached_property
+    def work_by_device(self) -> list[tuple[list[int], list[int]]]:
+        """Per device: ids of its actions that are not zero-time markers, and of those on
+        the compute lane (computed once: a compiled schedule is timed many times)."""
+        out = []
+        for device in range(len(self.offsets) - 1):
+            ids = range(self.offsets[device], self.offsets[device + 1])
+            work = [i for i in ids if self.lane[i] != MARKER]
+            out.append((work, [i for i in work if self.lane[i] == COMPUTE]))
+        return out
 
 
 @dataclass(frozen=True)
