@@ -17,6 +17,7 @@ paper's Figures 5 and 6 (tests).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -39,7 +40,11 @@ class PlacementWeights:
 
 @dataclass(frozen=True)
 class PlacementResult:
-    placement: Placement
+    """``placement`` is None when the solver found no assignment in its time limit (status
+    "timed out"): large clusters (hundreds of nodes) can need longer than the budget allows,
+    and the caller then keeps its default layout."""
+
+    placement: Placement | None
     status: str
     cross_node_bytes: float
 
@@ -101,8 +106,10 @@ def optimize_placement(
     solver.parameters.num_workers = os.cpu_count() or 1
     solver.parameters.random_seed = seed
     code = solver.solve(model)
+    if code == cp_model.INFEASIBLE:  # pragma: no cover - the capacities always add up
+        raise StagewrightError("placement: no assignment of blocks to nodes exists")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise StagewrightError(f"placement found no assignment ({solver.status_name(code)})")
+        return PlacementResult(None, "timed out", math.nan)
     status = "optimal" if code == cp_model.OPTIMAL else "feasible"
     raw = {b: solver.value(node[b]) for b in blocks}
     # Nodes are interchangeable: number them by the first block they hold, for reading.

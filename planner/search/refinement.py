@@ -95,6 +95,7 @@ def refine_plan(
     modes = tuple(sorted(request.search.recompute, key=_ORDER.__getitem__))
     refined: list[Refined] = []
     notes: list[str] = []
+    unplaced: set[tuple[int, int, int, str]] = set()
     for est in _pick(feasible, over_memory, capacity):
         coarse = est.config
         remaining = budget - (time.perf_counter() - started)
@@ -104,16 +105,24 @@ def refine_plan(
             )
             continue
         key = (coarse.t, coarse.p, coarse.d, coarse.schedule)
-        if key not in ctx.placements:
+        if key not in ctx.placements and key not in unplaced:
+            limit = min(1.0, remaining / 2)
             result = optimize_placement(
                 coarse.t,
                 coarse.p,
                 coarse.d,
                 request.cluster.gpus_per_node,
                 _placement_weights(ctx, coarse),
-                time_limit_s=min(1.0, remaining / 2),
+                time_limit_s=limit,
             )
-            ctx.placements[key] = result.placement
+            if result.placement is None:
+                unplaced.add(key)
+                notes.append(
+                    f"cpsat: placement of {_describe(coarse)}: no assignment within "
+                    f"{limit:.2g} s ({result.status}); the default layout is kept"
+                )
+            else:
+                ctx.placements[key] = result.placement
         fits = est.peak_memory <= capacity
         uniform = price(ctx, coarse) if fits else None
         outcome = refine(
