@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from planner._gc import collector_paused
 from planner.costmodel.evaluate import (
@@ -33,7 +34,6 @@ from planner.costmodel.memory import GIB
 from planner.launch import executor_config, megatron_args, torch_pipelining_csv, torchrun_commands
 from planner.profiles import ProfileStore, default_store
 from planner.schedules import Schedule, generate
-from planner.search.refinement import Refined, refine_plan
 from planner.specs import (
     Candidate,
     CandidateConfig,
@@ -48,6 +48,9 @@ from planner.specs import (
     ScheduleSummary,
     StageBreakdown,
 )
+
+if TYPE_CHECKING:
+    from planner.search.refinement import Refined
 
 __all__ = ["DEFAULT_MICRO_BATCH_SIZES", "plan"]
 
@@ -198,6 +201,10 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     refined: list[Refined] = []
     refine_notes: list[str] = []
     if request.search.method == "cpsat":
+        # Imported here: OR-Tools (and the pandas it loads) take about 0.2 s to import,
+        # which every grid search, the CLI's included, would otherwise pay.
+        from planner.search.refinement import refine_plan
+
         # First: it sets the optimized placements every pricing below then uses.
         refined, refine_notes = refine_plan(ctx, request, feasible, over_memory, capacity)
     pool: list[tuple[Priced, RefinementInfo | None]] = [
