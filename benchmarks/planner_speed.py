@@ -9,7 +9,9 @@ global batch 1536, all eight schedules, recompute none/selective/full, micro-bat
 - cold: a fresh Python process per run (imports excluded), so every schedule shape is built
   and counted from scratch, as for one `stagewright plan` call;
 - warm: repeated requests in one process, as the service answers them: the schedules and
-  in-flight counts of each (schedule, p, micro-batches) shape are cached per process.
+  in-flight counts of each (schedule, p, micro-batches) shape are cached per process;
+- CLI: ``stagewright plan REQUEST.json`` end to end in a new process (interpreter start,
+  imports, search and the printed table), what a person at a terminal waits for.
 
 Reports the p50 (and min/max) of each.
 """
@@ -55,6 +57,21 @@ def cold_runs(path: Path, repeats: int) -> list[float]:
     return seconds
 
 
+def cli_runs(path: Path, repeats: int) -> list[float]:
+    code = "import sys; from api.cli import main; sys.exit(main())"
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", code, "plan", str(path)],
+            capture_output=True,
+            check=True,
+            cwd=ROOT,
+        )
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
 def warm_runs(request: PlanRequest, repeats: int) -> tuple[list[float], int, int]:
     result = plan(request)  # fills the per-process caches
     seconds = []
@@ -80,6 +97,7 @@ def main() -> None:
     request = PlanRequest.model_validate_json(args.request.read_text())
     cold = cold_runs(args.request, args.repeats)
     warm, evaluated, feasible = warm_runs(request, args.repeats)
+    cli = cli_runs(args.request, args.repeats)
     gpus = request.cluster.num_gpus
     print(
         f"{request.model.name} on {gpus} x {request.cluster.gpu}: {evaluated} candidates "
@@ -89,6 +107,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     print(_row("cold (new process)", cold))
     print(_row("warm (same process)", warm))
+    print(_row("CLI end to end (new process, imports included)", cli))
 
 
 if __name__ == "__main__":
