@@ -67,3 +67,25 @@ def test_left_off_when_it_was_off_before():
     with collector_paused():
         pass
     assert not gc.isenabled()
+
+
+def test_overlapping_searches_still_collect_when_the_pause_runs_long(monkeypatch):
+    import planner._gc as pause
+
+    collections: list[int] = []
+    monkeypatch.setattr(pause, "MAX_PAUSE_S", 0.0)
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(1) or 0)
+    with collector_paused():
+        with collector_paused():
+            pass  # ends while the outer search runs, after more than MAX_PAUSE_S
+        assert collections == [1]
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_a_short_pause_does_not_collect(monkeypatch):
+    collections: list[int] = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(1) or 0)
+    with collector_paused(), collector_paused():
+        pass
+    assert collections == []
