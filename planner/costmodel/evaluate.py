@@ -53,7 +53,7 @@ __all__ = [
     "StageCosts",
     "device_memory",
     "estimate",
-    "m_cap",
+    "inflight_microbatches",
     "num_stages",
     "placement_for",
     "shape_profile",
@@ -319,16 +319,20 @@ def _built_shape(schedule: str, p: int, m: int) -> _Shape:
     )
 
 
-@lru_cache(maxsize=256)
 def _shape(schedule: str, p: int, m: int) -> _Shape:
     """The in-flight profile of ``schedule`` on p devices with m micro-batches, shared by
-    every candidate of that shape: built with ``m_cap`` micro-batches, which gives the same
-    profile, and for GPipe scaled from one micro-batch to m (every device holds all of them
-    at its peak)."""
-    cap = m_cap(schedule, p, m)
+    every candidate of that shape: built with ``inflight_microbatches`` micro-batches, which
+    gives the same profile, and for GPipe scaled from one micro-batch to m (every device
+    holds all of them at its peak)."""
+    cap = inflight_microbatches(schedule, p, m)
+    if schedule in _GROWS_WITH_M and cap != m:
+        return _scaled_shape(schedule, p, cap, m)
+    return _built_shape(schedule, p, cap)
+
+
+@lru_cache(maxsize=256)
+def _scaled_shape(schedule: str, p: int, cap: int, m: int) -> _Shape:
     built = _built_shape(schedule, p, cap)
-    if schedule not in _GROWS_WITH_M or cap == m:
-        return built
     scale = m // cap
     return _Shape(
         [
@@ -342,8 +346,9 @@ def _shape(schedule: str, p: int, m: int) -> _Shape:
 _GROWS_WITH_M = frozenset({"gpipe"})
 
 
-def m_cap(schedule: str, p: int, m: int) -> int:
-    """Micro-batches a schedule is built with to count its in-flight micro-batches.
+def inflight_microbatches(schedule: str, p: int, m: int) -> int:
+    """Micro-batches a schedule is built with to count the in-flight micro-batches of a run
+    of m.
 
     Past its warm-up a schedule repeats one pattern, so its in-flight profile stops changing
     once m reaches a saturation point: p for 1F1B and 2BW (device s warms up with
@@ -530,7 +535,7 @@ class Priced:
 
     estimate: Estimate
     iteration_time_s: float
-    makespan_s: float
+    makespan_s: float  # ``simulation`` has the timeline only: memory comes from ``estimate``
     bubble_fraction: float
     data_parallel_s: float
     optimizer_s: float

@@ -50,20 +50,20 @@ def plan_transfers(
     n = len(compute)
     key = [(a.stage, a.microbatch) for a in compute]
     is_f = [a.kind is F for a in compute]
-    is_bwd = [a.kind is BW or a.kind is ActionKind.W for a in compute]
+    frees = [a.kind is BW or a.kind is ActionKind.W for a in compute]  # ends the activation
     level = plain_peak = 0
     for i in range(n):
         if is_f[i]:
             level += 1
             plain_peak = max(plain_peak, level)
-        if is_bwd[i]:
+        if frees[i]:
             level -= 1
     if plain_peak <= capacity:
         # Never over capacity without transfers: the loop below would plan none (a device
         # in the acceptor half, or a short run), so skip it.
         return [[] for _ in range(n)], plain_peak
-    is_backward = [a.kind.is_backward for a in compute]
-    backward_at = {key[i]: i for i in range(n) if is_backward[i]}
+    needs_input = [a.kind.is_backward for a in compute]  # B or BW: wants its activations
+    backward_at = {key[i]: i for i in range(n) if needs_input[i]}
     transfers: list[list[tuple[ActionKind, tuple[int, int]]]] = [[] for _ in range(n)]
     held: set[tuple[int, int]] = set()
     evicted: set[tuple[int, int]] = set()
@@ -72,7 +72,7 @@ def plan_transfers(
     # backwards whose load position is i.
     loads_for: list[list[int]] = [[] for _ in range(n)]
     for j in range(n):
-        if is_backward[j]:
+        if needs_input[j]:
             loads_for[j - 1 if j > 0 and is_f[j - 1] else j].append(j)
 
     def loads_issued_at(i: int) -> list[tuple[int, int]]:
@@ -92,7 +92,7 @@ def plan_transfers(
             held.add(key[i])
             heapq.heappush(furthest_first, (-backward_at.get(key[i], n), key[i]))
         peak = max(peak, len(held))
-        if is_bwd[i]:
+        if frees[i]:
             held.discard(key[i])
         if i + 1 >= n:
             break

@@ -68,8 +68,9 @@ def _moments(
     row: Sequence[Action], stages: list[int], stage_devices: Sequence[int], device: int
 ) -> set[tuple[int, ...]]:
     """Walk one device's list and collect its saved micro-batches per stage (numbered by
-    position in ``stages``) while each action runs. Only moments after a count went up are
-    kept: one reached by frees alone is dominated by the moment before it.
+    position in ``stages``) while each action runs. Only moments after a count went up (a
+    forward, a received or loaded transfer) are kept: one reached by frees alone is
+    dominated by the moment before it.
 
     Frees of a W or fused BW apply when the next action starts (the W has ended); an
     evictor's EVICT frees its copy once the compute action it overlaps has ended (two
@@ -79,7 +80,6 @@ def _moments(
     pending: list[int] = []  # slots freed when the running compute action ends
     deferred: list[list[int]] = []  # [compute actions still to start, slot]: EVICTs
     seen: set[tuple[int, ...]] = set()
-    rose = False
     for action in row:
         kind = action.kind
         if kind in _COMPUTE:
@@ -97,10 +97,7 @@ def _moments(
                 deferred = keep
             if kind is K.F:
                 counts[slot[action.stage]] += 1
-                rose = True
-            if rose:
                 seen.add(tuple(counts))
-                rose = False
             if kind is K.W or kind is K.BW:
                 pending.append(slot[action.stage])
         elif kind in _TRANSFERS:

@@ -8,9 +8,7 @@ and how many of them use each allowed recompute mode (Megatron's --recompute-num
 generalised per stage), such that every device fits in memory under its own in-flight
 counts (the Pareto moments of the schedule's order, :mod:`planner.schedules._inflight`),
 minimising the pipeline's time proxy (m - 1) x slowest device + sum over devices (1F1B's
-makespan with unequal stages), stage times including the output layer and p2p. A second pass
-picks, among the optimal splits, the one closest to the grid's even split, so that the answer
-does not depend on which solver worker finds an optimum first.
+makespan with unequal stages), stage times including the output layer and p2p.
 
 Units are integers: microseconds and KiB, rounded from the cost model's per-layer values, so
 a solution's claims are re-checked with the ordinary cost model (:func:`check`), which
@@ -230,29 +228,7 @@ class _Builder:
             self.device_time.append(t)
         self.slowest = self.model.new_int_var(0, horizon, "slowest")
         self.model.add_max_equality(self.slowest, self.device_time)
-        self.proxy = (d.microbatches - 1) * self.slowest + sum(self.device_time)
-        self.model.minimize(self.proxy)
-
-    def tie_break(
-        self, layers: list[int], proxy: int, solution: list[dict[Recompute, int]]
-    ) -> None:
-        """Second pass, once the proxy's optimum is known: keep it, and move as few layers
-        away from the grid's even split ``layers`` as possible. Without it, which of several
-        optima comes back depends on the solver's workers and seed (V-Half's middle device
-        runs stages 1 and 2, and 12 + 12 layers cost it as much as 1 + 23). The first
-        pass's ``solution`` (layers per stage and mode) is the hint."""
-        d = self.data
-        self.model.add(self.proxy <= proxy)
-        moved = []
-        for s, n in enumerate(layers):
-            gap = self.model.new_int_var(0, d.num_layers, f"moved_s{s}")
-            self.model.add_abs_equality(gap, self.x[s] - n)
-            moved.append(gap)
-        self.model.minimize(sum(moved))
-        self.model.clear_hints()  # type: ignore[no-untyped-call]
-        for s, split in enumerate(solution):
-            for mode, var in self.y[s].items():
-                self.model.add_hint(var, split[mode])
+        self.model.minimize((d.microbatches - 1) * self.slowest + sum(self.device_time))
 
     def hint(self, layers: list[int], mode: Recompute) -> None:
         """Start from the grid's answer: the even split, every layer in one mode."""
@@ -291,22 +267,10 @@ def refine(
         status = "timed out"
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Refinement(status, None, None, None, wall)
-    objective, bound = solver.objective_value / _US, solver.best_objective_bound / _US
-    values = [
-        {mode: solver.value(builder.y[s][mode]) for mode in modes} for s in range(data.stages)
+    splits = [
+        RecomputeSplit(**{mode: solver.value(builder.y[s][mode]) for mode in modes})
+        for s in range(data.stages)
     ]
-    left = options.time_limit_s - wall
-    if code == cp_model.OPTIMAL and left > 0.01:
-        builder.tie_break(coarse.layers_per_stage, round(solver.objective_value), values)
-        solver.parameters.max_time_in_seconds = left
-        second = solver.solve(builder.model)
-        wall = time.perf_counter() - started
-        if second in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            values = [
-                {mode: solver.value(builder.y[s][mode]) for mode in modes}
-                for s in range(data.stages)
-            ]
-    splits = [RecomputeSplit(**split) for split in values]
     layers = [split.total for split in splits]
     used = {mode for split in splits for mode, n in split.as_dict().items() if n}
     heaviest = next(m for m in ("full", "selective", "none") if m in used or m == "none")
@@ -314,13 +278,13 @@ def refine(
         update={"layers_per_stage": layers, "recompute": heaviest, "recompute_per_stage": splits}
     )
     config = CandidateConfig.model_validate(config.model_dump())
-    claimed_time = [solver.value(t) / _US for t in builder.device_time]  # same in both passes
+    claimed_time = [solver.value(t) / _US for t in builder.device_time]
     claimed_memory = _claimed_memory(data, splits)
     return Refinement(
         status,
         config,
-        objective,
-        bound,
+        solver.objective_value / _US,
+        solver.best_objective_bound / _US,
         wall,
         claimed_time,
         claimed_memory,

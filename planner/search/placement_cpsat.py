@@ -106,8 +106,8 @@ def optimize_placement(
     solver.parameters.num_workers = os.cpu_count() or 1
     solver.parameters.random_seed = seed
     code = solver.solve(model)
-    if code == cp_model.INFEASIBLE:  # pragma: no cover - the capacities always add up
-        raise StagewrightError("placement: no assignment of blocks to nodes exists")
+    if code in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):  # pragma: no cover - a bug
+        raise StagewrightError(f"placement: the model is {solver.status_name(code)}")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return PlacementResult(None, "timed out", math.nan)
     status = "optimal" if code == cp_model.OPTIMAL else "feasible"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from planner.costmodel.evaluate import Estimate, PlanContext, Priced, m_cap, price, stage_costs
+from planner.costmodel.evaluate import Estimate, PlanContext, Priced, price, stage_costs
 from planner.costmodel.memory import GIB, bytes_per_parameter
 from planner.costmodel.timing import p2p_bytes
 from planner.schedules import ActionKind, generate
@@ -72,7 +72,8 @@ def _placement_weights(ctx: PlanContext, config: CandidateConfig) -> PlacementWe
     hop = 2 * m * p2p_bytes(r.model, r.training, config.micro_batch_size, config.t)
     pair = 0.0
     if config.schedule == "bpipe":
-        simulated = m_cap("bpipe", config.p, m)
+        # Evictions per micro-batch are steady once the schedule runs 2p micro-batches.
+        simulated = min(m, 2 * config.p)
         shape = generate("bpipe", config.p, simulated, check=False)
         evictions = shape.count(ActionKind.EVICT) / max(1, len(shape.meta.get("pairs", [])))
         pair = 2 * evictions * (m / simulated) * max(costs.activation_bytes)

@@ -212,39 +212,44 @@ def test_without_bpipe_the_pipeline_stays_together():
     assert all(placement.same_node(s, s + 1) for s in range(7))
 
 
-def test_equally_fast_splits_resolve_to_the_one_closest_to_the_grid_whatever_the_workers():
-    """V-Half on 2 devices: device 1 runs stages 1 and 2, and any split of its 24 layers
-    costs the same; without the second pass the answer varied with workers and seed
-    ([0, 1, 23, 24], [0, 13, 11, 24], ...)."""
-    ctx = _context("gpt3-30b-seq4096-8xa100.json")
-    capacity = ctx.hardware.usable_memory_gib * GIB
-    coarse = _coarse(ctx, 4, 2, 1, 1, "v-half")
-    assert coarse.layers_per_stage == [12, 12, 12, 12]
-    answers = set()
-    for workers, seed in [(1, 0), (1, 1), (2, 0), (2, 3)]:
-        result = refine(ctx, coarse, MODES, capacity, RefineOptions(5, workers, seed))
-        assert result.status == "optimal" and result.config is not None
-        answers.add((tuple(result.config.layers_per_stage), result.objective_s))
-    assert len(answers) == 1
-    ((layers, _),) = answers
-    assert layers[1] == layers[2] == 12  # the middle device keeps the even split
+def _no_answer_in_time(monkeypatch):
+    """Make every placement solve end as a time-out does: no solution, status UNKNOWN."""
+    from ortools.sat.python import cp_model
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", lambda self, model, *a: cp_model.UNKNOWN)
 
 
-def test_a_placement_with_no_answer_in_time_is_a_result_not_an_exception():
-    # 1,024 blocks on 128 nodes: far more than a hundredth of a second of solving.
-    result = optimize_placement(1, 64, 16, 8, BPIPE_WEIGHTS, time_limit_s=0.01)
-    if result.placement is None:
-        assert result.status == "timed out"
-    else:  # pragma: no cover - a much faster machine
-        assert result.placement.world_size == 1024
+def test_a_placement_with_no_answer_in_time_is_a_result_not_an_exception(monkeypatch):
+    _no_answer_in_time(monkeypatch)
+    result = optimize_placement(2, 4, 2, 8, BPIPE_WEIGHTS)
+    assert result.placement is None and result.status == "timed out"
 
 
-def test_a_1024_gpu_cpsat_plan_keeps_the_default_layout_where_placement_times_out():
+def test_a_cpsat_plan_keeps_the_default_layout_where_placement_times_out(monkeypatch):
+    import planner.search.refinement as refinement
+    from planner.placement import place
+    from planner.search.placement_cpsat import PlacementResult
+
+    monkeypatch.setattr(
+        refinement,
+        "optimize_placement",
+        lambda *a, **k: PlacementResult(None, "timed out", float("nan")),
+    )
+    result = plan(_request("gpt3-13b-8xa100.json", "cpsat"))
+    assert result.best is not None
+    notes = [n for c in result.candidates for n in c.notes]
+    assert any("no assignment within" in n and "default layout is kept" in n for n in notes)
+    for candidate in result.candidates:
+        c = candidate.config
+        default = place(c.t, c.p, c.d, 8, "pair-adjacent" if c.schedule == "bpipe" else "standard")
+        ranks = candidate.launch.executor_config["placement"]["ranks"]
+        assert [(r["dp"], r["pp"], r["tp"]) for r in ranks] == list(default.coords)
+
+
+def test_a_1024_gpu_cpsat_plan_is_answered():
+    """128 nodes: the placement model did not solve within its second here, which used to
+    fail the whole plan."""
     data = json.loads((ROOT / "examples" / "gpt3-175b-1024xa100.json").read_text())
     data["search"] |= {"method": "cpsat", "time_limit_s": 3}
     result = plan(PlanRequest.model_validate(data))
     assert result.best is not None and len(result.candidates) == 10
-    notes = [n for c in result.candidates for n in c.notes]
-    timed_out = [n for n in notes if "the default layout is kept" in n]
-    for note in timed_out:
-        assert "no assignment within" in note

@@ -89,3 +89,13 @@ def test_a_short_pause_does_not_collect(monkeypatch):
     with collector_paused(), collector_paused():
         pass
     assert collections == []
+
+
+def test_plan_runs_with_the_collector_paused(monkeypatch):
+    import planner.search.grid as grid
+
+    seen: list[bool] = []
+    monkeypatch.setattr(grid, "_plan", lambda request, store: seen.append(gc.isenabled()))
+    grid.plan(None, None)  # type: ignore[arg-type]
+    assert seen == [False]
+    assert gc.isenabled()

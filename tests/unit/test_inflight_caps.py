@@ -1,11 +1,17 @@
-"""The search counts in-flight micro-batches on a schedule built with ``m_cap``
+"""The search counts in-flight micro-batches on a schedule built with ``inflight_microbatches``
 micro-batches: that must give the profile of the schedule built with all of them."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.costmodel.evaluate import INTERLEAVED_CHUNKS, m_cap, shape_profile
+from planner.costmodel.evaluate import (
+    INTERLEAVED_CHUNKS,
+    _built_shape,
+    _shape,
+    inflight_microbatches,
+    shape_profile,
+)
 from planner.schedules import SCHEDULE_NAMES, generate
 from planner.schedules._inflight import InflightProfile, inflight_profile
 
@@ -24,7 +30,7 @@ def _whole(schedule: str, p: int, m: int) -> InflightProfile:
 def _counts_beyond_the_cap(schedule: str, p: int) -> list[int]:
     """Micro-batch counts past the cap (where the capped profile stands in for the whole),
     near it and well beyond it; only counts the schedule accepts."""
-    cap = m_cap(schedule, p, 10**6)
+    cap = inflight_microbatches(schedule, p, 10**6)
     counts = {cap + 1, cap + 2, cap + p // 2 + 1, 2 * cap + 1, 3 * p + 1}
     if schedule == "interleaved":
         counts = {-(-c // p) * p for c in counts}
@@ -38,8 +44,10 @@ def _counts_beyond_the_cap(schedule: str, p: int) -> list[int]:
 )
 def test_the_profile_stops_changing_at_the_cap(schedule, p):
     for m in _counts_beyond_the_cap(schedule, p):
-        assert m_cap(schedule, p, m) < m
+        assert inflight_microbatches(schedule, p, m) < m
         assert _normal(shape_profile(schedule, p, m)) == _normal(_whole(schedule, p, m)), m
+        # ... and the same peak micro-batches per device that the memory breakdown reports.
+        assert _shape(schedule, p, m).in_flight == _built_shape(schedule, p, m).in_flight
 
 
 @pytest.mark.parametrize("p", DEVICES)
@@ -47,4 +55,5 @@ def test_gpipe_holds_every_micro_batch_on_every_device(p):
     for m in (1, 2, p, 3 * p + 1):
         expected = [[{device: m}] for device in range(p)]  # one stage per device, all m saved
         assert shape_profile("gpipe", p, m) == expected
+        assert _shape("gpipe", p, m).in_flight == (m,) * p
         assert _whole("gpipe", p, m) == expected
