@@ -100,17 +100,6 @@ def load_config(data: dict[str, Any]) -> ExecConfig:
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"executor config is missing or has a bad field: {exc}") from exc
     validate(schedule)
-    notes = []
-    if str(data.get("recompute", "none")) != "none":
-        notes.append(
-            f"recompute {data['recompute']!r} is not applied by this executor: it runs "
-            f"without recomputation (saved activations are those of 'none')"
-        )
-    if training.get("sequence_parallel") and t > 1:
-        notes.append(
-            "sequence_parallel is not applied by this executor: tensor parallelism runs without it"
-        )
-    object.__setattr__(config, "notes", tuple(notes))
     if len(coords) != t * p * d or sorted(coords) != sorted(
         (a, b, c) for a in range(d) for b in range(p) for c in range(t)
     ):
