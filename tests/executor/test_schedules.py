@@ -202,3 +202,14 @@ def test_after_profiling_the_planner_predicts_what_the_run_measures(four_ranks, 
         r["coords"]["pp"]: r["steps"][0]["peak_activation_bytes"] for r in four_ranks[1][schedule]
     }
     assert [measured[d] for d in range(4)] == pytest.approx(predicted, abs=0.5)
+
+
+def test_settings_the_executor_does_not_apply_are_said_not_ignored():
+    data = make_config("1f1b", 2, 2, 1, 2)
+    assert load_config(data).notes == ()
+    data["recompute"] = "full"
+    data["training"]["sequence_parallel"] = True
+    notes = load_config(data).notes
+    assert len(notes) == 2
+    assert "recompute 'full' is not applied" in notes[0]
+    assert "sequence_parallel is not applied" in notes[1]
