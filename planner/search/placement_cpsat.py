@@ -13,20 +13,30 @@ per node, minimising the bytes that cross nodes in one step:
 Within a node, blocks are laid out in pipeline order, pairs next to each other (BPipe's
 pair-adjacent order), tensor ranks fastest. With BPipe's weights this reproduces the
 paper's Figures 5 and 6 (tests).
+
+The model has one Boolean per (block, node), which a large cluster makes too big to build
+and solve in the planner's budget (a 1,024-GPU job: up to 1,024 blocks on 128 nodes). So
+every tiling of the (replica, stage) grid into nodes is priced first (a handful, any size);
+the cheapest starts CP-SAT on small clusters and is the answer on large ones.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from planner.errors import StagewrightError
-from planner.placement import Placement, pair_order
+from planner.placement import Placement, pair_order, place
 
-__all__ = ["PlacementResult", "PlacementWeights", "optimize_placement"]
+__all__ = [
+    "MAX_MODEL_CELLS",
+    "PlacementResult",
+    "PlacementWeights",
+    "optimize_placement",
+    "structured_layouts",
+]
 
 
 @dataclass(frozen=True)
@@ -40,13 +50,22 @@ class PlacementWeights:
 
 @dataclass(frozen=True)
 class PlacementResult:
-    """``placement`` is None when the solver found no assignment in its time limit (status
-    "timed out"): large clusters (hundreds of nodes) can need longer than the budget allows,
-    and the caller then keeps its default layout."""
+    """``status``: "optimal" / "feasible" (CP-SAT's), or, when CP-SAT is not run or finds
+    nothing in time, "too large" / "timed out" with the best structured layout (see
+    :func:`structured_layouts`). ``cross_node_bytes`` is what the placement sends across
+    nodes per step."""
 
-    placement: Placement | None
+    placement: Placement
     status: str
     cross_node_bytes: float
+
+
+Block = tuple[int, int]  # (dp, pp): one tensor-parallel group
+Edge = tuple[Block, Block, float]
+
+# Above this many (block, node) pairs CP-SAT is not tried: building the model alone would
+# take longer than the planner's budget (1,024 blocks on 128 nodes took 1.4 s to build).
+MAX_MODEL_CELLS = 4096
 
 
 def optimize_placement(
@@ -59,7 +78,10 @@ def optimize_placement(
     time_limit_s: float = 1.0,
     seed: int = 0,
 ) -> PlacementResult:
-    """Assign (dp, pp) blocks to nodes minimising cross-node bytes; see the module doc."""
+    """Assign (dp, pp) blocks to nodes minimising cross-node bytes; see the module doc.
+    CP-SAT starts from the best structured layout (the two default layouts included), which
+    is also the answer when the model is too large or finds nothing in time, so the result
+    is never worse than it."""
     if gpus_per_node % t:
         raise StagewrightError(
             f"t = {t} does not divide {gpus_per_node} GPUs per node: a tensor-parallel group "
@@ -69,6 +91,17 @@ def optimize_placement(
     per_node = min(gpus_per_node, world) // t  # blocks per node
     nodes = max(1, world // gpus_per_node)
     blocks = [(dp, pp) for dp in range(d) for pp in range(p)]
+    edges = _edges(p, d, weights)
+    defaults = [_node_map(place(t, p, d, gpus_per_node, a)) for a in ("standard", "pair-adjacent")]
+    start = min(structured_layouts(p, d, per_node) + defaults, key=lambda a: _crossing(a, edges))
+
+    def result(assigned: dict[Block, int], status: str) -> PlacementResult:
+        return PlacementResult(
+            _layout(t, p, d, gpus_per_node, nodes, assigned), status, _crossing(assigned, edges)
+        )
+
+    if len(blocks) * nodes > MAX_MODEL_CELLS:
+        return result(start, "too large")
     model = cp_model.CpModel()
     node = {b: model.new_int_var(0, nodes - 1, f"node_{b[0]}_{b[1]}") for b in blocks}
     # Capacity: exactly per_node blocks on each node.
@@ -80,8 +113,68 @@ def optimize_placement(
             model.add(node[b] != n).only_enforce_if(flag.Not())
             here.append(flag)
         model.add(sum(here) == per_node)
-    model.add(node[(0, 0)] == 0)  # symmetry: replica 0's first stage opens node 0
-    edges: list[tuple[tuple[int, int], tuple[int, int], float]] = []
+    model.add(node[(0, 0)] == start[(0, 0)])  # symmetry: nodes are interchangeable
+    scale = max((w for _, _, w in edges), default=1.0) or 1.0
+    cost = []
+    for a, b, w in edges:
+        same = model.new_bool_var(f"same_{a}_{b}")
+        model.add(node[a] == node[b]).only_enforce_if(same)
+        cost.append(round(1000 * w / scale) * (1 - same))
+    model.minimize(sum(cost))
+    for b in blocks:
+        model.add_hint(node[b], start[b])
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = os.cpu_count() or 1
+    solver.parameters.random_seed = seed
+    code = solver.solve(model)
+    if code in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):  # pragma: no cover - a bug
+        raise StagewrightError(f"placement: the model is {solver.status_name(code)}")
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return result(start, "timed out")
+    solved = {b: solver.value(node[b]) for b in blocks}
+    if _crossing(solved, edges) > _crossing(start, edges):  # pragma: no cover - rounding
+        return result(start, "feasible")
+    return result(solved, "optimal" if code == cp_model.OPTIMAL else "feasible")
+
+
+def structured_layouts(p: int, d: int, per_node: int) -> list[dict[Block, int]]:
+    """Block -> node for every tiling of the (replica, stage) grid into nodes of
+    ``per_node`` blocks: a tile is ``a`` stages of ``b`` replicas (a x b = per_node, a
+    dividing p, b dividing d), stages taken in pipeline order or in BPipe's pair order.
+    Megatron's layout (a = 1: replicas of one stage together) and BPipe's pair-adjacent one
+    (b = 1, pair order) are among them. Cheap at any cluster size."""
+    layouts = []
+    for order in (list(range(p)), pair_order(p)):
+        for a in range(1, min(per_node, p) + 1):
+            b = per_node // a
+            if a * b != per_node or p % a or d % b:
+                continue
+            assigned: dict[Block, int] = {}
+            node = 0
+            for first_stage in range(0, p, a):
+                for first_replica in range(0, d, b):
+                    for pp in order[first_stage : first_stage + a]:
+                        for dp in range(first_replica, first_replica + b):
+                            assigned[(dp, pp)] = node
+                    node += 1
+            layouts.append(assigned)
+    if not layouts:  # per_node fits no tiling (it does not divide p x d evenly): row order
+        flat = [(dp, pp) for dp in range(d) for pp in range(p)]
+        layouts.append({blk: i // per_node for i, blk in enumerate(flat)})
+    return layouts
+
+
+def _node_map(placement: Placement) -> dict[Block, int]:
+    """Block -> node of an existing placement."""
+    out: dict[Block, int] = {}
+    for rank, (dp, pp, _) in enumerate(placement.coords):
+        out.setdefault((dp, pp), rank // placement.gpus_per_node)
+    return out
+
+
+def _edges(p: int, d: int, weights: PlacementWeights) -> list[Edge]:
+    edges: list[Edge] = []
     for dp in range(d):
         for pp in range(p - 1):
             edges.append(((dp, pp), (dp, pp + 1), weights.pipeline_hop))
@@ -91,40 +184,30 @@ def optimize_placement(
     for pp in range(p):
         for dp in range(d - 1):
             edges.append(((dp, pp), (dp + 1, pp), weights.data_ring))
-    scale = max((w for _, _, w in edges), default=1.0) or 1.0
-    cost = []
-    for a, b, w in edges:
-        same = model.new_bool_var(f"same_{a}_{b}")
-        model.add(node[a] == node[b]).only_enforce_if(same)
-        cost.append(round(1000 * w / scale) * (1 - same))
-    model.minimize(sum(cost))
-    # Start from the standard order (replicas after one another) so any answer beats it.
-    for index, b in enumerate(sorted(blocks, key=lambda b: (b[0], b[1]))):
-        model.add_hint(node[b], min(nodes - 1, index // per_node))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = os.cpu_count() or 1
-    solver.parameters.random_seed = seed
-    code = solver.solve(model)
-    if code in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):  # pragma: no cover - a bug
-        raise StagewrightError(f"placement: the model is {solver.status_name(code)}")
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return PlacementResult(None, "timed out", math.nan)
-    status = "optimal" if code == cp_model.OPTIMAL else "feasible"
-    raw = {b: solver.value(node[b]) for b in blocks}
-    # Nodes are interchangeable: number them by the first block they hold, for reading.
-    first_block = {n: min(blk for blk in blocks if raw[blk] == n) for n in set(raw.values())}
+    return edges
+
+
+def _crossing(assigned: dict[Block, int], edges: list[Edge]) -> float:
+    """Bytes per step between blocks on different nodes."""
+    return sum(w for one, two, w in edges if assigned[one] != assigned[two])
+
+
+def _layout(
+    t: int, p: int, d: int, gpus_per_node: int, nodes: int, raw: dict[Block, int]
+) -> Placement:
+    """Ranks from a block -> node map: nodes numbered by the first block they hold (they are
+    interchangeable), blocks inside a node by replica then pair order, tensor ranks
+    fastest."""
+    first_block: dict[int, Block] = {}
+    for blk in sorted(raw):
+        first_block.setdefault(raw[blk], blk)
     renumber = {n: i for i, n in enumerate(sorted(first_block, key=first_block.__getitem__))}
-    assigned = {blk: renumber[n] for blk, n in raw.items()}
     order = {stage: i for i, stage in enumerate(pair_order(p))}
+    members: list[list[Block]] = [[] for _ in range(nodes)]
+    for blk, n in raw.items():
+        members[renumber[n]].append(blk)
     coords: list[tuple[int, int, int]] = []
-    for n in range(nodes):
-        members = sorted(
-            (blk for blk in blocks if assigned[blk] == n),
-            key=lambda blk: (blk[0], order[blk[1]]),
-        )
-        for dp, pp in members:
+    for held in members:
+        for dp, pp in sorted(held, key=lambda blk: (blk[0], order[blk[1]])):
             coords.extend((dp, pp, tp) for tp in range(t))
-    crossing = sum(w for one, two, w in edges if assigned[one] != assigned[two])
-    placement = Placement(t, p, d, gpus_per_node, "optimized", tuple(coords))
-    return PlacementResult(placement, status, crossing)
+    return Placement(t, p, d, gpus_per_node, "optimized", tuple(coords))

@@ -96,7 +96,6 @@ def refine_plan(
     modes = tuple(sorted(request.search.recompute, key=_ORDER.__getitem__))
     refined: list[Refined] = []
     notes: list[str] = []
-    unplaced: set[tuple[int, int, int, str]] = set()
     for est in _pick(feasible, over_memory, capacity):
         coarse = est.config
         remaining = budget - (time.perf_counter() - started)
@@ -106,7 +105,7 @@ def refine_plan(
             )
             continue
         key = (coarse.t, coarse.p, coarse.d, coarse.schedule)
-        if key not in ctx.placements and key not in unplaced:
+        if key not in ctx.placements:
             limit = min(1.0, remaining / 2)
             result = optimize_placement(
                 coarse.t,
@@ -116,14 +115,17 @@ def refine_plan(
                 _placement_weights(ctx, coarse),
                 time_limit_s=limit,
             )
-            if result.placement is None:
-                unplaced.add(key)
-                notes.append(
-                    f"cpsat: placement of {_describe(coarse)}: no assignment within "
-                    f"{limit:.2g} s ({result.status}); the default layout is kept"
+            ctx.placements[key] = result.placement
+            if result.status in ("too large", "timed out"):
+                why = (
+                    "the CP-SAT model would be too large for this cluster"
+                    if result.status == "too large"
+                    else f"CP-SAT found no layout within {limit:.2g} s"
                 )
-            else:
-                ctx.placements[key] = result.placement
+                notes.append(
+                    f"cpsat: placement of {_describe(coarse)}: {why}; the best structured "
+                    f"layout (tiles of stages x replicas per node) is used"
+                )
         fits = est.peak_memory <= capacity
         uniform = price(ctx, coarse) if fits else None
         outcome = refine(
