@@ -46,11 +46,14 @@ def collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        collect = False
         with _lock:
             _depth -= 1
             if _depth == 0:
                 if _was_enabled:
                     gc.enable()
             elif _was_enabled and time.monotonic() - _collected_at > MAX_PAUSE_S:
-                gc.collect()
+                collect = True
                 _collected_at = time.monotonic()
+        if collect:  # outside the lock: finalizers it runs may start a search themselves
+            gc.collect()

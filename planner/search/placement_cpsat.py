@@ -143,7 +143,8 @@ def structured_layouts(p: int, d: int, per_node: int) -> list[dict[Block, int]]:
     ``per_node`` blocks: a tile is ``a`` stages of ``b`` replicas (a x b = per_node, a
     dividing p, b dividing d), stages taken in pipeline order or in BPipe's pair order.
     Megatron's layout (a = 1: replicas of one stage together) and BPipe's pair-adjacent one
-    (b = 1, pair order) are among them. Cheap at any cluster size."""
+    (b = 1, pair order) are among them when the sizes divide. Cheap at any cluster size.
+    Empty when no tiling fits; :func:`optimize_placement` prices the default layouts too."""
     layouts = []
     for order in (list(range(p)), pair_order(p)):
         for a in range(1, min(per_node, p) + 1):
@@ -159,9 +160,6 @@ def structured_layouts(p: int, d: int, per_node: int) -> list[dict[Block, int]]:
                             assigned[(dp, pp)] = node
                     node += 1
             layouts.append(assigned)
-    if not layouts:  # per_node fits no tiling (it does not divide p x d evenly): row order
-        flat = [(dp, pp) for dp in range(d) for pp in range(p)]
-        layouts.append({blk: i // per_node for i, blk in enumerate(flat)})
     return layouts
 
 

@@ -14,9 +14,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from planner.costmodel.evaluate import Estimate, PlanContext, Priced, price, stage_costs
+from planner.costmodel.evaluate import (
+    Estimate,
+    PlanContext,
+    Priced,
+    placement_for,
+    price,
+    stage_costs,
+)
 from planner.costmodel.memory import GIB, bytes_per_parameter
 from planner.costmodel.timing import p2p_bytes
+from planner.placement import Placement
 from planner.schedules import ActionKind, generate
 from planner.search.cpsat import RefineOptions, check, refine
 from planner.search.placement_cpsat import PlacementWeights, optimize_placement
@@ -82,6 +90,23 @@ def _placement_weights(ctx: PlanContext, config: CandidateConfig) -> PlacementWe
     return PlacementWeights(pipeline_hop=hop, bpipe_pair=pair, data_ring=ring)
 
 
+def keep_if_faster(ctx: PlanContext, config: CandidateConfig, optimized: Placement) -> bool:
+    """Record the placement the (t, p, d, schedule) of ``config`` uses from now on: the
+    optimized one if the cost model prices the step faster with it, else the default. The
+    optimizer counts bytes across nodes; the step time sees links more coarsely (one slow hop
+    slows the whole pipeline, a ring is fast only if it stays in a node), so fewer bytes can
+    still price slower. Returns whether the optimized placement was kept."""
+    key = (config.t, config.p, config.d, config.schedule)
+    ctx.placements.pop(key, None)
+    default = placement_for(config, ctx.request.cluster.gpus_per_node)
+    default_s = price(ctx, config).iteration_time_s
+    ctx.placements[key] = optimized
+    if price(ctx, config).iteration_time_s < default_s:
+        return True
+    ctx.placements[key] = default
+    return False
+
+
 def refine_plan(
     ctx: PlanContext,
     request: PlanRequest,
@@ -115,17 +140,19 @@ def refine_plan(
                 _placement_weights(ctx, coarse),
                 time_limit_s=limit,
             )
-            ctx.placements[key] = result.placement
+            kept = keep_if_faster(ctx, coarse, result.placement)
             if result.status in ("too large", "timed out"):
                 why = (
                     "the CP-SAT model would be too large for this cluster"
                     if result.status == "too large"
                     else f"CP-SAT found no layout within {limit:.2g} s"
                 )
-                notes.append(
-                    f"cpsat: placement of {_describe(coarse)}: {why}; the best structured "
-                    f"layout (tiles of stages x replicas per node) is used"
+                outcome_text = (
+                    "the best structured layout (tiles of stages x replicas per node) is used"
+                    if kept
+                    else "the default layout is kept (no structured one prices faster)"
                 )
+                notes.append(f"cpsat: placement of {_describe(coarse)}: {why}; {outcome_text}")
         fits = est.peak_memory <= capacity
         uniform = price(ctx, coarse) if fits else None
         outcome = refine(
