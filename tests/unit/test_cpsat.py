@@ -338,3 +338,19 @@ def price_with(ctx, config, placement) -> float:
             ctx.placements.pop(key)
         else:
             ctx.placements[key] = saved
+
+
+def test_a_cpsat_plan_notes_a_placement_that_timed_out(monkeypatch):
+    import planner.search.refinement as refinement
+    from planner.placement import place
+    from planner.search.placement_cpsat import PlacementResult
+
+    def timed_out(t, p, d, gpus_per_node, weights, **options):
+        return PlacementResult(place(t, p, d, gpus_per_node), "timed out", float("nan"))
+
+    monkeypatch.setattr(refinement, "optimize_placement", timed_out)
+    result = plan(_request("gpt3-96b-32xa100.json", "cpsat"))
+    notes = [n for c in result.candidates for n in c.notes]
+    assert any(
+        "CP-SAT found no layout within" in n and "default layout is kept" in n for n in notes
+    )
