@@ -98,10 +98,8 @@ def predicted_activation_bytes(
     data: dict[str, Any], store: ProfileStore | None = None
 ) -> list[float]:
     """The planner's saved-activation peak per pipeline device for an executor config."""
-    store = store or default_store()
     request, config = _request_and_config(data)
-    hardware = store.hardware(request.cluster.gpu)
-    ctx = PlanContext(request, hardware, list(store.layer_points(hardware.name)))
+    ctx = PlanContext.from_store(request, store or default_store())
     costs = stage_costs(ctx, config)
     memory, _ = device_memory(ctx, config, costs)
     return [m.activations for m in memory]

@@ -7,11 +7,12 @@ silently ignored setting. Messages say what to change.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "DEFAULT_MICRO_BATCH_SIZES",
     "SCHEDULES",
     "Candidate",
     "CandidateConfig",
@@ -40,16 +41,8 @@ Precision = Literal["bf16", "fp16", "fp32"]
 SolverStatus = Literal["optimal", "feasible", "timed out", "infeasible"]
 Recompute = Literal["none", "selective", "full"]
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw"]
-SCHEDULES: tuple[str, ...] = (
-    "gpipe",
-    "1f1b",
-    "interleaved",
-    "bpipe",
-    "v-min",
-    "v-half",
-    "v-zb",
-    "2bw",
-)
+SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
+DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)  # searched when a request gives none
 
 
 class _Spec(BaseModel):
@@ -173,7 +166,7 @@ class PlanRequest(_Spec):
 
     @model_validator(mode="after")
     def _batch_can_be_split(self) -> PlanRequest:
-        sizes = self.search.micro_batch_sizes or [1, 2, 4, 8]
+        sizes = self.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
         batch = self.training.global_batch_size
         gpus = self.cluster.num_gpus
         data_degrees = [d for d in range(1, gpus + 1) if gpus % d == 0]

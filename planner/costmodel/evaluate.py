@@ -26,6 +26,7 @@ from planner.costmodel.memory import (
     layer_parameters,
     output_activation_bytes,
     recompute_working_bytes,
+    stored_bytes_per_parameter,
 )
 from planner.costmodel.timing import (
     ROOFLINE_EFFICIENCY,
@@ -34,8 +35,8 @@ from planner.costmodel.timing import (
     p2p_bytes,
     tensor_parallel_seconds,
 )
-from planner.placement import Assignment, Placement, place
-from planner.profiles import HardwareProfile, LayerPoint, Link
+from planner.placement import Assignment, Placement, pair_order, place
+from planner.profiles import HardwareProfile, LayerPoint, Link, ProfileStore
 from planner.schedules import generate, looped_placement, v_placement
 from planner.schedules._engine import CompiledSchedule, compile_schedule
 from planner.schedules._inflight import InflightProfile, inflight_profile, peak_from_profile
@@ -108,17 +109,11 @@ def _split_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
     base, extra = divmod(num_layers, stages)
     if extra == 0:
         return (base,) * stages
-    # ``stages - extra`` stages get ``base``: the first and last first, then from the ends in.
+    # ``stages - extra`` stages get ``base``: the first and last first, then from the ends in
+    # (the same 0, n-1, 1, n-2, ... order that pairs BPipe's stages).
     light = stages - extra
-    order = []
-    low, high = 0, stages - 1
-    while low <= high:
-        order.append(low)
-        if high != low:
-            order.append(high)
-        low, high = low + 1, high - 1
     counts = [base + 1] * stages
-    for stage in order[:light]:
+    for stage in pair_order(stages)[:light]:
         counts[stage] = base
     if base == 0 and any(c == 0 for c in counts[1:-1]):
         return None
@@ -134,6 +129,12 @@ class PlanContext:
     points: list[LayerPoint]
     placements: dict[tuple[int, int, int, str], Placement] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str], LayerTimes] = field(default_factory=dict)
+
+    @classmethod
+    def from_store(cls, request: PlanRequest, store: ProfileStore) -> PlanContext:
+        """The context of ``request`` with the hardware and layer points ``store`` holds."""
+        hardware = store.hardware(request.cluster.gpu)
+        return cls(request, hardware, list(store.layer_points(hardware.name)))
 
     def layer(self, micro_batch: int, t: int, recompute: Recompute) -> LayerTimes:
         key = (micro_batch, t, recompute)
@@ -408,9 +409,7 @@ def device_memory(
     some device already exceed ``capacity`` the schedule is not built: activations are left
     at zero (the numbers are then a lower bound) and the flag is False."""
     r = ctx.request
-    weight_b, grad_b, opt_b = bytes_per_parameter(r.training, config.d)
-    if config.schedule == "2bw":
-        weight_b *= 2  # the stashed second version (PipeDream-2BW §3.1)
+    weight_b, grad_b, opt_b = stored_bytes_per_parameter(r.training, config.d, config.schedule)
     per_param = weight_b + grad_b + opt_b
     by_device = stages_by_device(config.schedule, config.p)
     params = _device_sums(costs.parameters, by_device)
@@ -494,6 +493,8 @@ class Estimate:
     iteration_time_s: float
     busy_s: float
     activations_counted: bool = True
+    data_parallel_s: float = 0.0  # gradient synchronisation, once per step
+    optimizer_s: float = 0.0  # the optimizer step
 
     @property
     def peak_memory(self) -> float:
@@ -516,17 +517,9 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
     stage_time = sum(per_device) / config.p
     idle = _IDLE_VS_1F1B[config.schedule] * (config.p - 1) * (stage_time + 2 * costs.p2p_s)
     params = max(_device_sums(costs.parameters, by_device))
-    total = (
-        busy
-        + idle
-        + _data_parallel_seconds(ctx, config, params)
-        + _optimizer_seconds(ctx, config, params)
-    )
-    return Estimate(config, costs, memory, total, busy, counted)
-
-
-def _stages_on(config: CandidateConfig, device: int) -> tuple[int, ...]:
-    return stages_by_device(config.schedule, config.p)[device]
+    dp = _data_parallel_seconds(ctx, config, params)
+    opt = _optimizer_seconds(ctx, config, params)
+    return Estimate(config, costs, memory, busy + idle + dp + opt, busy, counted, dp, opt)
 
 
 @dataclass(frozen=True)
@@ -597,9 +590,7 @@ def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
         shorter = _timing_schedule(config.schedule, config.p, simulated - step)
         slope = (makespan - simulate(shorter, durations, track_memory=False).makespan) / step
         makespan += (m - simulated) * slope
-    params = max(sum(costs.parameters[s] for s in _stages_on(config, d)) for d in range(config.p))
-    dp = _data_parallel_seconds(ctx, config, params)
-    opt = _optimizer_seconds(ctx, config, params)
+    dp, opt = est.data_parallel_s, est.optimizer_s
     iteration = makespan + dp + opt
     batches = schedule.schedule.num_batches
     busy = m * max(d.busy for d in result.devices) / (simulated * batches)

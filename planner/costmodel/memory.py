@@ -61,6 +61,15 @@ def bytes_per_parameter(training: TrainingSpec, data_parallel: int) -> tuple[flo
     return weight, grad, optimizer
 
 
+def stored_bytes_per_parameter(
+    training: TrainingSpec, data_parallel: int, schedule: str
+) -> tuple[float, float, float]:
+    """:func:`bytes_per_parameter` of a schedule: 2BW keeps a second version of the weights
+    (PipeDream-2BW §3.1)."""
+    weight, grad, optimizer = bytes_per_parameter(training, data_parallel)
+    return (2 * weight if schedule == "2bw" else weight), grad, optimizer
+
+
 def activation_bytes_per_layer(
     model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, recompute: Recompute
 ) -> float:

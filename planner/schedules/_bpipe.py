@@ -26,6 +26,7 @@ import math
 
 from planner.schedules._basic import interleaved, one_f_one_b, require
 from planner.schedules._engine import compile_schedule, run_timing
+from planner.schedules._inflight import saved_peak
 from planner.schedules._ir import Action, ActionKind, Schedule
 
 __all__ = ["bpipe", "bpipe_mu_opt", "plan_transfers"]
@@ -51,13 +52,7 @@ def plan_transfers(
     key = [(a.stage, a.microbatch) for a in compute]
     is_f = [a.kind is F for a in compute]
     frees = [a.kind is BW or a.kind is ActionKind.W for a in compute]  # ends the activation
-    level = plain_peak = 0
-    for i in range(n):
-        if is_f[i]:
-            level += 1
-            plain_peak = max(plain_peak, level)
-        if frees[i]:
-            level -= 1
+    plain_peak = saved_peak(compute)  # counts every forward, whatever its stage
     if plain_peak <= capacity:
         # Never over capacity without transfers: the loop below would plan none (a device
         # in the acceptor half, or a short run), so skip it.

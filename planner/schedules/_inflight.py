@@ -40,15 +40,16 @@ def inflight_profile(schedule: Schedule) -> InflightProfile:
     for device, row in enumerate(schedule.actions):
         stages = sorted({a.stage for a in row if a.kind in _TRACKED})
         if len(stages) == 1 and not any(a.kind in _TRANSFERS for a in row):
-            profile.append([{stages[0]: _single_stage_peak(row)}])
+            profile.append([{stages[0]: saved_peak(row)}])
             continue
         seen = _moments(row, stages, stage_devices, device)
         profile.append([{stages[i]: c for i, c in enumerate(v) if c} for v in _pareto(seen)])
     return profile
 
 
-def _single_stage_peak(row: Sequence[Action]) -> int:
-    """Peak of a device with one stage and no transfers: forwards minus finished frees."""
+def saved_peak(row: Sequence[Action]) -> int:
+    """Peak saved micro-batches of an action list without transfers, every forward counted
+    alike (one stage's, or all stages' as one): forwards minus finished frees."""
     level = peak = 0
     pending = 0
     for action in row:

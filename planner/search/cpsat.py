@@ -40,9 +40,9 @@ from planner.costmodel.evaluate import (
 from planner.costmodel.memory import (
     GIB,
     activation_bytes_per_layer,
-    bytes_per_parameter,
     layer_parameters,
     recompute_working_bytes,
+    stored_bytes_per_parameter,
 )
 from planner.specs import CandidateConfig, Recompute, RecomputeSplit, SolverStatus
 
@@ -134,9 +134,7 @@ def _data(
         for f, b, w in zip(base.forward, base.backward, base.weight, strict=True)
     ]
     extra_act = [round(a / _KIB) for a in base.activation_bytes]
-    weight_b, grad_b, opt_b = bytes_per_parameter(r.training, coarse.d)
-    if coarse.schedule == "2bw":
-        weight_b *= 2
+    weight_b, grad_b, opt_b = stored_bytes_per_parameter(r.training, coarse.d, coarse.schedule)
     per_param = weight_b + grad_b + opt_b
     layer_static = round(layer_parameters(r.model) / coarse.t * per_param / _KIB)
     extra_static = [round(p * per_param / _KIB) for p in base.parameters]

@@ -35,6 +35,7 @@ from planner.launch import executor_config, megatron_args, torch_pipelining_csv,
 from planner.profiles import ProfileStore, default_store
 from planner.schedules import Schedule, generate
 from planner.specs import (
+    DEFAULT_MICRO_BATCH_SIZES,
     Candidate,
     CandidateConfig,
     LandscapePoint,
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
     from planner.search.refinement import Refined
 
 __all__ = ["DEFAULT_MICRO_BATCH_SIZES", "plan"]
-
-DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -164,10 +163,9 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
 
 def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     started = time.perf_counter()
-    store = store or default_store()
-    hardware = store.hardware(request.cluster.gpu)
+    ctx = PlanContext.from_store(request, store or default_store())
+    hardware = ctx.hardware
     hardware.peak(request.training.precision)  # fails early for bf16 on a V100
-    ctx = PlanContext(request, hardware, list(store.layer_points(hardware.name)))
     capacity = hardware.usable_memory_gib * GIB
     rejected: list[Rejected] = []
     feasible: list[Estimate] = []

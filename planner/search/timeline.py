@@ -20,9 +20,7 @@ def candidate_timeline(
     its own per-stage durations: ``devices[d].actions`` are [kind, stage, micro-batch,
     start s, end s]; bookkeeping markers (SEND/RECV, version switches, mirrors) are left
     out."""
-    store = store or default_store()
-    hardware = store.hardware(request.cluster.gpu)
-    ctx = PlanContext(request, hardware, list(store.layer_points(hardware.name)))
+    ctx = PlanContext.from_store(request, store or default_store())
     costs = stage_costs(ctx, config)
     schedule = generate(config.schedule, config.p, config.num_microbatches, check=False)
     result = simulate(
