@@ -204,7 +204,7 @@ class Checker:
     def check(self, row: Row) -> dict[str, Any]:
         schedule, recompute = row["schedule"], row["recompute"]
         priced = price(self.context(row), config_for(row, recompute, schedule))
-        fits = self.fits(row, recompute, schedule)
+        fits = priced.estimate.peak_memory <= self.capacity  # the estimate price() made
         lighter = RECOMPUTE_ORDER[: RECOMPUTE_ORDER.index(recompute)]
         oom_lighter = None if not lighter else all(not self.fits(row, r, schedule) for r in lighter)
         oom_1f1b = None if schedule != "bpipe" else not self.fits(row, recompute, "1f1b")

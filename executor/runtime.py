@@ -179,7 +179,6 @@ class _Ledger:
         self.level = 0
         self.peak = 0
         self.remote: dict[tuple[int, int], int] = {}  # bytes held for a pair rank
-        self.microbatch_bytes: dict[int, int] = {}
 
     def hooks(self, key: tuple[int, int]) -> Any:
         tensors = self.tensors.setdefault(key, [])
@@ -228,12 +227,19 @@ class _Ledger:
         self.level -= self.bytes_of(key)
         self.tensors[key] = [None] * len(self.tensors[key])
 
-    def restore(self, key: tuple[int, int], flat: Tensor, like: list[Tensor]) -> None:
+    def layout(self, key: tuple[int, int]) -> list[tuple[torch.Size, torch.dtype]]:
+        """Shape and dtype of each saved tensor of ``key``: what :meth:`restore` needs to
+        rebuild them, without keeping the tensors (and their memory) alive."""
+        return [(t.shape, t.dtype) for t in self.tensors[key] if t is not None]
+
+    def restore(
+        self, key: tuple[int, int], flat: Tensor, layout: list[tuple[torch.Size, torch.dtype]]
+    ) -> None:
         out: list[Tensor | None] = []
         offset = 0
-        for ref in like:
-            n = ref.numel()
-            out.append(flat[offset : offset + n].view(ref.shape).to(ref.dtype))
+        for shape, dtype in layout:
+            n = shape.numel()
+            out.append(flat[offset : offset + n].view(shape).to(dtype))
             offset += n
         self.tensors[key] = out
         self._add(self.bytes_of(key))
@@ -305,9 +311,6 @@ class Runtime:
                     self.dp_ranks = ranks
         return TensorParallel(config.t, self.tp_rank, tp_group)
 
-    def peer(self, stage: int) -> int:
-        return self.config.rank_of(self.dp, self.config.schedule.stage_devices[stage], self.tp_rank)
-
     def _tag(self, kind: ActionKind, stage: int, mb: int) -> int:
         return (mb * self.config.schedule.num_stages + stage) * 4 + _TAG[kind]
 
@@ -336,7 +339,7 @@ class Runtime:
         received: dict[tuple[ActionKind, int, int], tuple[Any, Tensor]] = {}
         sends: list[Any] = []
         copies: list[list[Any]] = []  # [compute actions to pass, work, on_done]
-        evicted_like: dict[tuple[int, int], list[Tensor]] = {}
+        evicted_like: dict[tuple[int, int], list[tuple[torch.Size, torch.dtype]]] = {}
         loads: dict[tuple[int, int], tuple[Any, Tensor]] = {}
         remote: dict[tuple[int, int], tuple[Any, Tensor]] = {}
         losses: list[float] = []
@@ -393,14 +396,14 @@ class Runtime:
                     self._optimizer_step(action)
                 busy += time.perf_counter() - began
             elif kind is K.SEND_F:
-                dst = self.peer(s + 1)
+                dst = self._pair(action)
                 sends.append(self._isend(outputs[key].detach(), dst, self._tag(kind, s + 1, k)))
             elif kind is K.SEND_B:
-                dst = self.peer(s - 1)
+                dst = self._pair(action)
                 sends.append(self._isend(grad_in.pop(key), dst, self._tag(kind, s - 1, k)))
             elif kind in (K.RECV_F, K.RECV_B):
                 buf = torch.empty(shape, device=self.device)
-                src = self.peer(s - 1) if kind is K.RECV_F else self.peer(s + 1)
+                src = self._pair(action)
                 received[(kind, s, k)] = (dist.irecv(buf, src, tag=self._tag(kind, s, k)), buf)
             elif kind is K.WEIGHT_VERSION:
                 assert action.version is not None
@@ -408,11 +411,11 @@ class Runtime:
             elif kind is K.EVICT:
                 if config.schedule.stage_devices[s] == self.pp:
                     flat = ledger.flatten(key)
-                    evicted_like[key] = [t for t in ledger.tensors[key] if t is not None]
+                    evicted_like[key] = ledger.layout(key)
                     work = self._isend(flat, self._pair(action), self._tag(kind, s, k))
                     copies.append([2, work, lambda key=key: ledger.drop_local(key)])
                 else:
-                    size = self._saved_numel(s)
+                    size = self.saved_numel[s]  # learnt at start-up (exchange_sizes)
                     buf = torch.empty(size, device=self.device)
                     remote[key] = (
                         dist.irecv(buf, self._pair(action), tag=self._tag(kind, s, k)),
@@ -421,8 +424,8 @@ class Runtime:
                     ledger.hold_remote(key, size * 4)
             elif kind is K.LOAD:
                 if config.schedule.stage_devices[s] == self.pp:
-                    like = evicted_like[key]
-                    buf = torch.empty(sum(t.numel() for t in like), device=self.device)
+                    layout = evicted_like[key]
+                    buf = torch.empty(sum(shape.numel() for shape, _ in layout), device=self.device)
                     loads[key] = (
                         dist.irecv(buf, self._pair(action), tag=self._tag(kind, s, k)),
                         buf,
@@ -656,11 +659,6 @@ class Runtime:
     def _pair(self, action: Action) -> int:
         assert action.peer is not None
         return self.config.rank_of(self.dp, action.peer, self.tp_rank)
-
-    def _saved_numel(self, stage: int) -> int:
-        """Elements of one micro-batch's saved activations of a stage held by the pair rank
-        (all ranks learn every stage's size at start-up, :meth:`exchange_sizes`)."""
-        return self.saved_numel[stage]
 
     def exchange_sizes(self) -> None:
         """Probe one forward per owned stage to learn how many elements its saved
