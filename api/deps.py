@@ -19,8 +19,6 @@ from api.security import bearer_scheme
 
 __all__ = [
     "AppState",
-    "MetricsDep",
-    "RunnerDep",
     "SessionDep",
     "SettingsDep",
     "StateDep",
@@ -54,19 +52,9 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_runner(request: Request) -> JobRunner:
-    return get_state(request).runner
-
-
-def get_metrics(request: Request) -> Metrics:
-    return get_state(request).metrics
-
-
 StateDep = Annotated[AppState, Depends(get_state)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
-RunnerDep = Annotated[JobRunner, Depends(get_runner)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 # Declares the bearer scheme on write operations (OpenAPI); WriteAuthMiddleware enforces it.
 WRITE = [Security(bearer_scheme)]

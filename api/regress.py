@@ -98,13 +98,14 @@ def _summary(result: Plan) -> dict[str, Any] | None:
 def check_baseline(data: dict[str, Any], tolerance_pct: float | None = None) -> list[Outcome]:
     """Re-plan every scenario and compare it with what the baseline recorded."""
     outcomes = []
-    default_tolerance = (
-        tolerance_pct if tolerance_pct is not None else float(data.get("tolerance_pct", 1.0))
-    )
+    default_tolerance = float(data.get("tolerance_pct", 1.0))
     for scenario in data["scenarios"]:
-        tolerance = float(scenario.get("tolerance_pct", default_tolerance))
-        if tolerance_pct is not None:
-            tolerance = tolerance_pct
+        # A tolerance given on the command line overrides the scenario's own.
+        tolerance = (
+            tolerance_pct
+            if tolerance_pct is not None
+            else float(scenario.get("tolerance_pct", default_tolerance))
+        )
         now = _summary(plan(PlanRequest.model_validate(scenario["request"])))
         expected = scenario.get("expected")
         outcomes.append(_compare(scenario, expected, now, tolerance))

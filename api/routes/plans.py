@@ -199,7 +199,7 @@ def _submit(state: AppState, body: PlanRequest) -> _Submission:
                 job = crud.job_for_plan(session=session, plan_id=existing.id)
             return _Submission(existing.id, job.id if job else None, created=False)
         metrics.cache(hit=False)
-        queued = crud.count_jobs(session=session)["queued"]
+        queued = crud.count_queued(session=session)
         if queued >= settings.max_queued_jobs:
             raise ApiProblem(
                 503,
@@ -224,8 +224,12 @@ def _submit(state: AppState, body: PlanRequest) -> _Submission:
 
 
 def _status(state: AppState, plan_id: str) -> str:
+    """Polled while a request waits: reads the status column only."""
     with state.database.session() as session:
-        return _load(session, plan_id).status
+        status = crud.plan_status(session=session, plan_id=plan_id)
+    if status is None:
+        raise _not_found(plan_id)
+    return status
 
 
 async def _await(state: AppState, submission: _Submission, wait_s: float) -> None:

@@ -23,11 +23,13 @@ __all__ = [
     "Claimed",
     "claim_job",
     "count_jobs",
+    "count_queued",
     "create_measurement",
     "create_plan",
     "find_plan_by_hash",
     "finish_job",
     "get_plan",
+    "plan_status",
     "heartbeat",
     "job_for_plan",
     "list_measurements",
@@ -98,6 +100,12 @@ def get_plan(*, session: Session, plan_id: str) -> PlanRecord | None:
     return session.get(PlanRecord, plan_id)
 
 
+def plan_status(*, session: Session, plan_id: str) -> str | None:
+    """The status of a plan alone, without loading its (possibly megabytes of) result."""
+    status = session.scalar(select(PlanRecord.status).where(PlanRecord.id == plan_id))
+    return None if status is None else str(status)
+
+
 def find_plan_by_hash(*, session: Session, request_hash: str) -> PlanRecord | None:
     """The plan answering this request: a finished one if any, else one still in progress
     (newest first); failed plans are not reused."""
@@ -149,6 +157,11 @@ def _listing_columns() -> Any:
 
 def job_for_plan(*, session: Session, plan_id: str) -> Job | None:
     return session.scalar(select(Job).where(Job.plan_id == plan_id).limit(1))
+
+
+def count_queued(*, session: Session) -> int:
+    """Jobs waiting for a worker (counts one status, not the whole table)."""
+    return int(session.scalar(select(func.count()).where(Job.status == "queued")) or 0)
 
 
 def count_jobs(*, session: Session) -> dict[str, int]:

@@ -87,10 +87,6 @@ class WriteReport:
     def add(self, outcome: str) -> None:
         setattr(self, outcome, getattr(self, outcome) + 1)
 
-    @property
-    def changed(self) -> bool:
-        return bool(self.created or self.updated)
-
 
 class SqlProfileStore:
     """``planner.profiles.ProfileStore`` backed by SQL. Each call opens a short session of
