@@ -151,9 +151,6 @@ def write_profiles(
             report=report,
         )
         report.add(outcome)
-        row = get_hardware(session=session, name=link.gpu)
-        if row is not None:
-            report.revisions.setdefault(link.gpu, row.revision)
     session.commit()
     if not report.created:
         response.status_code = 200

@@ -207,6 +207,17 @@ def _point(row: LayerProfile) -> LayerPoint:
     )
 
 
+def _record(session: Session, gpu: str, outcome: str, report: WriteReport) -> None:
+    """Report the revision a write leaves ``gpu`` at: raised once per write if this entry
+    changed, else the current one."""
+    if outcome != "unchanged":
+        _bump(session, gpu, report)
+        return
+    hw = session.get(Hardware, gpu)
+    if hw is not None:
+        report.revisions.setdefault(gpu, hw.revision)
+
+
 def _bump(session: Session, gpu: str, report: WriteReport) -> None:
     row = session.get(Hardware, gpu)
     if row is None:  # pragma: no cover - callers check the hardware exists first
@@ -329,8 +340,7 @@ def upsert_link(
         outcome = "created"
     else:
         outcome = _replace(row, values, origin, now, keep_api_rows)
-    if outcome != "unchanged":
-        _bump(session, gpu, report)
+    _record(session, gpu, outcome, report)
     session.flush()
     return outcome
 
@@ -355,12 +365,7 @@ def upsert_layer_point(
         outcome = "created"
     else:
         outcome = _replace(row, values, origin, now, keep_api_rows)
-    if outcome != "unchanged":
-        _bump(session, point.gpu, report)
-    else:
-        hw = session.get(Hardware, point.gpu)
-        if hw is not None:
-            report.revisions.setdefault(point.gpu, hw.revision)
+    _record(session, point.gpu, outcome, report)
     session.flush()
     report.add(outcome)
     return outcome
