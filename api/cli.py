@@ -18,7 +18,7 @@ from rich.console import Console
 from api.cli_executor import add_executor_commands
 from api.cli_regress import add_regress_command
 from api.render import render_plan
-from planner.errors import StagewrightError
+from planner.errors import StagewrightError, validation_problems
 from planner.schedules import SCHEDULE_NAMES, format_timeline, generate
 from planner.search import plan
 from planner.simulate import Durations, SimulationResult, simulate
@@ -223,11 +223,9 @@ def _read_request(path: str) -> PlanRequest:
     try:
         return PlanRequest.model_validate_json(text)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'request'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise StagewrightError(f"{path} is not a valid plan request: {problems}") from None
+        raise StagewrightError(
+            f"{path} is not a valid plan request: {validation_problems(exc)}"
+        ) from None
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from planner.profiles import LayerPoint
+from planner.costmodel.parameters import check_parameter_values
+from planner.profiles import CalibrationRecord, LayerPoint
 from planner.specs import CandidateConfig, Plan, PlanStats, Precision, Predicted, Recompute
 from planner.specs import ScheduleName as ScheduleName
 
@@ -112,6 +113,18 @@ class HardwareIn(_ApiModel):
     intra_node: LinkSpec = Field(description="Link between devices of one node.")
     inter_node: LinkSpec = Field(description="Link between nodes, per device.")
     source: Note = Field(default="", description="Where the numbers come from.")
+    parameters: dict[Annotated[str, Field(max_length=64)], float] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="Overrides of the cost model's free parameters, {name: value}; each name "
+        "must be a registered parameter (e.g. 'roofline_efficiency') and each value within "
+        "its bounds. Parameters not named keep their defaults.",
+    )
+
+    @field_validator("parameters")
+    @classmethod
+    def _known_parameters(cls, value: dict[str, float]) -> dict[str, float]:
+        return check_parameter_values(value)
 
     @model_validator(mode="after")
     def _usable_fits(self) -> HardwareIn:
@@ -129,6 +142,11 @@ class HardwarePublic(HardwareIn):
     revision: int = Field(description="Goes up on every change to the profile or its points.")
     origin: Origin = Field(description="'bundled' (from profiles/) or 'api' (posted).")
     updated_at: datetime
+    calibration: CalibrationRecord | None = Field(
+        default=None,
+        description="How the parameters were fitted to measured runs (stagewright calibrate), "
+        "or null when they were not.",
+    )
 
 
 class LayerPointIn(_ApiModel):

@@ -7,11 +7,14 @@ once, at their boundary; nothing below them prints or exits.
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 __all__ = [
     "InvalidScheduleError",
     "ScheduleConfigError",
     "SimulationError",
     "StagewrightError",
+    "validation_problems",
 ]
 
 
@@ -41,3 +44,12 @@ class InvalidScheduleError(StagewrightError):
 
 class SimulationError(StagewrightError):
     """The simulator was given durations or options it cannot use."""
+
+
+def validation_problems(exc: ValidationError, whole: str = "request") -> str:
+    """A pydantic error as one line a person can act on: every problem as
+    ``dotted.location: message``, joined by '; ' (``whole`` names a problem of the whole
+    object)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}" for err in exc.errors()
+    )

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from planner.errors import StagewrightError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.errors import StagewrightError, validation_problems
 
 __all__ = [
     "BUNDLED_PROFILES",
+    "CalibrationRecord",
     "HardwareProfile",
     "JsonProfileStore",
     "LayerPoint",
@@ -53,8 +56,51 @@ class Link:
         return self.latency_us * 1e-6 + num_bytes / (self.bandwidth_gbps * 1e9)
 
 
+class CalibrationRecord(BaseModel):
+    """How a profile's parameters were last fitted to measured runs (``planner.calibrate``).
+
+    A fit error is the root mean square of ln(predicted / measured) over the runs' measured
+    quantities: 0.10 means predictions off by about 10%."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    fitted_at: str = Field(description="When the fit ran (ISO 8601, UTC).")
+    num_runs: int = Field(ge=0, description="Measured runs the fit used.")
+    rms_log_error: float = Field(ge=0, description="Fit error after the fit.")
+    rms_log_error_before: float = Field(
+        ge=0, description="Fit error with the parameters the fit started from."
+    )
+    fitted: list[str] = Field(
+        default_factory=list, description="Parameters the runs informed and the fit set."
+    )
+    uninformed: list[str] = Field(
+        default_factory=list,
+        description="Parameters left at their value: no run's prediction depends on them.",
+    )
+    run_ids: list[int] = Field(default_factory=list, description="Store ids of the runs used.")
+    revision: int | None = Field(
+        default=None, description="The hardware revision the fit produced (None outside a store)."
+    )
+
+    @classmethod
+    def from_dict(cls, data: object) -> CalibrationRecord:
+        """The record of a profile JSON or a store row; StagewrightError saying what is
+        wrong otherwise."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise StagewrightError(
+                f"calibration record is not valid: {validation_problems(exc, 'record')}"
+            ) from None
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
+    """A device and its links. ``parameters`` overrides the cost model's free parameters
+    (``planner.costmodel.parameters``) for this device: names must be registered and values
+    within their bounds (checked here). ``calibration`` says how they were fitted, if they
+    were."""
+
     name: str
     description: str
     peak_flops: dict[str, float]
@@ -64,6 +110,45 @@ class HardwareProfile:
     intra_node: Link
     inter_node: Link
     source: str
+    parameters: Mapping[str, float] = field(default_factory=dict)
+    calibration: CalibrationRecord | None = None
+
+    def __post_init__(self) -> None:
+        # Imported here: planner.costmodel's package imports this module.
+        from planner.costmodel.parameters import ParameterError, check_parameter_values
+
+        try:
+            checked = check_parameter_values(self.parameters)
+        except ParameterError as exc:
+            raise ParameterError(f"hardware profile {self.name!r}: {exc}") from None
+        object.__setattr__(self, "parameters", checked)
+
+    def parameter(self, name: str) -> float:
+        """The value of cost-model parameter ``name`` on this device: the profile's override,
+        else the declared default. ParameterError for an unregistered name."""
+        value = self.parameters.get(name)
+        if value is not None:
+            return value
+        from planner.costmodel.parameters import get_parameter
+
+        return get_parameter(name).default
+
+    def parameter_values(self) -> dict[str, float]:
+        """Every registered parameter's value on this device (overrides and defaults)."""
+        from planner.costmodel.parameters import PARAMETERS
+
+        return {name: self.parameter(name) for name in sorted(PARAMETERS)}
+
+    def with_parameters(
+        self, values: Mapping[str, float], calibration: CalibrationRecord | None = None
+    ) -> HardwareProfile:
+        """A copy with ``values`` overriding (on top of this profile's own overrides) and,
+        if given, a new calibration record."""
+        return replace(
+            self,
+            parameters={**self.parameters, **values},
+            calibration=calibration if calibration is not None else self.calibration,
+        )
 
     def peak(self, precision: str) -> float:
         """Peak dense FLOP/s at ``precision``; raises with the supported ones if absent."""
@@ -197,6 +282,10 @@ def hardware_from_dict(entry: dict[str, object]) -> HardwareProfile:
         intra_node=link(entry["intra_node"]),
         inter_node=link(entry["inter_node"]),
         source=str(entry.get("source", "")),
+        parameters=dict(entry.get("parameters") or {}),  # type: ignore[call-overload]
+        calibration=None
+        if entry.get("calibration") is None
+        else CalibrationRecord.from_dict(entry["calibration"]),
     )
 
 

@@ -47,6 +47,8 @@ def hardware_public(row: Hardware, session: Session) -> HardwarePublic:
         intra_node=link(profile.intra_node),
         inter_node=link(profile.inter_node),
         source=row.source,
+        parameters=dict(profile.parameters),
+        calibration=profile.calibration,
         revision=row.revision,
         origin="api" if row.origin == "api" else "bundled",
         updated_at=row.updated_at,
@@ -113,6 +115,7 @@ def write_hardware(body: HardwareIn, session: SessionDep, response: Response) ->
             body.inter_node.kind, body.inter_node.bandwidth_gbps, body.inter_node.latency_us
         ),
         source=body.source,
+        parameters=body.parameters,
     )
     report = WriteReport()
     outcome = upsert_hardware(session=session, profile=profile, origin="api", report=report)

@@ -66,7 +66,11 @@ class Base(DeclarativeBase):
 class Hardware(Base):
     """A hardware profile (peaks, memory); its links are in ``comm_profiles``. ``revision``
     goes up on every change to it, its links or its layer points: plans are cached per
-    (request, revision), so a changed profile is never answered from an old plan."""
+    (request, revision), so a changed profile is never answered from an old plan.
+
+    ``parameters`` overrides the cost model's free parameters (``{name: value}``, names
+    from ``planner.costmodel.parameters``); ``calibration`` is the record of the fit that
+    set them (``planner.profiles.CalibrationRecord`` as JSON), or null."""
 
     __tablename__ = "hardware"
 
@@ -81,6 +85,8 @@ class Hardware(Base):
     revision: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    parameters: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class CommProfile(Base):

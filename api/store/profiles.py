@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.store.models import CommProfile, Hardware, LayerProfile, utcnow
 from planner.profiles import (
     BUNDLED_PROFILES,
+    CalibrationRecord,
     HardwareProfile,
     LayerPoint,
     Link,
@@ -178,6 +179,10 @@ def hardware_profile(row: Hardware, session: Session) -> HardwareProfile:
         intra_node=_link(links["intra_node"]),
         inter_node=_link(links["inter_node"]),
         source=row.source,
+        parameters=dict(row.parameters or {}),
+        calibration=None
+        if row.calibration is None
+        else CalibrationRecord.from_dict(row.calibration),
     )
 
 
@@ -266,17 +271,24 @@ def upsert_hardware(
     """Create or replace a hardware profile and its two links (flushes, does not commit).
 
     Returns 'created', 'updated' or 'unchanged'. With ``keep_api_rows`` (the bundled load)
-    a profile posted through the API is left as it is."""
+    a profile posted through the API is left as it is, and a calibrated profile keeps its
+    fitted parameters and calibration record (a release's new peaks still apply)."""
     now = utcnow()
     row = session.get(Hardware, profile.name)
-    values = {
+    values: dict[str, Any] = {
         "description": profile.description,
         "peak_flops": dict(profile.peak_flops),
         "memory_gib": profile.memory_gib,
         "usable_memory_gib": profile.usable_memory_gib,
         "memory_bandwidth_gbps": profile.memory_bandwidth_gbps,
         "source": profile.source,
+        "parameters": dict(profile.parameters),
+        "calibration": None
+        if profile.calibration is None
+        else profile.calibration.model_dump(mode="json"),
     }
+    if keep_api_rows and row is not None and row.calibration is not None:
+        del values["parameters"], values["calibration"]
     if row is None:
         row = Hardware(
             name=profile.name, origin=origin, revision=1, created_at=now, updated_at=now, **values

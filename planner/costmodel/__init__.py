@@ -3,28 +3,26 @@
 from __future__ import annotations
 
 from planner.costmodel.evaluate import (
-    ALLOWANCE_FRACTION,
-    WORKSPACE_GIB,
     DeviceMemory,
     Estimate,
     PlanContext,
     Priced,
     StageCosts,
     estimate,
+    memory_allowance,
     price,
     split_layers,
     stage_costs,
 )
 
 __all__ = [
-    "ALLOWANCE_FRACTION",
-    "WORKSPACE_GIB",
     "DeviceMemory",
     "Estimate",
     "PlanContext",
     "Priced",
     "StageCosts",
     "estimate",
+    "memory_allowance",
     "price",
     "split_layers",
     "stage_costs",

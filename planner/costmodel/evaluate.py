@@ -28,8 +28,12 @@ from planner.costmodel.memory import (
     recompute_working_bytes,
     stored_bytes_per_parameter,
 )
-from planner.costmodel.timing import (
+from planner.costmodel.parameters import (
+    ALLOCATOR_FRAGMENTATION,
     ROOFLINE_EFFICIENCY,
+    WORKSPACE_GIB,
+)
+from planner.costmodel.timing import (
     LayerTimes,
     layer_times,
     p2p_bytes,
@@ -44,9 +48,7 @@ from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import CandidateConfig, PlanRequest, Recompute
 
 __all__ = [
-    "ALLOWANCE_FRACTION",
     "INTERLEAVED_CHUNKS",
-    "WORKSPACE_GIB",
     "DeviceMemory",
     "Estimate",
     "PlanContext",
@@ -55,6 +57,7 @@ __all__ = [
     "device_memory",
     "estimate",
     "inflight_microbatches",
+    "memory_allowance",
     "num_stages",
     "placement_for",
     "shape_profile",
@@ -64,13 +67,6 @@ __all__ = [
     "stage_costs",
 ]
 
-# Memory allowance on top of the tensors we count. Workspace: cuBLAS/cuDNN workspaces, NCCL
-# and all-gather buffers, the loss's fp32 logits copy and other transient buffers, taken as
-# 1 GiB (PyTorch's cuBLAS workspace alone is up to 32 MiB per stream and Megatron's
-# tensor-parallel all-gather buffer is an s x b x h activation). Fragmentation of the caching
-# allocator: 5% of what is allocated (an assumption; Megatron's own estimator ignores it).
-WORKSPACE_GIB = 1.0
-ALLOWANCE_FRACTION = 0.05
 INTERLEAVED_CHUNKS = 2
 # Idle time relative to 1F1B's (p - 1) x stage time, used only to rank candidates before the
 # exact simulation: Narayanan et al. 2021 (interleaved: 1/v), V-shape paper Table 1 (V-Min
@@ -193,7 +189,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     mb, t = config.micro_batch_size, config.t
     modes = config.stage_modes()
     count = len(modes)
-    rate = hw.peak(training.precision) * ROOFLINE_EFFICIENCY
+    rate = hw.peak(training.precision) * hw.parameter(ROOFLINE_EFFICIENCY.name)
     logits = logits_flops(model, mb) / t / rate  # vocabulary-parallel output layer
     tp = tensor_parallel_seconds(model, training, mb, t, hw.intra_node)
     per_layer_params = layer_parameters(model) / t
@@ -392,6 +388,17 @@ def shape_profile(schedule: str, p: int, m: int) -> InflightProfile:
     return _shape(schedule, p, m).profile
 
 
+def memory_allowance(hw: HardwareProfile) -> tuple[float, float]:
+    """(workspace bytes, fragmentation fraction) every device adds on top of the tensors the
+    memory model counts: a device needs tensors x (1 + fraction) + workspace. Both are the
+    profile's free parameters (see :mod:`planner.costmodel.parameters` for what they stand
+    for and where the defaults come from)."""
+    return (
+        hw.parameter(WORKSPACE_GIB.name) * GIB,
+        hw.parameter(ALLOCATOR_FRAGMENTATION.name),
+    )
+
+
 @lru_cache(maxsize=1024)
 def stages_by_device(schedule: str, p: int) -> tuple[tuple[int, ...], ...]:
     """Stages of each device, from the placement rule alone (no schedule needed)."""
@@ -414,7 +421,8 @@ def device_memory(
     by_device = stages_by_device(config.schedule, config.p)
     params = _device_sums(costs.parameters, by_device)
     static = max(params) * per_param
-    counted = static * (1 + ALLOWANCE_FRACTION) + WORKSPACE_GIB * GIB <= capacity
+    workspace, fragmentation = memory_allowance(ctx.hardware)
+    counted = static * (1 + fragmentation) + workspace <= capacity
     if counted:
         shape = _shape(config.schedule, config.p, config.num_microbatches)
         peaks = peak_from_profile(shape.profile, costs.activation_bytes)
@@ -427,7 +435,7 @@ def device_memory(
         working = max([costs.working_bytes[s] for s in stages])
         activations = peaks[device] + (working if counted else 0.0)
         tensors = params[device] * per_param + activations
-        allowance = WORKSPACE_GIB * GIB + ALLOWANCE_FRACTION * tensors
+        allowance = workspace + fragmentation * tensors
         out.append(
             DeviceMemory(
                 params[device] * weight_b,

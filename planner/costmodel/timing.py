@@ -7,9 +7,9 @@ when two points bracket the micro-batch size). A point measured without recomput
 serves the other modes, adding the recomputed FLOPs at the point's own rate. Otherwise an
 analytic roofline: FLOPs / (peak x efficiency), plus the tensor-parallel collectives.
 
-ROOFLINE_EFFICIENCY = 0.606 is calibrated on one published point: BPipe Table 3/4, GPT-3 13B
-forward on A100 (t = 1, micro-batch 1, sequence 2048): 5 layers x 1.374 TFLOP in 36.32 ms =
-189 TFLOP/s, 60.6% of 312 TFLOP/s. The same fraction is assumed on every device.
+The efficiency is the hardware profile's ``roofline_efficiency`` parameter (declared, with
+its default of 0.606 and where that comes from, in :mod:`planner.costmodel.parameters`);
+a calibrated profile carries its own.
 """
 
 from __future__ import annotations
@@ -17,18 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.costmodel.flops import layer_pass_flops
+from planner.costmodel.parameters import ROOFLINE_EFFICIENCY
 from planner.profiles import HardwareProfile, LayerPoint, Link
 from planner.specs import ModelSpec, Recompute, TrainingSpec
 
 __all__ = [
-    "ROOFLINE_EFFICIENCY",
     "LayerTimes",
     "layer_times",
     "p2p_bytes",
     "tensor_parallel_seconds",
 ]
 
-ROOFLINE_EFFICIENCY = 0.606
 _NEAR = 2.0  # a point is "near" when the FLOP ratio is within this factor
 
 
@@ -213,9 +212,10 @@ def roofline_layer_times(
     t: int,
     recompute: Recompute,
 ) -> LayerTimes:
-    """FLOPs / (peak x ROOFLINE_EFFICIENCY) per pass, plus tensor-parallel collectives in F
-    and B (and again in B for a fully recomputed forward)."""
-    rate = hw.peak(training.precision) * ROOFLINE_EFFICIENCY
+    """FLOPs / (peak x the profile's roofline efficiency) per pass, plus tensor-parallel
+    collectives in F and B (and again in B for a fully recomputed forward)."""
+    efficiency = hw.parameter(ROOFLINE_EFFICIENCY.name)
+    rate = hw.peak(training.precision) * efficiency
     f_flops, b_flops, w_flops = layer_pass_flops(model, micro_batch, recompute)
     comm = tensor_parallel_seconds(model, training, micro_batch, t, hw.intra_node)
     recompute_comm = comm if recompute == "full" else 0.0
@@ -223,5 +223,5 @@ def roofline_layer_times(
         f_flops / t / rate + comm,
         b_flops / t / rate + comm + recompute_comm,
         w_flops / t / rate,
-        f"roofline ({ROOFLINE_EFFICIENCY:.1%} of {hw.name} peak)",
+        f"roofline ({efficiency:.1%} of {hw.name} peak)",
     )

@@ -29,16 +29,14 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from planner.costmodel.evaluate import (
-    ALLOWANCE_FRACTION,
-    WORKSPACE_GIB,
     PlanContext,
     device_memory,
+    memory_allowance,
     shape_profile,
     stage_costs,
     stages_by_device,
 )
 from planner.costmodel.memory import (
-    GIB,
     activation_bytes_per_layer,
     layer_parameters,
     recompute_working_bytes,
@@ -104,6 +102,8 @@ class _Data:
     extra_static: list[int]  # per stage: embedding parameters etc., KiB
     moments: list[list[dict[int, int]]]  # per device: peak candidates {stage: count}
     capacity: int  # KiB available to tensors (workspace and fragmentation taken off)
+    workspace_bytes: float  # the profile's memory allowance (memory_allowance)
+    fragmentation: float
 
 
 def _data(
@@ -138,7 +138,8 @@ def _data(
     per_param = weight_b + grad_b + opt_b
     layer_static = round(layer_parameters(r.model) / coarse.t * per_param / _KIB)
     extra_static = [round(p * per_param / _KIB) for p in base.parameters]
-    effective = (capacity - WORKSPACE_GIB * GIB) / (1 + ALLOWANCE_FRACTION)
+    workspace, fragmentation = memory_allowance(ctx.hardware)
+    effective = (capacity - workspace) / (1 + fragmentation)
     profile = shape_profile(coarse.schedule, coarse.p, coarse.num_microbatches)
     return _Data(
         stages=len(coarse.layers_per_stage),
@@ -156,6 +157,8 @@ def _data(
         extra_static=extra_static,
         moments=profile,
         capacity=math.floor(effective / _KIB),
+        workspace_bytes=workspace,
+        fragmentation=fragmentation,
     )
 
 
@@ -304,7 +307,7 @@ def _claimed_memory(data: _Data, splits: list[RecomputeSplit]) -> list[float]:
         )
         saved = max(sum(c * act[s] for s, c in moment.items()) for moment in data.moments[device])
         tensors = (static + saved + working) * _KIB
-        out.append(tensors * (1 + ALLOWANCE_FRACTION) + WORKSPACE_GIB * GIB)
+        out.append(tensors * (1 + data.fragmentation) + data.workspace_bytes)
     return out
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from tests.integration.conftest import assert_problem
 
 H200X: dict[str, Any] = {
@@ -17,6 +19,14 @@ H200X: dict[str, Any] = {
     "intra_node": {"kind": "nvlink4", "bandwidth_gbps": 450, "latency_us": 3},
     "inter_node": {"kind": "infiniband-ndr", "bandwidth_gbps": 50, "latency_us": 5},
     "source": "made up for a test",
+}
+SMALL_MODEL: dict[str, Any] = {
+    "name": "m",
+    "num_layers": 8,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "seq_length": 512,
+    "vocab_size": 1000,
 }
 POINT: dict[str, Any] = {
     "gpu": "cpu",
@@ -63,14 +73,7 @@ def test_post_hardware_creates_replaces_and_keeps_revisions(client):
     assert client.get("/v1/hardware/h200x-test").json()["inter_node"]["bandwidth_gbps"] == 100
     # Plans can use it at once.
     request = {
-        "model": {
-            "name": "m",
-            "num_layers": 8,
-            "hidden_size": 1024,
-            "num_attention_heads": 16,
-            "seq_length": 512,
-            "vocab_size": 1000,
-        },
+        "model": SMALL_MODEL,
         "cluster": {"gpu": "h200x-test", "num_nodes": 1, "gpus_per_node": 2},
         "training": {"global_batch_size": 8},
     }
@@ -89,6 +92,44 @@ def test_post_hardware_validation(client):
     assert_problem(client.post("/v1/hardware", json=dict(H200X, peak_flops={})), 422)
     assert_problem(client.post("/v1/hardware", json=dict(H200X, memory_gib=-1)), 422)
     assert_problem(client.post("/v1/hardware", json=dict(H200X, source="a\x00b")), 422, "source")
+    assert client.get("/v1/hardware/h200x-test").status_code == 404
+
+
+def test_post_hardware_with_parameters_and_plans_use_them(client):
+    """A posted profile's parameter overrides are stored, shown, and priced with: halving the
+    roofline efficiency of a profile without layer points doubles the predicted compute."""
+    request = {
+        "model": SMALL_MODEL,
+        "cluster": {"gpu": "h200x-test", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"global_batch_size": 8, "distributed_optimizer": False},
+        "search": {"micro_batch_sizes": [8], "recompute": ["none"]},
+    }
+    times = {}
+    for efficiency in (0.6, 0.3):
+        body = dict(H200X, parameters={"roofline_efficiency": efficiency})
+        stored = client.post("/v1/hardware", json=body)
+        assert stored.status_code in (200, 201), stored.text
+        shown = client.get("/v1/hardware/h200x-test").json()
+        assert shown["parameters"] == {"roofline_efficiency": efficiency}
+        assert shown["calibration"] is None
+        plan = client.post("/v1/plans", json=request).json()
+        best = plan["best"]["breakdown"][0]
+        times[efficiency] = best["compute_s"]
+    # One device, no tensor parallelism: compute is all roofline FLOPs / (peak x efficiency).
+    assert times[0.3] == pytest.approx(2 * times[0.6], rel=1e-9)
+
+
+def test_post_hardware_rejects_unknown_or_out_of_bound_parameters(client):
+    assert_problem(
+        client.post("/v1/hardware", json=dict(H200X, parameters={"gemm_efficiency": 0.5})),
+        422,
+        "unknown cost-model parameter 'gemm_efficiency'",
+    )
+    assert_problem(
+        client.post("/v1/hardware", json=dict(H200X, parameters={"workspace_gib": 100})),
+        422,
+        "workspace_gib = 100",
+    )
     assert client.get("/v1/hardware/h200x-test").status_code == 404
 
 

@@ -15,6 +15,7 @@ MODULES = [
     "planner.placement",
     "planner.launch",
     "planner.costmodel",
+    "planner.costmodel.parameters",
     "planner.search",
 ]
 
