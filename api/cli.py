@@ -19,14 +19,15 @@ from api.cli_executor import add_executor_commands
 from api.cli_regress import add_regress_command
 from api.render import render_plan
 from planner.errors import StagewrightError, validation_problems
-from planner.schedules import SCHEDULE_NAMES, format_timeline, generate
+from planner.schedules import SCHEDULE_NAMES, format_timeline, generate, schedule_family
 from planner.search import plan
 from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import PlanRequest
 
 __all__ = ["main"]
 
-_SPLIT_SCHEDULES = ("v-min", "v-half", "v-zb")
+# ``stagewright simulate`` flags that set a schedule family's generator parameter.
+_PARAMETER_FLAGS = {"chunks": "num_chunks", "batches": "num_batches"}
 
 
 def _times(text: str) -> float | list[float]:
@@ -90,12 +91,17 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="BPipe transfers block the device instead of overlapping compute",
     )
-    sim.add_argument("--chunks", type=int, default=2, help="chunks per device for interleaved")
+    sim.add_argument(
+        "--chunks",
+        type=int,
+        default=None,
+        help="stages per device, for schedules that take num_chunks (interleaved; default 2)",
+    )
     sim.add_argument(
         "--batches",
         type=int,
-        default=2,
-        help="batches a 2bw schedule runs without a flush (default 2)",
+        default=None,
+        help="batches run without a flush, for schedules that take num_batches (2bw; default 2)",
     )
     sim.add_argument("--width", type=int, default=100, help="columns of the text timeline")
     sim.add_argument("--json", action="store_true", help="print the contract's JSON")
@@ -167,14 +173,21 @@ def _simulate(args: argparse.Namespace) -> int:
         raise StagewrightError("--devices and --microbatches must be at least 1")
     if args.width < 10:
         raise StagewrightError("--width must be at least 10 columns")
-    schedule = generate(
-        args.schedule,
-        args.devices,
-        args.microbatches,
-        num_chunks=args.chunks,
-        num_batches=args.batches,
-        check=False,
-    )
+    given = {
+        parameter: getattr(args, flag)
+        for flag, parameter in _PARAMETER_FLAGS.items()
+        if getattr(args, flag) is not None
+    }
+    family = schedule_family(args.schedule)
+    for flag, parameter in _PARAMETER_FLAGS.items():
+        if parameter in given and not family.has_parameter(parameter):
+            takes = [f"--{f}" for f, p in _PARAMETER_FLAGS.items() if family.has_parameter(p)]
+            raise StagewrightError(
+                f"--{flag} does not apply to {args.schedule}"
+                + (f" (it takes {', '.join(takes)})" if takes else " (it takes no parameter)")
+                + "; leave it out"
+            )
+    schedule = generate(args.schedule, args.devices, args.microbatches, check=False, **given)
     durations = Durations(
         forward=args.f,
         backward=args.b,

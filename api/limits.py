@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.core.config import Settings
 from api.problems import ApiProblem, problem_body, problem_response
 from api.schemas import SimulateRequest
+from planner.schedules import NUM_BATCHES, NUM_CHUNKS, schedule_family
 from planner.specs import PlanRequest
 
 __all__ = [
@@ -190,27 +191,31 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
     return request, warnings
 
 
+# Generator parameters the size of a generated schedule grows with.
+_SIZE_PARAMETERS = (NUM_CHUNKS.name, NUM_BATCHES.name)
+
+
 def simulate_cells(request: SimulateRequest) -> int:
-    """devices x micro-batches, times chunks (interleaved) or batches (2bw): what the size
-    of the generated schedule grows with."""
+    """devices x micro-batches, times chunks or batches for the families that take them
+    (interleaved, 2bw): what the size of the generated schedule grows with."""
     cells = request.num_devices * request.num_microbatches
-    if request.schedule == "interleaved":
-        cells *= request.num_chunks
-    if request.schedule == "2bw":
-        cells *= request.num_batches
+    family = schedule_family(request.schedule)
+    for name in _SIZE_PARAMETERS:
+        if family.has_parameter(name):
+            cells *= getattr(request, name)
     return cells
 
 
 def check_simulate_request(request: SimulateRequest, settings: Settings) -> None:
     cells = simulate_cells(request)
     if cells > settings.max_simulate_cells:
+        family = schedule_family(request.schedule)
         _raise(
             [
                 _limit_error(
                     ["num_microbatches"],
                     "num_devices x num_microbatches"
-                    + (" x num_chunks" if request.schedule == "interleaved" else "")
-                    + (" x num_batches" if request.schedule == "2bw" else "")
+                    + "".join(f" x {n}" for n in _SIZE_PARAMETERS if family.has_parameter(n))
                     + f" = {cells} is above this server's limit of "
                     f"{settings.max_simulate_cells}; simulate fewer devices or micro-batches",
                 )

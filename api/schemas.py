@@ -375,3 +375,31 @@ class Health(_ApiModel):
     version: str = Field(description="stagewright version.")
     jobs_queued: int
     jobs_running: int
+
+
+class ScheduleParameterPublic(_ApiModel):
+    """A generator parameter of a schedule family."""
+
+    name: str
+    description: str
+    default: float | None = Field(description="null: the caller must give it.")
+    minimum: float
+    integer: bool
+
+
+class ScheduleFamilyPublic(_ApiModel):
+    """A registered schedule family: what it needs and who can run it."""
+
+    name: str = Field(description="The name requests use.")
+    title: str
+    citation: str
+    parameters: list[ScheduleParameterPublic]
+    placement: Literal["looped", "v"] = Field(description="Stage -> device rule.")
+    stages_per_device: int
+    split_backward: bool = Field(description="Backward split into B and W.")
+    transfers: bool = Field(description="BPipe evict/load between pair devices.")
+    weight_versions: int
+    semantics: Literal["synchronous", "stale"]
+    runtimes: list[str] = Field(description="Runtimes that can run it as planned.")
+    min_devices: int
+    memory_rule: str

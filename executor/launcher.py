@@ -80,7 +80,6 @@ def _request_and_config(data: dict[str, Any]) -> tuple[PlanRequest, CandidateCon
             "training": training,
         }
     )
-    schedule = data["schedule"]["name"]
     config = CandidateConfig(
         t=parallel["t"],
         p=parallel["p"],
@@ -88,7 +87,7 @@ def _request_and_config(data: dict[str, Any]) -> tuple[PlanRequest, CandidateCon
         micro_batch_size=mb,
         num_microbatches=m,
         recompute=data.get("recompute", "none"),
-        schedule=schedule if schedule != "bpipe-interleaved" else "bpipe",
+        schedule=data["schedule"]["name"],
         layers_per_stage=[b - a for a, b in data["stage_layers"]],
     )
     return request, config

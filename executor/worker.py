@@ -161,7 +161,13 @@ def _verify(runtime: Runtime, args: argparse.Namespace) -> dict[str, Any]:
 
     config = runtime.config
     out: dict[str, Any] = {"max_grad_error": 0.0, "max_loss_error": 0.0, "checked": []}
-    if config.schedule.name == "2bw":
+    # Weight versions stepped by the schedule (2BW): each update uses a stale gradient, so
+    # the check is the 1-stale rule, not a single-process step.
+    stepped_versions = any(
+        action.kind is ActionKind.OPTIMIZER_STEP and action.version is not None
+        for _, _, action in config.schedule.iter_actions()
+    )
+    if stepped_versions:
         full = reference_2bw_weights(config, args.steps)
         for s in runtime.my_stages:
             newest = runtime.versions[s][max(runtime.versions[s])]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.placement import Placement
-from planner.schedules import ActionKind, Schedule
+from planner.schedules import ActionKind, Schedule, schedule_family
 from planner.specs import CandidateConfig, PlanRequest
 
 __all__ = ["executor_config", "megatron_args", "torch_pipelining_csv", "torchrun_commands"]
@@ -61,12 +61,13 @@ def torchrun_commands(request: PlanRequest, config: CandidateConfig) -> list[str
 
 
 def megatron_args(request: PlanRequest, config: CandidateConfig) -> str | None:
-    """Megatron-LM (core, pretrain_gpt.py) arguments for schedules Megatron runs: 1f1b and
-    interleaved; None for the others (GPipe, BPipe, V-shape and 2BW are not in Megatron-LM)
-    and for layer splits Megatron cannot build. A lighter first/last stage maps to
-    --decoder-first/last-pipeline-num-layers; uneven middle stages or uneven virtual stages
-    have no Megatron flag."""
-    if config.schedule not in ("1f1b", "interleaved"):
+    """Megatron-LM (core, pretrain_gpt.py) arguments for schedules whose registry entry says
+    Megatron runs them (1F1B, interleaved 1F1B); None for the others and for layer splits
+    Megatron cannot build. Several stages a device map to virtual pipeline stages; a lighter
+    first/last stage maps to --decoder-first/last-pipeline-num-layers; uneven middle stages
+    or uneven virtual stages have no Megatron flag."""
+    family = schedule_family(config.schedule)
+    if "megatron" not in family.runtimes:
         return None
     m, tr = request.model, request.training
     args = [
@@ -92,7 +93,7 @@ def megatron_args(request: PlanRequest, config: CandidateConfig) -> str | None:
     if tr.flash_attention:
         args.append("--use-flash-attn")
     layers = config.layers_per_stage
-    if config.schedule == "interleaved":
+    if family.stages_per_device() > 1:
         if len(set(layers)) > 1:
             return None  # Megatron's virtual stages all hold the same number of layers
         args.append(f"--num-layers-per-virtual-pipeline-stage {layers[0]}")
@@ -116,12 +117,11 @@ _CSV_KIND = {ActionKind.F: "F", ActionKind.B: "I", ActionKind.W: "W", ActionKind
 def torch_pipelining_csv(schedule: Schedule) -> str | None:
     """The compute-only CSV that torch.distributed.pipelining's ``_PipelineScheduleRuntime``
     loads (one row per rank; ``0F3``, ``7B2``, ``5I0`` for input-grad, ``5W0``). None when the
-    runtime cannot express the schedule: BPipe's transfers, 2BW's weight versions and
-    several batches, and placements other than one stage per rank, loop (interleaved) or
-    V (two stages per rank) are outside it."""
-    if schedule.name in ("bpipe", "2bw") and (
-        schedule.count(ActionKind.EVICT) or schedule.name == "2bw"
-    ):
+    runtime cannot express the schedule: transfers (BPipe), weight versions and several
+    batches (2BW) are outside it, as are placements other than one stage per rank, loop
+    (interleaved) or V (two stages per rank)."""
+    moves_data = schedule.count(ActionKind.EVICT, ActionKind.LOAD, ActionKind.WEIGHT_VERSION)
+    if moves_data or schedule.num_batches > 1:
         return None
     rows = []
     for acts in schedule.actions:

@@ -7,9 +7,19 @@ silently ignored setting. Messages say what to change.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from planner.schedules import BASELINE_SCHEDULE, SCHEDULE_NAMES, schedule_family
 
 __all__ = [
     "DEFAULT_MICRO_BATCH_SIZES",
@@ -40,8 +50,20 @@ __all__ = [
 Precision = Literal["bf16", "fp16", "fp32"]
 SolverStatus = Literal["optimal", "feasible", "timed out", "infeasible"]
 Recompute = Literal["none", "selective", "full"]
-ScheduleName = Literal["gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw"]
-SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
+
+
+def _registered(name: str) -> str:
+    schedule_family(name)  # raises ScheduleConfigError (a ValueError) naming the known ones
+    return name
+
+
+ScheduleName = Annotated[
+    str,
+    AfterValidator(_registered),
+    WithJsonSchema({"type": "string", "enum": list(SCHEDULE_NAMES)}),
+]
+"""A registered schedule's name (:mod:`planner.schedules`)."""
+SCHEDULES: tuple[str, ...] = SCHEDULE_NAMES
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)  # searched when a request gives none
 
 
@@ -111,7 +133,7 @@ class SearchSpec(_Spec):
     """What the search may choose from."""
 
     schedules: list[ScheduleName] = Field(
-        default_factory=lambda: list[ScheduleName](["1f1b"]),
+        default_factory=lambda: [BASELINE_SCHEDULE],
         description="Pipeline schedules to consider.",
         min_length=1,
     )

@@ -11,7 +11,7 @@ from api.deps import WRITE, SettingsDep, strict_body
 from api.limits import check_simulate_request
 from api.routes._docs import problems
 from api.schemas import SimulateRequest, SimulateResult
-from planner.schedules import Schedule, generate
+from planner.schedules import Schedule, generate, schedule_family
 from planner.simulate import Durations, simulate
 
 __all__ = ["router"]
@@ -45,11 +45,26 @@ EXAMPLES = {
 }
 
 
+# Request fields that are generator parameters of the families that take them.
+_PARAMETER_FIELDS = ("num_chunks", "num_batches")
+
+
 @lru_cache(maxsize=32)
-def _schedule(name: str, devices: int, microbatches: int, chunks: int, batches: int) -> Schedule:
+def _schedule(
+    name: str, devices: int, microbatches: int, parameters: tuple[tuple[str, float], ...]
+) -> Schedule:
     """Generated schedules are immutable; the same shape is asked for again and again."""
-    return generate(
-        name, devices, microbatches, num_chunks=chunks, num_batches=batches, check=False
+    return generate(name, devices, microbatches, check=False, **dict(parameters))
+
+
+def _parameters(body: SimulateRequest) -> tuple[tuple[str, float], ...]:
+    """The generator parameters the request sets: those it gives (a family that does not
+    take one refuses it) and the defaults of the schema's fields the family takes."""
+    family = schedule_family(body.schedule)
+    return tuple(
+        (name, getattr(body, name))
+        for name in _PARAMETER_FIELDS
+        if name in body.model_fields_set or family.has_parameter(name)
     )
 
 
@@ -71,9 +86,7 @@ def simulate_schedule(
     schedules without a B/W split run B + W as one backward. The answer is the JSON of
     ``stagewright simulate --json``."""
     check_simulate_request(body, settings)
-    schedule = _schedule(
-        body.schedule, body.num_devices, body.num_microbatches, body.num_chunks, body.num_batches
-    )
+    schedule = _schedule(body.schedule, body.num_devices, body.num_microbatches, _parameters(body))
     durations = Durations(
         forward=_times(body.forward),
         backward=_times(body.backward),

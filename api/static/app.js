@@ -393,10 +393,13 @@ async function copy(text, button) {
 }
 
 // ------------------------------------------------------------------ request form
-const SCHEDULES = ["gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw"];
+// The form's preset: data, not a rule (the registry at /v1/schedules lists every schedule).
+const PRESET_SCHEDULES = ["1f1b", "bpipe", "v-half", "v-zb"];
 async function showForm() {
   const hw = await api("/v1/hardware");
   const names = hw.status === 200 ? (hw.body.items || hw.body).map((h) => h.name) : ["a100-sxm-80g", "cpu"];
+  const registry = await api("/v1/schedules");
+  const schedules = registry.status === 200 ? registry.body : PRESET_SCHEDULES.map((name) => ({ name, title: name }));
   const field = (label, name, input) => el("div", { class: "row", "data-field": name }, el("label", { for: name }, label), el("div", {}, input, el("div", { class: "error", "data-error": name })));
   const num = (name, value, min = 1) => el("input", { type: "number", id: name, name, value, min });
   const form = el("form", { id: "plan-form", novalidate: "" },
@@ -418,7 +421,7 @@ async function showForm() {
       field("sequence parallel", "training.sequence_parallel", el("input", { type: "checkbox", id: "training.sequence_parallel", checked: "" })),
       field("flash attention", "training.flash_attention", el("input", { type: "checkbox", id: "training.flash_attention" }))),
     el("fieldset", {}, el("legend", {}, "Search"),
-      field("schedules", "search.schedules", el("div", { class: "checks", id: "search.schedules" }, SCHEDULES.map((s) => el("label", {}, el("input", { type: "checkbox", value: s, checked: ["1f1b", "bpipe", "v-half", "v-zb"].includes(s) ? "" : null }), " " + s)))),
+      field("schedules", "search.schedules", el("div", { class: "checks", id: "search.schedules" }, schedules.map((f) => el("label", { title: f.title }, el("input", { type: "checkbox", value: f.name, checked: PRESET_SCHEDULES.includes(f.name) ? "" : null }), " " + f.name)))),
       field("recompute", "search.recompute", el("div", { class: "checks", id: "search.recompute" }, ["none", "selective", "full"].map((s) => el("label", {}, el("input", { type: "checkbox", value: s, checked: "" }), " " + s)))),
       field("method", "search.method", el("select", { id: "search.method" }, ["grid", "cpsat"].map((m) => el("option", { value: m }, m)))),
       field("top k", "search.top_k", num("search.top_k", 10))),

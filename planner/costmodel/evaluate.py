@@ -41,14 +41,13 @@ from planner.costmodel.timing import (
 )
 from planner.placement import Assignment, Placement, pair_order, place
 from planner.profiles import HardwareProfile, LayerPoint, Link, ProfileStore
-from planner.schedules import generate, looped_placement, v_placement
+from planner.schedules import generate, schedule_family
 from planner.schedules._engine import CompiledSchedule, compile_schedule
 from planner.schedules._inflight import InflightProfile, inflight_profile, peak_from_profile
 from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import CandidateConfig, PlanRequest, Recompute
 
 __all__ = [
-    "INTERLEAVED_CHUNKS",
     "DeviceMemory",
     "Estimate",
     "PlanContext",
@@ -67,29 +66,13 @@ __all__ = [
     "stage_costs",
 ]
 
-INTERLEAVED_CHUNKS = 2
-# Idle time relative to 1F1B's (p - 1) x stage time, used only to rank candidates before the
-# exact simulation: Narayanan et al. 2021 (interleaved: 1/v), V-shape paper Table 1 (V-Min
-# 4d/6d, V-Half 3d/6d, V-ZB about 0, here one stage time), and 2BW amortizes its single fill
-# over its run (PipeDream-2BW §3.1; counted as 0 per batch).
-_IDLE_VS_1F1B = {
-    "gpipe": 1.0,
-    "1f1b": 1.0,
-    "bpipe": 1.0,
-    "interleaved": 1.0 / INTERLEAVED_CHUNKS,
-    "v-min": 4.0 / 6.0,
-    "v-half": 3.0 / 6.0,
-    "v-zb": 1.0 / 6.0,
-    "2bw": 0.0,
-}
+# Schedules are priced with their family's default parameters (interleaved: 2 chunks a
+# device; 2BW: the steady state of batches without a flush).
 
 
 def num_stages(schedule: str, p: int) -> int:
-    if schedule in ("v-min", "v-half", "v-zb"):
-        return 2 * p
-    if schedule == "interleaved":
-        return INTERLEAVED_CHUNKS * p
-    return p
+    """Pipeline stages of ``schedule`` on p devices (its registry entry's placement)."""
+    return schedule_family(schedule).num_stages(p)
 
 
 def split_layers(num_layers: int, stages: int) -> list[int] | None:
@@ -172,7 +155,8 @@ def placement_for(
         found = overrides.get((config.t, config.p, config.d, config.schedule))
         if found is not None:
             return found
-    assignment: Assignment = "pair-adjacent" if config.schedule == "bpipe" else "standard"
+    transfers = schedule_family(config.schedule).transfers
+    assignment: Assignment = "pair-adjacent" if transfers else "standard"
     return place(config.t, config.p, config.d, gpus_per_node, assignment)
 
 
@@ -258,7 +242,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     crosses = _crosses_nodes(placement, config.schedule)
     worst = 0.0 if count == 1 else _link(hw, not crosses).seconds(hop_bytes)
     transfer = 0.0
-    if config.schedule == "bpipe" and devices >= 2:
+    if schedule_family(config.schedule).transfers and devices >= 2:
         pair_link = _link(hw, placement.same_node(0, devices - 1))
         transfer = pair_link.seconds(max(activation[: max(1, devices // 2)]))
     return StageCosts(
@@ -288,10 +272,8 @@ def _crosses_nodes(placement: Placement, schedule: str) -> bool:
 
 
 def _stage_devices(schedule: str, p: int) -> tuple[int, ...]:
-    """Stage -> device of a schedule, by the generators' own placement rule."""
-    if schedule in ("v-min", "v-half", "v-zb"):
-        return v_placement(p)
-    return looped_placement(p, num_stages(schedule, p) // p)
+    """Stage -> device of a schedule, by its family's placement rule."""
+    return schedule_family(schedule).stage_devices(p)
 
 
 @dataclass(frozen=True)
@@ -305,7 +287,7 @@ class _Shape:
 @lru_cache(maxsize=256)
 def _built_shape(schedule: str, p: int, m: int) -> _Shape:
     """The in-flight profile of the schedule built with ``m`` micro-batches."""
-    built = generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=2, check=False)
+    built = generate(schedule, p, m, check=False)
     profile = inflight_profile(built)
     n = built.num_stages
     units = peak_from_profile(profile, [1.0] * n)
@@ -322,7 +304,7 @@ def _shape(schedule: str, p: int, m: int) -> _Shape:
     gives the same profile, and for GPipe scaled from one micro-batch to m (every device
     holds all of them at its peak)."""
     cap = inflight_microbatches(schedule, p, m)
-    if schedule in _GROWS_WITH_M and cap != m:
+    if schedule_family(schedule).inflight_grows_with_microbatches and cap != m:
         return _scaled_shape(schedule, p, cap, m)
     return _built_shape(schedule, p, cap)
 
@@ -340,31 +322,16 @@ def _scaled_shape(schedule: str, p: int, cap: int, m: int) -> _Shape:
     )
 
 
-_GROWS_WITH_M = frozenset({"gpipe"})
-
-
 def inflight_microbatches(schedule: str, p: int, m: int) -> int:
     """Micro-batches a schedule is built with to count the in-flight micro-batches of a run
     of m.
 
     Past its warm-up a schedule repeats one pattern, so its in-flight profile stops changing
-    once m reaches a saturation point: p for 1F1B and 2BW (device s warms up with
-    min(p - s, m) forwards), p + 1 for V-Min and V-Half, ceil(3p / 2) for BPipe, 2p for V-ZB
-    and interleaved (the tests check each against building every micro-batch, up to p = 32,
-    BPipe up to 64). GPipe runs every
-    forward before any backward, so its peak grows with m: it is built with one micro-batch
-    and scaled (``_shape``)."""
-    if schedule in _GROWS_WITH_M:
-        return 1
-    if schedule in ("1f1b", "2bw"):
-        saturation = p
-    elif schedule in ("v-min", "v-half"):
-        saturation = p + 1
-    elif schedule == "bpipe":
-        saturation = (3 * p + 1) // 2
-    else:
-        saturation = 2 * p
-    return min(m, saturation)
+    once m reaches a saturation point, which the family's registry entry gives
+    (:attr:`ScheduleFamily.inflight_saturation`; the tests check each against building every
+    micro-batch, up to p = 32, BPipe up to 64). GPipe runs every forward before any backward,
+    so its peak grows with m: it is built with one micro-batch and scaled (``_shape``)."""
+    return schedule_family(schedule).inflight_microbatches(p, m)
 
 
 class DeviceMemory(NamedTuple):
@@ -523,7 +490,11 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
     per_device = _device_sums(compute, by_device)
     busy = m * max(per_device)
     stage_time = sum(per_device) / config.p
-    idle = _IDLE_VS_1F1B[config.schedule] * (config.p - 1) * (stage_time + 2 * costs.p2p_s)
+    idle = (
+        schedule_family(config.schedule).idle_vs_1f1b
+        * (config.p - 1)
+        * (stage_time + 2 * costs.p2p_s)
+    )
     params = max(_device_sums(costs.parameters, by_device))
     dp = _data_parallel_seconds(ctx, config, params)
     opt = _optimizer_seconds(ctx, config, params)
@@ -556,11 +527,11 @@ def _durations(costs: StageCosts) -> Durations:
 
 
 @lru_cache(maxsize=256)
-def _timing_schedule(schedule: str, p: int, m: int, batches: int = 2) -> CompiledSchedule:
-    """The schedule ``price`` simulates, compiled once: every candidate of the shape reuses it."""
-    return compile_schedule(
-        generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=batches, check=False)
-    )
+def _timing_schedule(schedule: str, p: int, m: int, batches: int | None = None) -> CompiledSchedule:
+    """The schedule ``price`` simulates, compiled once: every candidate of the shape reuses it.
+    ``batches`` is given for families without a flush between batches (2BW)."""
+    extra = {} if batches is None else {"num_batches": batches}
+    return compile_schedule(generate(schedule, p, m, check=False, **extra))
 
 
 def timing_microbatches(schedule: str, p: int, m: int) -> int:
@@ -571,7 +542,7 @@ def timing_microbatches(schedule: str, p: int, m: int) -> int:
     of identical micro-batches). The tests check all of them against simulating every
     micro-batch."""
     cap = 3 * p + 2
-    if schedule == "interleaved":
+    if schedule_family(schedule).microbatches_multiple_of_devices:
         cap = -(-cap // p) * p
     return min(m, cap)
 
@@ -585,12 +556,14 @@ def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
     durations = _durations(costs)
     m = config.num_microbatches
     simulated = timing_microbatches(config.schedule, config.p, m)
-    schedule = _timing_schedule(config.schedule, config.p, simulated)
+    family = schedule_family(config.schedule)
+    batches = None if family.flush_per_batch else 2
+    schedule = _timing_schedule(config.schedule, config.p, simulated, batches)
     result = simulate(schedule, durations, track_memory=False)
     makespan = result.makespan
-    if config.schedule == "2bw":
-        # Steady state of 2BW: one more batch costs (makespan(3 batches) - makespan(2)).
-        three = _timing_schedule("2bw", config.p, simulated, 3)
+    if batches is not None:
+        # No flush between batches (2BW): one more batch costs makespan(3) - makespan(2).
+        three = _timing_schedule(config.schedule, config.p, simulated, batches + 1)
         per_batch = simulate(three, durations, track_memory=False).makespan - makespan
         makespan = per_batch * m / simulated
     elif m > simulated:
@@ -600,8 +573,7 @@ def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
         makespan += (m - simulated) * slope
     dp, opt = est.data_parallel_s, est.optimizer_s
     iteration = makespan + dp + opt
-    batches = schedule.schedule.num_batches
-    busy = m * max(d.busy for d in result.devices) / (simulated * batches)
+    busy = m * max(d.busy for d in result.devices) / (simulated * schedule.schedule.num_batches)
     r = ctx.request
     flops = model_flops_per_step(r.model, r.training.global_batch_size)
     mfu = flops / (iteration * r.cluster.num_gpus * ctx.hardware.peak(r.training.precision))

@@ -20,6 +20,7 @@ Sources:
 
 from __future__ import annotations
 
+from planner.schedules import schedule_family
 from planner.specs import ModelSpec, Recompute, TrainingSpec
 
 __all__ = [
@@ -64,10 +65,10 @@ def bytes_per_parameter(training: TrainingSpec, data_parallel: int) -> tuple[flo
 def stored_bytes_per_parameter(
     training: TrainingSpec, data_parallel: int, schedule: str
 ) -> tuple[float, float, float]:
-    """:func:`bytes_per_parameter` of a schedule: 2BW keeps a second version of the weights
-    (PipeDream-2BW §3.1)."""
+    """:func:`bytes_per_parameter` of a schedule: a family that keeps several versions of the
+    weights (2BW's second one, PipeDream-2BW §3.1) stores each."""
     weight, grad, optimizer = bytes_per_parameter(training, data_parallel)
-    return (2 * weight if schedule == "2bw" else weight), grad, optimizer
+    return schedule_family(schedule).weight_versions * weight, grad, optimizer
 
 
 def activation_bytes_per_layer(

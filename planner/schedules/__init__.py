@@ -1,14 +1,21 @@
-"""Schedule IR, generators for every schedule, the validator and IR passes.
+"""Schedule IR, generators for every schedule, the registry, the validator and IR passes.
 
-Public entry point: :func:`generate` builds any schedule by name and validates it.
+Public entry points: :func:`generate` builds any registered schedule by name and validates
+it; :func:`schedule_family` answers every question about a family (see
+:mod:`planner.schedules._registry`). Outside this package a schedule name is data.
 """
 
 from __future__ import annotations
 
-from planner.errors import ScheduleConfigError
-from planner.schedules._basic import gpipe, interleaved, one_f_one_b, pipedream_2bw
-from planner.schedules._basic import weight_version_2bw as weight_version_2bw
-from planner.schedules._bpipe import bpipe, bpipe_mu_opt, plan_transfers
+# Generator modules register their families on import: this order is the listing order.
+# isort: off
+from planner.schedules import _basic  # noqa: F401  gpipe, 1f1b, interleaved
+from planner.schedules import _bpipe  # noqa: F401  bpipe
+from planner.schedules import _vshape  # noqa: F401  v-min, v-half, v-zb
+from planner.schedules import _pipedream_2bw  # noqa: F401  2bw
+
+# isort: on
+from planner.schedules._bpipe import bpipe_mu_opt, plan_transfers
 from planner.schedules._comm import with_communication
 from planner.schedules._format import format_grid, format_timeline
 from planner.schedules._ir import (
@@ -19,30 +26,58 @@ from planner.schedules._ir import (
     looped_placement,
     v_placement,
 )
+from planner.schedules._pipedream_2bw import weight_version_2bw
+from planner.schedules._registry import (
+    BASELINE_SCHEDULE,
+    MEMORY_LIMIT,
+    NUM_BATCHES,
+    NUM_CHUNKS,
+    RUNTIMES,
+    Parameter,
+    Runtime,
+    ScheduleFamily,
+    Semantics,
+    families,
+    schedule_family,
+    schedule_names,
+)
 from planner.schedules._validate import validate
-from planner.schedules._vshape import VSHAPE_NAMES, block_offsets, building_block, vshape
+from planner.schedules._vshape import block_offsets, building_block
 
 __all__ = [
+    "BASELINE_SCHEDULE",
+    "MEMORY_LIMIT",
+    "NUM_BATCHES",
+    "NUM_CHUNKS",
+    "RUNTIMES",
     "SCHEDULE_FORMAT",
     "SCHEDULE_NAMES",
     "Action",
     "ActionKind",
+    "Parameter",
+    "Runtime",
     "Schedule",
+    "ScheduleFamily",
+    "Semantics",
     "block_offsets",
     "bpipe_mu_opt",
     "building_block",
+    "families",
     "format_grid",
     "format_timeline",
     "generate",
     "looped_placement",
     "plan_transfers",
+    "schedule_family",
+    "schedule_names",
     "v_placement",
     "validate",
     "weight_version_2bw",
     "with_communication",
 ]
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw")
+SCHEDULE_NAMES = schedule_names()
+"""Every registered schedule, in listing order."""
 
 
 def generate(
@@ -50,35 +85,19 @@ def generate(
     num_devices: int,
     num_microbatches: int,
     *,
-    num_chunks: int = 2,
-    num_batches: int = 2,
     check: bool = True,
+    **parameters: float,
 ) -> Schedule:
-    """Build the schedule ``name`` for ``num_devices`` devices and ``num_microbatches``
-    micro-batches (per batch, for 2bw).
+    """Build the registered schedule ``name`` for ``num_devices`` devices and
+    ``num_microbatches`` micro-batches (per batch, for 2bw).
 
-    ``num_chunks`` is v for ``interleaved`` (and BPipe's interleaved variant, named
-    ``bpipe-interleaved``); ``num_batches`` is how many batches a ``2bw`` schedule runs
-    without a flush. Raises :class:`ScheduleConfigError` with what to change for an invalid
-    combination. With ``check`` the result is validated (always true for our generators; the
-    tests rely on it, production callers may skip the cost).
+    ``parameters`` are the family's own (``num_chunks`` for interleaved schedules,
+    ``num_batches`` for 2bw, ...; :attr:`ScheduleFamily.parameters`); one the family does not
+    take is an error, a missing one takes its default. Raises :class:`ScheduleConfigError`
+    with what to change for an invalid combination. With ``check`` the result is validated
+    (always true for our generators; the tests rely on it, production callers may skip the
+    cost).
     """
-    if name == "gpipe":
-        schedule = gpipe(num_devices, num_microbatches)
-    elif name == "1f1b":
-        schedule = one_f_one_b(num_devices, num_microbatches)
-    elif name == "interleaved":
-        schedule = interleaved(num_devices, num_microbatches, num_chunks)
-    elif name == "bpipe":
-        schedule = bpipe(num_devices, num_microbatches)
-    elif name == "bpipe-interleaved":
-        schedule = bpipe(num_devices, num_microbatches, num_chunks)
-    elif name in VSHAPE_NAMES:
-        schedule = vshape(name, num_devices, num_microbatches)
-    elif name == "2bw":
-        schedule = pipedream_2bw(num_devices, num_microbatches, num_batches)
-    else:
-        raise ScheduleConfigError(
-            f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}"
-        )
+    family = schedule_family(name)
+    schedule = family.build(num_devices, num_microbatches, family.resolve(parameters))
     return validate(schedule) if check else schedule

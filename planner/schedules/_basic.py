@@ -1,5 +1,4 @@
-"""Generators of the classic schedules: GPipe, 1F1B, Megatron's interleaved 1F1B, and
-PipeDream-2BW (1F1B without flush, two weight versions).
+"""Generators of the classic schedules: GPipe, 1F1B and Megatron's interleaved 1F1B.
 
 Every generator returns compute actions only (plus OPTIMIZER_STEP and, for 2BW,
 WEIGHT_VERSION); communication is implied by the stage order and made explicit by
@@ -12,8 +11,17 @@ from collections.abc import Iterable
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._ir import Action, ActionKind, Schedule, looped_placement
+from planner.schedules._registry import NUM_CHUNKS, ScheduleFamily, register
 
-__all__ = ["gpipe", "interleaved", "one_f_one_b", "pipedream_2bw", "require"]
+__all__ = [
+    "check_counts",
+    "gpipe",
+    "interleaved",
+    "one_f_one_b",
+    "one_f_one_b_order",
+    "optimizer_step",
+    "require",
+]
 
 F, BW = ActionKind.F, ActionKind.BW
 
@@ -24,7 +32,7 @@ def require(condition: bool, message: str) -> None:
         raise ScheduleConfigError(message)
 
 
-def _check_counts(name: str, num_devices: int, num_microbatches: int) -> None:
+def check_counts(name: str, num_devices: int, num_microbatches: int) -> None:
     require(
         num_devices >= 1, f"{name}: the number of devices must be at least 1, got {num_devices}"
     )
@@ -34,24 +42,26 @@ def _check_counts(name: str, num_devices: int, num_microbatches: int) -> None:
     )
 
 
-def _step(stage: int, microbatch: int, chunk: int = 0, version: int | None = None) -> Action:
+def optimizer_step(
+    stage: int, microbatch: int, chunk: int = 0, version: int | None = None
+) -> Action:
     return Action(ActionKind.OPTIMIZER_STEP, stage, microbatch, chunk, version=version)
 
 
 def gpipe(num_devices: int, num_microbatches: int) -> Schedule:
     """GPipe: all forwards, then all backwards, then the optimizer step (one stage a device)."""
-    _check_counts("gpipe", num_devices, num_microbatches)
+    check_counts("gpipe", num_devices, num_microbatches)
     m = num_microbatches
     rows = []
     for s in range(num_devices):
         row = [Action(F, s, k) for k in range(m)]
         row += [Action(BW, s, k) for k in range(m)]
-        row.append(_step(s, m - 1))
+        row.append(optimizer_step(s, m - 1))
         rows.append(tuple(row))
     return Schedule("gpipe", num_devices, m, tuple(range(num_devices)), tuple(rows))
 
 
-def _one_f_one_b_order(stage: int, num_stages: int, microbatches: Iterable[int]) -> list[Action]:
+def one_f_one_b_order(stage: int, num_stages: int, microbatches: Iterable[int]) -> list[Action]:
     """1F1B order of one stage: warm-up forwards, steady F/B pairs, cool-down backwards."""
     mbs = list(microbatches)
     warmup = min(num_stages - stage - 1, len(mbs))
@@ -68,12 +78,12 @@ def one_f_one_b(num_devices: int, num_microbatches: int) -> Schedule:
     min(p - s - 1, m) warm-up forwards, then alternates forward and backward.
 
     Stage s holds at most min(p - s, m) micro-batches (BPipe paper, Eq. 2)."""
-    _check_counts("1f1b", num_devices, num_microbatches)
+    check_counts("1f1b", num_devices, num_microbatches)
     m = num_microbatches
     rows = []
     for s in range(num_devices):
-        row = _one_f_one_b_order(s, num_devices, range(m))
-        row.append(_step(s, m - 1))
+        row = one_f_one_b_order(s, num_devices, range(m))
+        row.append(optimizer_step(s, m - 1))
         rows.append(tuple(row))
     return Schedule("1f1b", num_devices, m, tuple(range(num_devices)), tuple(rows))
 
@@ -84,7 +94,7 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
     other; device r warms up with ``(p - r - 1) * 2 + (v - 1) * p`` forwards (Narayanan et al.
     2021, as in Megatron-LM's ``forward_backward_pipelining_with_interleaving``)."""
     p, m, v = num_devices, num_microbatches, num_chunks
-    _check_counts("interleaved", p, m)
+    check_counts("interleaved", p, m)
     require(v >= 2, f"interleaved: needs at least 2 chunks per device, got {v}; use 1f1b for 1")
     require(
         m % p == 0,
@@ -123,58 +133,49 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
             bwd(i)
         for k in range(total - warmup, total):
             bwd(k)
-        row += [_step(c * p + r, m - 1, c) for c in range(v)]
+        row += [optimizer_step(c * p + r, m - 1, c) for c in range(v)]
         rows.append(tuple(row))
     return Schedule(
         "interleaved", p, m, looped_placement(p, v), tuple(rows), meta={"num_chunks": v}
     )
 
 
-def weight_version_2bw(microbatch: int, num_microbatches: int) -> int:
-    """Weight version used by a micro-batch under 2BW (PipeDream-2BW §3.1): with k the
-    1-indexed micro-batch and m micro-batches per batch, max(floor((k - 1) / m) - 1, 0)."""
-    k = microbatch + 1
-    return max((k - 1) // num_microbatches - 1, 0)
-
-
-def pipedream_2bw(num_devices: int, num_microbatches: int, num_batches: int = 2) -> Schedule:
-    """PipeDream-2BW: 1F1B over ``num_batches`` batches of m micro-batches with no flush in
-    between. After the backward of a batch's last micro-batch a stage steps its optimizer,
-    producing weight version b + 1 from batch b's coalesced gradient; forwards switch to a new
-    version (WEIGHT_VERSION) when the paper's formula says so, and each micro-batch's backward
-    uses the version its forward used. At most two versions are alive per stage."""
-    p, m = num_devices, num_microbatches
-    _check_counts("2bw", p, m)
-    require(num_batches >= 1, f"2bw: the number of batches must be at least 1, got {num_batches}")
-    require(
-        m >= p,
-        f"2bw: needs at least as many micro-batches per batch as devices (m >= p), got "
-        f"m={m} for p={p}; use m >= {p}",
+register(
+    ScheduleFamily(
+        name="gpipe",
+        title="GPipe",
+        citation="Huang et al., GPipe, NeurIPS 2019",
+        build=lambda p, m, _: gpipe(p, m),
+        runtimes=frozenset({"stagewright", "torch"}),
+        inflight_grows_with_microbatches=True,
+        memory_rule="every device holds all m micro-batches of its stage at its peak",
     )
-    total = m * num_batches
-    rows = []
-    for s in range(p):
-        row: list[Action] = []
-        version = 0
-        for action in _one_f_one_b_order(s, p, range(total)):
-            if action.kind is F:
-                wanted = weight_version_2bw(action.microbatch, m)
-                if wanted != version:
-                    row.append(
-                        Action(ActionKind.WEIGHT_VERSION, s, action.microbatch, version=wanted)
-                    )
-                    version = wanted
-            row.append(action)
-            if action.kind is BW and action.microbatch % m == m - 1:
-                batch = action.microbatch // m
-                row.append(_step(s, action.microbatch, version=batch + 1))
-        rows.append(tuple(row))
-    return Schedule(
-        "2bw",
-        p,
-        m,
-        tuple(range(p)),
-        tuple(rows),
-        num_batches=num_batches,
-        meta={"weight_versions": "max(floor((k-1)/m) - 1, 0) for 1-indexed micro-batch k"},
+)
+register(
+    ScheduleFamily(
+        name="1f1b",
+        title="1F1B (PipeDream-Flush)",
+        citation="Narayanan et al., PipeDream-2BW/Flush, ICML 2021; Megatron-LM's default",
+        build=lambda p, m, _: one_f_one_b(p, m),
+        runtimes=frozenset({"stagewright", "torch", "megatron"}),
+        # Device s warms up with min(p - s, m) forwards.
+        inflight_saturation=lambda p: p,
+        memory_rule="stage s holds min(p - s, m) micro-batches (BPipe Eq. 2)",
     )
+)
+register(
+    ScheduleFamily(
+        name="interleaved",
+        title="Interleaved 1F1B",
+        citation="Narayanan et al., Efficient Large-Scale Language Model Training on GPU "
+        "Clusters Using Megatron-LM, SC 2021",
+        build=lambda p, m, params: interleaved(p, m, int(params[NUM_CHUNKS.name])),
+        parameters=(NUM_CHUNKS,),
+        runtimes=frozenset({"stagewright", "torch", "megatron"}),
+        min_devices=2,
+        microbatches_multiple_of_devices=True,
+        idle_vs_1f1b=0.5,  # 1/v with the default v = 2 (Narayanan et al. 2021)
+        inflight_saturation=lambda p: 2 * p,
+        memory_rule="device r holds about (1 + (p - 1) / (p v)) of 1F1B's device r",
+    )
+)

@@ -28,6 +28,7 @@ from planner.schedules._basic import interleaved, one_f_one_b, require
 from planner.schedules._engine import compile_schedule, run_timing
 from planner.schedules._inflight import saved_peak
 from planner.schedules._ir import Action, ActionKind, Schedule
+from planner.schedules._registry import ScheduleFamily, register
 
 __all__ = ["bpipe", "bpipe_mu_opt", "plan_transfers"]
 
@@ -204,3 +205,19 @@ def _add_acceptor_mirrors(
         merged += [m for _, m in pending[k:]]
         out.append(tuple(merged))
     return tuple(out)
+
+
+register(
+    ScheduleFamily(
+        name="bpipe",
+        title="BPipe",
+        citation="Kim et al., BPipe: Memory-Balanced Pipeline Parallelism for Training Large "
+        "Language Models, ICML 2023",
+        build=lambda p, m, _: bpipe(p, m),
+        transfers=True,
+        min_devices=2,
+        inflight_saturation=lambda p: (3 * p + 1) // 2,
+        memory_rule="1F1B with evictions to the pair device: at most ceil((p + 2) / 2) "
+        "micro-batches per stage (§3.3)",
+    )
+)

@@ -26,12 +26,14 @@ literal reading V-Half would hold 4/6 of 1F1B's memory on device 1 and 2/6 on de
 from __future__ import annotations
 
 from bisect import bisect_right, insort
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
 from planner.schedules._ir import Action, ActionKind, Schedule, v_placement
+from planner.schedules._registry import ScheduleFamily, register
 
 __all__ = ["VSHAPE_NAMES", "BlockOffsets", "block_offsets", "building_block", "vshape"]
 
@@ -356,3 +358,31 @@ def _reorder_cooldown(orders: list[list[Action]], num_stages: int, m: int) -> li
                 cells[t] = waiting.pop(0)
         result.append([cells[t] for t in sorted(cells)] + waiting)
     return result
+
+
+def _register(
+    name: str, title: str, idle: float, saturation: Callable[[int], int], memory: str
+) -> None:
+    register(
+        ScheduleFamily(
+            name=name,
+            title=title,
+            citation='Qi et al., "Pipeline Parallelism with Controllable Memory", 2024',
+            build=lambda p, m, _: vshape(name, p, m),
+            placement="v",
+            split_backward=True,
+            runtimes=frozenset({"stagewright", "torch"}),
+            min_devices=2,
+            idle_vs_1f1b=idle,
+            inflight_saturation=saturation,
+            memory_rule=memory,
+        )
+    )
+
+
+# Idle time relative to 1F1B's: Table 1 (V-Min 4d/6d, V-Half 3d/6d, V-ZB about 0, counted
+# here as one stage time in six). In-flight profiles fill after p + 1 micro-batches (V-Min,
+# V-Half) or 2p (V-ZB).
+_register("v-min", "V-Min", 4 / 6, lambda p: p + 1, "about 1/3 of 1F1B's peak (Table 1)")
+_register("v-half", "V-Half", 3 / 6, lambda p: p + 1, "about 1/2 of 1F1B's peak (Table 1)")
+_register("v-zb", "V-ZB", 1 / 6, lambda p: 2 * p, "1F1B's peak, about zero bubble (Table 1)")

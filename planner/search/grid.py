@@ -33,7 +33,7 @@ from planner.costmodel.evaluate import (
 from planner.costmodel.memory import GIB
 from planner.launch import executor_config, megatron_args, torch_pipelining_csv, torchrun_commands
 from planner.profiles import ProfileStore, default_store
-from planner.schedules import Schedule, generate
+from planner.schedules import BASELINE_SCHEDULE, Schedule, generate, schedule_family
 from planner.specs import (
     DEFAULT_MICRO_BATCH_SIZES,
     Candidate,
@@ -89,12 +89,9 @@ def _points(request: PlanRequest) -> Iterator[tuple[_Point, int]]:
 
 def _schedule_problem(schedule: str, point: _Point, m: int, layers: int) -> str | None:
     p = point.p
-    if schedule in ("bpipe", "v-min", "v-half", "v-zb", "interleaved") and p < 2:
-        return f"{schedule} needs a pipeline of at least 2 devices (p = {p})"
-    if schedule == "interleaved" and m % p:
-        return f"interleaved needs the micro-batches ({m}) to be a multiple of p = {p}"
-    if schedule == "2bw" and m < p:
-        return f"2bw needs at least p = {p} micro-batches per batch, got {m}"
+    problem = schedule_family(schedule).problem(p, m)
+    if problem is not None:
+        return problem
     stages = num_stages(schedule, p)
     if split_layers(layers, stages) is None:
         return (
@@ -263,7 +260,7 @@ def _summaries(
     for label, est in first.items():
         if label not in best:
             best[label] = price(ctx, est.config)
-    baseline = best.get("1f1b")
+    baseline = best.get(BASELINE_SCHEDULE)
     out = []
     for name in request.search.schedules:
         found = best.get(name)
@@ -360,7 +357,7 @@ def _notes(priced: Priced) -> list[str]:
     config = est.config
     costs = est.costs
     notes = [f"layer times: {costs.layer.source}"]
-    if config.schedule == "bpipe":
+    if schedule_family(config.schedule).transfers:
         forward = costs.forward[0]
         hidden = costs.transfer_s <= forward
         notes.append(

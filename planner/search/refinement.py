@@ -25,7 +25,7 @@ from planner.costmodel.evaluate import (
 from planner.costmodel.memory import GIB, bytes_per_parameter
 from planner.costmodel.timing import p2p_bytes
 from planner.placement import Placement
-from planner.schedules import ActionKind, generate
+from planner.schedules import ActionKind, generate, schedule_family
 from planner.search.cpsat import RefineOptions, check, refine
 from planner.search.placement_cpsat import PlacementWeights, optimize_placement
 from planner.specs import (
@@ -79,10 +79,10 @@ def _placement_weights(ctx: PlanContext, config: CandidateConfig) -> PlacementWe
     m = config.num_microbatches
     hop = 2 * m * p2p_bytes(r.model, r.training, config.micro_batch_size, config.t)
     pair = 0.0
-    if config.schedule == "bpipe":
+    if schedule_family(config.schedule).transfers:
         # Evictions per micro-batch are steady once the schedule runs 2p micro-batches.
         simulated = min(m, 2 * config.p)
-        shape = generate("bpipe", config.p, simulated, check=False)
+        shape = generate(config.schedule, config.p, simulated, check=False)
         evictions = shape.count(ActionKind.EVICT) / max(1, len(shape.meta.get("pairs", [])))
         pair = 2 * evictions * (m / simulated) * max(costs.activation_bytes)
     weight_b, grad_b, _ = bytes_per_parameter(r.training, config.d)

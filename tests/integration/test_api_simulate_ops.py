@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.schedules import generate
+from planner.schedules import SCHEDULE_NAMES, generate
 from planner.simulate import Durations, simulate
 from tests.integration.conftest import assert_problem, example
 
@@ -19,6 +19,7 @@ CONTRACT_PATHS = {
     ("get", "/v1/profiles"),
     ("post", "/v1/profiles"),
     ("post", "/v1/plans/{plan_id}/measurements"),
+    ("get", "/v1/schedules"),
     ("get", "/healthz"),
     ("get", "/metrics"),
 }
@@ -71,6 +72,8 @@ def test_simulate_per_stage_times_and_schedule_options(client):
         ({"schedule": "interleaved", "num_microbatches": 6}, "multiple"),
         ({"num_devices": 64, "num_microbatches": 512}, "limit of 16384"),
         ({"schedule": "pipedream"}, "schedule"),
+        ({"schedule": "v-half", "num_chunks": 2}, "v-half has no parameter num_chunks"),
+        ({"num_batches": 3}, "1f1b has no parameter num_batches"),
         ({"forward": -1}, "forward"),
         ({"num_devices": 0}, "num_devices"),
     ],
@@ -80,6 +83,28 @@ def test_simulate_errors(client, change, needle):
     body["backward"] = 1
     body.update(change)
     assert_problem(client.post("/v1/simulate", json=body), 422, needle)
+
+
+def test_simulate_passes_the_parameters_a_family_takes(client):
+    body = {"schedule": "interleaved", "num_devices": 2, "num_microbatches": 4, "forward": 1}
+    body |= {"backward": 1, "num_chunks": 3}
+    response = client.post("/v1/simulate", json=body)
+    assert response.status_code == 200, response.text
+    expected = simulate(generate("interleaved", 2, 4, num_chunks=3), Durations(1, 1))
+    assert response.json() == expected.to_contract()
+
+
+def test_schedules_lists_the_registry(client):
+    response = client.get("/v1/schedules")
+    assert response.status_code == 200
+    listed = response.json()
+    assert [f["name"] for f in listed] == list(SCHEDULE_NAMES)
+    by_name = {f["name"]: f for f in listed}
+    assert by_name["2bw"]["semantics"] == "stale" and by_name["2bw"]["weight_versions"] == 2
+    assert by_name["v-zb"]["split_backward"] and by_name["v-zb"]["placement"] == "v"
+    assert by_name["bpipe"]["transfers"] and by_name["bpipe"]["runtimes"] == ["stagewright"]
+    assert by_name["1f1b"]["runtimes"] == ["stagewright", "torch", "megatron"]
+    assert by_name["interleaved"]["parameters"][0]["name"] == "num_chunks"
 
 
 def test_simulate_rejects_non_finite_numbers(client):

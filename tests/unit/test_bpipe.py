@@ -7,7 +7,8 @@ from functools import cache
 
 import pytest
 
-from planner.schedules import ActionKind, bpipe_mu_opt, generate, plan_transfers
+from planner.schedules import ActionKind, bpipe_mu_opt, generate, plan_transfers, validate
+from planner.schedules._bpipe import bpipe
 from planner.simulate import Durations, simulate
 
 K = ActionKind
@@ -176,7 +177,7 @@ def test_acceptor_holds_the_evicted_activations():
 
 def test_interleaved_variant_of_appendix_a():
     """Appendix A: 4 devices, 2 chunks, 8 micro-batches: mu_opt = 9, stage 0 evicts two."""
-    schedule = generate("bpipe-interleaved", 4, 8, num_chunks=2)
+    schedule = validate(bpipe(4, 8, num_chunks=2))
     row = _device_actions(schedule, 0)
     assert schedule.meta["mu_opt"] == 9
     first_backward = next(i for i, a in enumerate(row) if a.kind is K.BW)

@@ -128,6 +128,15 @@ def test_per_stage_times_are_accepted(capsys):
             ["--schedule", "1f1b", "--devices", "4", "--microbatches", "4", "--f", "1,2"],
             "got 2 values for 4 stages",
         ),
+        (
+            ["--schedule", "v-half", "--devices", "4", "--microbatches", "4", "--chunks", "2"],
+            "--chunks does not apply to v-half (it takes no parameter)",
+        ),
+        (
+            ["--schedule", "interleaved", "--devices", "4", "--microbatches", "4", "--batches"]
+            + ["3"],
+            "--batches does not apply to interleaved (it takes --chunks)",
+        ),
     ],
 )
 def test_bad_input_is_one_line_with_what_to_change(capsys, args, message):

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import ScheduleConfigError
-from planner.schedules import SCHEDULE_NAMES, generate, validate
+from planner.schedules import SCHEDULE_NAMES, generate, schedule_family, validate
 from planner.simulate import Durations, simulate
 from tests.unit.helpers import assert_complete, assert_dependencies_hold
 
@@ -16,9 +16,10 @@ PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 
 def _microbatches(name: str, devices: int, draw_factor: int) -> int:
     """A micro-batch count the schedule accepts, from a small multiplier."""
-    if name == "interleaved":
+    family = schedule_family(name)
+    if family.microbatches_multiple_of_devices:
         return devices * draw_factor
-    if name == "2bw":
+    if family.microbatches_at_least_devices:
         return devices + draw_factor - 1
     return draw_factor * 2 - 1 if draw_factor > 1 else 1
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 
 from planner.costmodel.evaluate import (
-    INTERLEAVED_CHUNKS,
     _built_shape,
     _shape,
     inflight_microbatches,
     shape_profile,
 )
-from planner.schedules import SCHEDULE_NAMES, generate
+from planner.schedules import families, generate, schedule_family
 from planner.schedules._inflight import InflightProfile, inflight_profile
 
 DEVICES = (2, 3, 4, 5, 8, 13, 16, 32)
@@ -23,7 +22,7 @@ def _normal(profile: InflightProfile) -> list[list[tuple[tuple[int, int], ...]]]
 
 
 def _whole(schedule: str, p: int, m: int) -> InflightProfile:
-    built = generate(schedule, p, m, num_chunks=INTERLEAVED_CHUNKS, num_batches=2, check=False)
+    built = generate(schedule, p, m, check=False)
     return inflight_profile(built)
 
 
@@ -32,14 +31,14 @@ def _counts_beyond_the_cap(schedule: str, p: int) -> list[int]:
     near it and well beyond it; only counts the schedule accepts."""
     cap = inflight_microbatches(schedule, p, 10**6)
     counts = {cap + 1, cap + 2, cap + p // 2 + 1, 2 * cap + 1, 3 * p + 1}
-    if schedule == "interleaved":
+    if schedule_family(schedule).microbatches_multiple_of_devices:
         counts = {-(-c // p) * p for c in counts}
     return sorted(c for c in counts if c > cap)
 
 
 @pytest.mark.parametrize(
     "schedule, p",
-    [(s, p) for s in SCHEDULE_NAMES if s != "gpipe" for p in DEVICES]
+    [(f.name, p) for f in families() if f.inflight_saturation is not None for p in DEVICES]
     + [("bpipe", 48), ("bpipe", 64)],
 )
 def test_the_profile_stops_changing_at_the_cap(schedule, p):

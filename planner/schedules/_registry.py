@@ -1,0 +1,254 @@
+"""The schedule registry: one entry per schedule family, the one place that knows a family.
+
+Everything outside :mod:`planner.schedules` asks an entry (:class:`ScheduleFamily`) instead of
+comparing a schedule's name: the cost model (stages per device, placement, in-flight counts,
+weight copies, transfers), the search (which (p, m) a family can run), launch (which runtimes
+can run it), the API and CLI (names, parameters) and the dashboard. A schedule name is data.
+
+Adding a schedule is one module: its generator plus a :func:`register` call with its entry,
+imported by ``planner/schedules/__init__.py``; registration order is listing order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.errors import ScheduleConfigError
+from planner.schedules._ir import Schedule, looped_placement, v_placement
+
+__all__ = [
+    "BASELINE_SCHEDULE",
+    "MEMORY_LIMIT",
+    "NUM_BATCHES",
+    "NUM_CHUNKS",
+    "RUNTIMES",
+    "Parameter",
+    "Runtime",
+    "ScheduleFamily",
+    "Semantics",
+    "families",
+    "register",
+    "schedule_family",
+    "schedule_names",
+]
+
+Runtime = Literal["stagewright", "torch", "megatron"]
+RUNTIMES: tuple[Runtime, ...] = ("stagewright", "torch", "megatron")
+"""stagewright's executor; torch.distributed.pipelining (its CSV runtime); Megatron-LM."""
+Semantics = Literal["synchronous", "stale"]
+BASELINE_SCHEDULE = "1f1b"
+"""The reference every other schedule is compared with (``speedup_vs_1f1b``; memory limits
+are fractions of its peak activation)."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A generator parameter a family takes besides devices and micro-batches."""
+
+    name: str
+    description: str
+    default: float | None  # None: the caller must give it
+    minimum: float
+    integer: bool = True
+
+    def check(self, family: str, value: float) -> float:
+        """``value`` if it suits this parameter, else a ScheduleConfigError saying why."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ScheduleConfigError(f"{family}: {self.name} must be a number, got {value!r}")
+        if self.integer and value != int(value):
+            raise ScheduleConfigError(f"{family}: {self.name} must be a whole number, got {value}")
+        if not value >= self.minimum:  # also refuses NaN
+            raise ScheduleConfigError(
+                f"{family}: {self.name} must be at least {self.minimum:g}, got {value}"
+            )
+        return int(value) if self.integer else float(value)
+
+
+NUM_CHUNKS = Parameter("num_chunks", "Stages per device (v).", 2, 1)
+NUM_BATCHES = Parameter("num_batches", "Batches run one after the other without a flush.", 2, 1)
+MEMORY_LIMIT = Parameter(
+    "memory_limit",
+    "Activation memory limit per device, as a fraction of 1F1B's peak (1F1B's device 0).",
+    None,
+    0.0,
+    integer=False,
+)
+
+Builder = Callable[[int, int, Mapping[str, float]], Schedule]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleFamily:
+    """Everything stagewright knows about one schedule family.
+
+    ``build(devices, microbatches, parameters)`` returns the schedule (unvalidated) with the
+    family's ``parameters`` resolved (defaults filled, see :meth:`resolve`).
+    """
+
+    name: str
+    title: str
+    citation: str
+    build: Builder
+    parameters: tuple[Parameter, ...] = ()
+    placement: Literal["looped", "v"] = "looped"
+    """Stage -> device: ``looped`` puts stage s on device s % p (one stage per device, or
+    ``num_chunks`` when the family has that parameter); ``v`` puts two stages per device in a
+    V (device i holds stages i and 2p - 1 - i)."""
+    split_backward: bool = False
+    """Backward split into B (input gradient) and W (weight gradient); the executor runs them
+    as separate actions."""
+    transfers: bool = False
+    """BPipe's EVICT/LOAD between pair devices: the executor moves saved activations, the
+    cost model prices the pair link and places pairs adjacently (BPipe §3.5)."""
+    weight_versions: int = 1
+    """Weight copies a device keeps (2 for PipeDream-2BW)."""
+    semantics: Semantics = "synchronous"
+    """``synchronous``: the same gradients as a single process; ``stale``: an update uses
+    gradients of older weights (PipeDream-2BW's 1-stale rule)."""
+    runtimes: frozenset[Runtime] = frozenset({"stagewright"})
+    """Which runtimes can run the schedule as planned."""
+    min_devices: int = 1
+    microbatches_multiple_of_devices: bool = False
+    microbatches_at_least_devices: bool = False
+    flush_per_batch: bool = True
+    """False when batches follow one another without a flush (2BW): its steady state is per
+    batch, not per micro-batch."""
+    idle_vs_1f1b: float = 1.0
+    """Idle time relative to 1F1B's (p - 1) stage times, used only to rank candidates before
+    the exact simulation."""
+    inflight_saturation: Callable[[int], int] | None = None
+    """Micro-batches after which the in-flight profile stops changing, as a function of p
+    (tests check each against building every micro-batch); None: build all of them."""
+    inflight_grows_with_microbatches: bool = False
+    """Peak saved micro-batches proportional to m (GPipe): count with one and scale."""
+    memory_rule: str = ""
+    """The family's activation memory, in words (for people; the numbers come from the
+    schedule's own order)."""
+
+    # ------------------------------------------------------------------ questions
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parameters)
+
+    def has_parameter(self, name: str) -> bool:
+        return name in self.parameter_names
+
+    def resolve(self, given: Mapping[str, float]) -> dict[str, float]:
+        """The family's parameters with defaults filled. A parameter the family does not
+        take, or a missing required one, is an error naming what it takes."""
+        known = {p.name: p for p in self.parameters}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            takes = ", ".join(known) if known else "none"
+            raise ScheduleConfigError(
+                f"{self.name} has no parameter {', '.join(unknown)}; its parameters: {takes}"
+            )
+        values: dict[str, float] = {}
+        for name, parameter in known.items():
+            if name in given:
+                values[name] = parameter.check(self.name, given[name])
+            elif parameter.default is None:
+                raise ScheduleConfigError(
+                    f"{self.name} needs {name}: {parameter.description[0].lower()}"
+                    f"{parameter.description[1:]}"
+                )
+            else:
+                values[name] = parameter.default
+        return values
+
+    def stages_per_device(self, parameters: Mapping[str, float] | None = None) -> int:
+        if self.placement == "v":
+            return 2
+        if self.has_parameter(NUM_CHUNKS.name):
+            return int(self.resolve(parameters or {})[NUM_CHUNKS.name])
+        return 1
+
+    def num_stages(self, num_devices: int, parameters: Mapping[str, float] | None = None) -> int:
+        return num_devices * self.stages_per_device(parameters)
+
+    def stage_devices(
+        self, num_devices: int, parameters: Mapping[str, float] | None = None
+    ) -> tuple[int, ...]:
+        """Stage -> device, by the family's placement rule (no schedule needed)."""
+        if self.placement == "v":
+            return v_placement(num_devices)
+        return looped_placement(num_devices, self.stages_per_device(parameters))
+
+    def problem(self, num_devices: int, num_microbatches: int) -> str | None:
+        """Why the family cannot run p devices with m micro-batches, or None."""
+        p, m = num_devices, num_microbatches
+        if p < self.min_devices:
+            return f"{self.name} needs a pipeline of at least {self.min_devices} devices (p = {p})"
+        if self.microbatches_multiple_of_devices and m % p:
+            return f"{self.name} needs the micro-batches ({m}) to be a multiple of p = {p}"
+        if self.microbatches_at_least_devices and m < p:
+            return f"{self.name} needs at least p = {p} micro-batches per batch, got {m}"
+        return None
+
+    def inflight_microbatches(self, num_devices: int, num_microbatches: int) -> int:
+        """Micro-batches to build the schedule with to count the in-flight micro-batches of
+        a run of m (see :attr:`inflight_saturation`)."""
+        if self.inflight_grows_with_microbatches:
+            return 1
+        if self.inflight_saturation is None:
+            return num_microbatches
+        return min(num_microbatches, self.inflight_saturation(num_devices))
+
+    def describe(self) -> dict[str, object]:
+        """The entry as JSON-able data (the API's and the dashboard's view)."""
+        return {
+            "name": self.name,
+            "title": self.title,
+            "citation": self.citation,
+            "parameters": [
+                {
+                    "name": p.name,
+                    "description": p.description,
+                    "default": p.default,
+                    "minimum": p.minimum,
+                    "integer": p.integer,
+                }
+                for p in self.parameters
+            ],
+            "placement": self.placement,
+            "stages_per_device": self.stages_per_device(),
+            "split_backward": self.split_backward,
+            "transfers": self.transfers,
+            "weight_versions": self.weight_versions,
+            "semantics": self.semantics,
+            "runtimes": [r for r in RUNTIMES if r in self.runtimes],
+            "min_devices": self.min_devices,
+            "memory_rule": self.memory_rule,
+        }
+
+
+_FAMILIES: dict[str, ScheduleFamily] = {}
+
+
+def register(family: ScheduleFamily) -> ScheduleFamily:
+    """Add ``family`` to the registry (once per name)."""
+    if family.name in _FAMILIES:
+        raise ValueError(f"schedule family {family.name!r} is registered twice")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def schedule_family(name: str) -> ScheduleFamily:
+    """The entry of ``name``; an unknown name is an error listing the known ones."""
+    found = _FAMILIES.get(name)
+    if found is None:
+        raise ScheduleConfigError(
+            f"unknown schedule {name!r}; choose one of {', '.join(map(repr, _FAMILIES))}"
+        )
+    return found
+
+
+def families() -> tuple[ScheduleFamily, ...]:
+    """Every registered family, in listing order."""
+    return tuple(_FAMILIES.values())
+
+
+def schedule_names() -> tuple[str, ...]:
+    return tuple(_FAMILIES)
