@@ -155,17 +155,20 @@ def simulate(
     )
     if len(sizes) != num_stages:
         raise SimulationError(f"activation sizes: got {len(sizes)} values for {num_stages} stages")
-    table = {
-        K.F: fwd,
-        K.B: bwd,
-        K.W: wgt,
-        K.BW: [b + w for b, w in zip(bwd, wgt, strict=True)],
-    }
-    optimizer = [durations.optimizer] * num_stages
-    duration = [
-        table.get(kind, optimizer)[stage]
-        for kind, stage in zip(compiled.kinds, compiled.stages, strict=True)
-    ]
+    # Rows in the order of CompiledSchedule.pass_codes: F, B, W, BW, anything else.
+    table = np.array(
+        [
+            fwd,
+            bwd,
+            wgt,
+            [b + w for b, w in zip(bwd, wgt, strict=True)],
+            [durations.optimizer] * num_stages,
+        ],
+        dtype=np.float64,
+    )
+    codes, stages = compiled.pass_codes
+    duration_array = table[codes, stages]
+    duration = duration_array.tolist()
     timing = run_timing(
         compiled,
         duration,
@@ -174,7 +177,7 @@ def simulate(
         overlap_transfers=durations.overlap_transfers,
     )
     start, end = timing.start, timing.end
-    devices = _device_stats(compiled, start, end)
+    devices = _device_stats(compiled, start, end, duration_array)
     makespan = max((d.end for d in devices), default=0.0)
     memory = _memory_curves(compiled, start, end, sizes) if track_memory else []
     peaks = [max((level for _, level in curve), default=0.0) for curve in memory]
@@ -182,20 +185,28 @@ def simulate(
 
 
 def _device_stats(
-    compiled: CompiledSchedule, start: list[float], end: list[float]
+    compiled: CompiledSchedule, start: list[float], end: list[float], duration: np.ndarray
 ) -> list[DeviceStats]:
     """Span and busy time per device. Zero-time markers (SEND/RECV, version switches, the
-    acceptor's mirrors) are bookkeeping, not work, and do not open or close a device's span."""
-    stats = []
-    for work, compute in compiled.work_by_device:
-        if not work:
-            stats.append(DeviceStats(0.0, 0.0, 0.0))
-            continue
-        busy = 0.0
-        for i in compute:
-            busy += end[i] - start[i]
-        stats.append(DeviceStats(start[work[0]], max([end[i] for i in work]), busy))
-    return stats
+    acceptor's mirrors) are bookkeeping, not work, and do not open or close a device's span.
+    Busy time is the sum of the device's compute durations."""
+    work, first, compute, compute_device = compiled.device_spans
+    devices = len(first)
+    busy = np.bincount(compute_device, weights=duration[compute], minlength=devices)
+    if len(work):
+        ends = np.asarray(end, dtype=np.float64)[work]
+        present = first >= 0
+        latest = np.zeros(devices)
+        latest[present] = np.maximum.reduceat(ends, first[present])
+        starts = np.asarray(start, dtype=np.float64)[work[np.maximum(first, 0)]]
+    else:
+        latest = starts = np.zeros(devices)
+    return [
+        DeviceStats(float(starts[d]), float(latest[d]), float(busy[d]))
+        if first[d] >= 0
+        else DeviceStats(0.0, 0.0, 0.0)
+        for d in range(devices)
+    ]
 
 
 def _memory_curves(

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from planner.errors import InvalidScheduleError
 from planner.schedules._ir import Action, ActionKind, Schedule
 
@@ -65,6 +67,71 @@ class CompiledSchedule:
 
     def inputs(self, i: int) -> list[int]:
         return [j for j in (self.dep_a[i], self.dep_b[i]) if j >= 0]
+
+    @cached_property
+    def has_transfers(self) -> bool:
+        return TRANSFER in self.lane
+
+    @cached_property
+    def order(self) -> list[int]:
+        """Every action id in an order the devices can run them: each device's list in its
+        order, each action after its inputs. Which actions can run next never depends on
+        durations, so this is computed once and every timing follows it. Raises
+        InvalidScheduleError (rule 6) on a deadlock."""
+        dep_a, dep_b, offsets = self.dep_a, self.dep_b, self.offsets
+        done = [False] * len(dep_a)
+        pointer = offsets[:-1].copy()
+        waiters: dict[int, list[int]] = {}
+        order: list[int] = []
+        append = order.append
+        work = list(range(len(offsets) - 1))
+        while work:
+            device = work.pop()
+            i = pointer[device]
+            stop = offsets[device + 1]
+            while i < stop:
+                j = dep_a[i]
+                if j >= 0 and not done[j]:
+                    waiters.setdefault(j, []).append(device)
+                    break
+                j = dep_b[i]
+                if j >= 0 and not done[j]:
+                    waiters.setdefault(j, []).append(device)
+                    break
+                done[i] = True
+                append(i)
+                if waiters:
+                    woken = waiters.pop(i, None)
+                    if woken:
+                        work.extend(woken)
+                i += 1
+            pointer[device] = i
+        if len(order) != len(dep_a):
+            end = [0.0 if d else -1.0 for d in done]
+            raise InvalidScheduleError(6, _deadlock_message(self, pointer, end))
+        return order
+
+    @cached_property
+    def pass_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(code, stage) per action as arrays: code 0-3 for F, B, W, BW and 4 for every
+        other kind, to look durations up in one indexing step."""
+        code = {ActionKind.F: 0, ActionKind.B: 1, ActionKind.W: 2, ActionKind.BW: 3}
+        codes = np.fromiter((code.get(k, 4) for k in self.kinds), np.int64, len(self.kinds))
+        return codes, np.asarray(self.stages, dtype=np.int64)
+
+    @cached_property
+    def device_spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Ids of the actions that are not zero-time markers, grouped by device, with the
+        index where each device's group starts (-1 when it has none); and the ids of the
+        compute actions with their devices: what a device's span and busy time are made of."""
+        lane = np.asarray(self.lane, dtype=np.int8)
+        device = np.asarray(self.device_of, dtype=np.int64)
+        work = np.flatnonzero(lane != MARKER)
+        devices = len(self.offsets) - 1
+        first = np.searchsorted(device[work], np.arange(devices))
+        present = np.bincount(device[work], minlength=devices) > 0
+        compute = np.flatnonzero(lane == COMPUTE)
+        return work, np.where(present, first, -1), compute, device[compute]
 
     @cached_property
     def work_by_device(self) -> list[tuple[list[int], list[int]]]:
@@ -217,6 +284,10 @@ def run_timing(
     Raises InvalidScheduleError (rule 6) naming the blocked actions when the devices' orders
     wait on each other in a cycle (a deadlock)."""
     n = len(compiled.action_of)
+    if len(duration) != n:
+        raise ValueError(f"{len(duration)} durations for {n} actions")
+    if not compiled.has_transfers:
+        return _time_in_order(compiled, duration, comm)
     lane = compiled.lane
     dep_a, cross_a = compiled.dep_a, compiled.cross_a
     dep_b, cross_b = compiled.dep_b, compiled.cross_b
@@ -299,6 +370,41 @@ def run_timing(
         pointer[device] = i
     if timed != n:
         raise InvalidScheduleError(6, _deadlock_message(compiled, pointer, end))
+    return Timing(compiled, start, end)
+
+
+def _time_in_order(compiled: CompiledSchedule, duration: Sequence[float], comm: float) -> Timing:
+    """:func:`run_timing` for schedules without transfers: one pass over the precomputed
+    order (each action starts when its device is free and its inputs have arrived; markers
+    take no time and do not wait for data)."""
+    n = len(compiled.action_of)
+    lane, device_of = compiled.lane, compiled.device_of
+    dep_a, cross_a = compiled.dep_a, compiled.cross_a
+    dep_b, cross_b = compiled.dep_b, compiled.cross_b
+    start = [0.0] * n
+    end = [0.0] * n
+    free = [0.0] * (len(compiled.offsets) - 1)
+    for i in compiled.order:
+        device = device_of[i]
+        s = free[device]
+        if lane[i] == COMPUTE:
+            j = dep_a[i]
+            if j >= 0:
+                t = end[j] + comm if cross_a[i] else end[j]
+                if t > s:
+                    s = t
+            j = dep_b[i]
+            if j >= 0:
+                t = end[j] + comm if cross_b[i] else end[j]
+                if t > s:
+                    s = t
+            e = s + duration[i]
+            free[device] = e
+            start[i] = s
+            end[i] = e
+        else:
+            start[i] = s
+            end[i] = s
     return Timing(compiled, start, end)
 
 

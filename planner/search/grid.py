@@ -6,8 +6,10 @@ stages with no empty middle stage; interleaved needs m % p == 0 and p >= 2; 2BW 
 BPipe and V-shape need p >= 2. Every point that breaks one is listed as rejected with the
 reason, as is every candidate over the device's memory (with its predicted numbers).
 
-Feasible candidates are ranked by the fast estimate; the best ``max(top_k, 2 x top_k)`` are
-priced with the simulator and re-ranked by that.
+Feasible candidates are ranked by the fast estimate; the best ``2 x top_k`` are priced with
+the simulator and re-ranked by that, together with every schedule's exactly simulated best
+(found by simulating its configurations in order of a lower bound until the bound cannot
+beat the best found).
 """
 
 from __future__ import annotations
@@ -202,9 +204,9 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
 
         # First: it sets the optimized placements every pricing below then uses.
         refined, refine_notes = refine_plan(ctx, request, feasible, over_memory, capacity)
-    pool: list[tuple[Priced, RefinementInfo | None]] = [
-        (price(ctx, e.config), None) for e in feasible[: 2 * top_k]
-    ]
+    simulated = {i: price(ctx, e.config) for i, e in enumerate(feasible[: 2 * top_k])}
+    best_of = _best_of_each_schedule(ctx, feasible, simulated)
+    pool: list[tuple[Priced, RefinementInfo | None]] = [(pr, None) for pr in simulated.values()]
     pool += [(r.priced, r.info) for r in refined]
     pool.sort(key=lambda item: item[0].iteration_time_s)
     candidates = [_candidate(ctx, pr, info) for pr, info in pool[:top_k]]
@@ -212,8 +214,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
         candidates[0] = candidates[0].model_copy(
             update={"notes": candidates[0].notes + refine_notes}
         )
-    priced = [pr for pr, _ in pool]
-    by_schedule = _summaries(ctx, request, feasible, priced)
+    by_schedule = _summaries(request, feasible, best_of, [r.priced for r in refined])
     elapsed = (time.perf_counter() - started) * 1e3
     return Plan(
         id=uuid.uuid4().hex,
@@ -241,25 +242,51 @@ def _label(config: CandidateConfig) -> str:
     )
 
 
-def _summaries(
-    ctx: PlanContext, request: PlanRequest, feasible: list[Estimate], priced: list[Priced]
-) -> list[ScheduleSummary]:
-    """Best simulated configuration of each requested schedule (its estimate-best one is
-    simulated if the top candidates did not include it)."""
+def _best_of_each_schedule(
+    ctx: PlanContext, feasible: list[Estimate], simulated: dict[int, Priced]
+) -> dict[str, Priced]:
+    """The exactly simulated best configuration of every schedule among all that fit.
+
+    Per schedule, candidates are simulated in order of their lower bound (the busiest
+    device's compute, which no schedule beats) until the next bound is no better than the
+    best simulated so far. Configurations the ranking already simulated (``simulated``, by
+    index in ``feasible``) are reused, and every one simulated here is added to it, so the
+    ranking sees each schedule's best too."""
+    order: dict[str, list[tuple[float, int]]] = {}
+    for index, est in enumerate(feasible):
+        order.setdefault(est.config.schedule, []).append((est.lower_bound_s, index))
     best: dict[str, Priced] = {}
-    for pr in priced:
+    for name, bounds in order.items():
+        found = None
+        for bound, index in sorted(bounds):
+            if found is not None and bound >= found.iteration_time_s:
+                break
+            pr = simulated.get(index)
+            if pr is None:
+                pr = simulated[index] = price(ctx, feasible[index].config)
+            if found is None or pr.iteration_time_s < found.iteration_time_s:
+                found = pr
+        if found is not None:
+            best[name] = found
+    return best
+
+
+def _summaries(
+    request: PlanRequest,
+    feasible: list[Estimate],
+    best_of: dict[str, Priced],
+    refined: list[Priced],
+) -> list[ScheduleSummary]:
+    """The best configuration of each requested schedule: its exactly simulated best
+    (:func:`_best_of_each_schedule`), or a CP-SAT refinement of it when faster."""
+    best = dict(best_of)
+    for pr in refined:
         name = pr.estimate.config.schedule
         if name not in best or pr.iteration_time_s < best[name].iteration_time_s:
             best[name] = pr
     counts: dict[str, int] = {}
-    first: dict[str, Estimate] = {}
-    for est in feasible:  # sorted by estimated time
-        name = est.config.schedule
-        counts[name] = counts.get(name, 0) + 1
-        first.setdefault(name, est)
-    for label, est in first.items():
-        if label not in best:
-            best[label] = price(ctx, est.config)
+    for est in feasible:
+        counts[est.config.schedule] = counts.get(est.config.schedule, 0) + 1
     baseline = best.get(BASELINE_SCHEDULE)
     out = []
     for name in request.search.schedules:
