@@ -25,6 +25,7 @@ from planner.errors import StagewrightError, validation_problems
 __all__ = [
     "BUNDLED_PROFILES",
     "CalibrationRecord",
+    "ComputeUnits",
     "HardwareProfile",
     "JsonProfileStore",
     "LayerPoint",
@@ -95,6 +96,27 @@ class CalibrationRecord(BaseModel):
 
 
 @dataclass(frozen=True)
+class ComputeUnits:
+    """Facts about a device's compute that the shape-aware layer model needs (from the
+    vendor's datasheets and whitepapers, never fitted): streaming multiprocessors, L2 read
+    bandwidth (None where unpublished: then no tile is limited by it) and the GEMM tile
+    shapes its libraries use."""
+
+    sm_count: int
+    l2_bandwidth_gbps: float | None
+    gemm_tiles: tuple[tuple[int, int], ...]
+    source: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "sm_count": self.sm_count,
+            "l2_bandwidth_gbps": self.l2_bandwidth_gbps,
+            "gemm_tiles": [list(tile) for tile in self.gemm_tiles],
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """A device and its links. ``parameters`` overrides the cost model's free parameters
     (``planner.costmodel.parameters``) for this device: names must be registered and values
@@ -110,6 +132,7 @@ class HardwareProfile:
     intra_node: Link
     inter_node: Link
     source: str
+    compute: ComputeUnits | None = None
     parameters: Mapping[str, float] = field(default_factory=dict)
     calibration: CalibrationRecord | None = None
 
@@ -286,7 +309,39 @@ def hardware_from_dict(entry: dict[str, object]) -> HardwareProfile:
         calibration=None
         if entry.get("calibration") is None
         else CalibrationRecord.from_dict(entry["calibration"]),
+        compute=compute_from_dict(entry.get("compute")),
     )
+
+
+def compute_from_dict(value: object) -> ComputeUnits | None:
+    """The ``compute`` block of a hardware profile (None when absent); StagewrightError
+    naming the field when it is malformed."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise StagewrightError("hardware profile 'compute' must be an object")
+    try:
+        tiles = tuple((int(m), int(n)) for m, n in value["gemm_tiles"])
+        l2 = value.get("l2_bandwidth_gbps")
+        units = ComputeUnits(
+            sm_count=int(value["sm_count"]),
+            l2_bandwidth_gbps=None if l2 is None else float(l2),
+            gemm_tiles=tiles,
+            source=str(value.get("source", "")),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StagewrightError(
+            "hardware profile 'compute' needs sm_count (a positive integer), gemm_tiles "
+            f"(a list of [m, n] pairs) and optionally l2_bandwidth_gbps: {exc}"
+        ) from None
+    if units.sm_count < 1 or not tiles or any(m < 1 or n < 1 for m, n in tiles):
+        raise StagewrightError(
+            "hardware profile 'compute': sm_count and every tile size must be positive, "
+            "with at least one tile"
+        )
+    if units.l2_bandwidth_gbps is not None and units.l2_bandwidth_gbps <= 0:
+        raise StagewrightError("hardware profile 'compute': l2_bandwidth_gbps must be positive")
+    return units
 
 
 def points_from_dict(data: dict[str, object]) -> list[LayerPoint]:
