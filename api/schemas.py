@@ -97,6 +97,23 @@ class LinkSpec(_ApiModel):
     latency_us: float = Field(ge=0, le=1e6, description="Latency in microseconds.")
 
 
+class ComputeSpec(_ApiModel):
+    """A device's compute facts for the shape-aware layer model (from its datasheets)."""
+
+    sm_count: int = Field(ge=1, le=100_000, description="Streaming multiprocessors.")
+    l2_bandwidth_gbps: float | None = Field(
+        default=None, gt=0, le=1e8, description="L2 read bandwidth, GB/s; null if unpublished."
+    )
+    gemm_tiles: list[
+        tuple[Annotated[int, Field(ge=1, le=4096)], Annotated[int, Field(ge=1, le=4096)]]
+    ] = Field(
+        min_length=1,
+        max_length=64,
+        description="GEMM tile shapes [m, n] the device's libraries use, e.g. [[256, 128]].",
+    )
+    source: Note = Field(default="", description="Where the facts come from.")
+
+
 class HardwareIn(_ApiModel):
     """A hardware profile to create or replace (POST /v1/hardware)."""
 
@@ -113,11 +130,16 @@ class HardwareIn(_ApiModel):
     intra_node: LinkSpec = Field(description="Link between devices of one node.")
     inter_node: LinkSpec = Field(description="Link between nodes, per device.")
     source: Note = Field(default="", description="Where the numbers come from.")
+    compute: ComputeSpec | None = Field(
+        default=None,
+        description="SM count, L2 bandwidth and GEMM tiles for the shape-aware layer model; "
+        "null prices GEMMs without tile and wave quantization.",
+    )
     parameters: dict[Annotated[str, Field(max_length=64)], float] = Field(
         default_factory=dict,
         max_length=256,
         description="Overrides of the cost model's free parameters, {name: value}; each name "
-        "must be a registered parameter (e.g. 'roofline_efficiency') and each value within "
+        "must be a registered parameter (e.g. 'gemm_efficiency') and each value within "
         "its bounds. Parameters not named keep their defaults.",
     )
 

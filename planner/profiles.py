@@ -32,6 +32,7 @@ __all__ = [
     "Link",
     "ProfileStore",
     "UnknownHardwareError",
+    "compute_from_dict",
     "default_store",
     "extra_profile_dirs",
     "point_to_dict",

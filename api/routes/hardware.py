@@ -13,7 +13,13 @@ from starlette.responses import Response
 from api.deps import WRITE, SessionDep, strict_body
 from api.problems import ApiProblem
 from api.routes._docs import problems
-from api.schemas import HARDWARE_NAME_PATTERN, HardwareIn, HardwarePublic, LinkSpec
+from api.schemas import (
+    HARDWARE_NAME_PATTERN,
+    ComputeSpec,
+    HardwareIn,
+    HardwarePublic,
+    LinkSpec,
+)
 from api.store.models import Hardware
 from api.store.profiles import (
     WriteReport,
@@ -22,7 +28,7 @@ from api.store.profiles import (
     list_hardware,
     upsert_hardware,
 )
-from planner.profiles import HardwareProfile, Link
+from planner.profiles import ComputeUnits, HardwareProfile, Link
 
 __all__ = ["router"]
 
@@ -47,6 +53,9 @@ def hardware_public(row: Hardware, session: Session) -> HardwarePublic:
         intra_node=link(profile.intra_node),
         inter_node=link(profile.inter_node),
         source=row.source,
+        compute=None
+        if profile.compute is None
+        else ComputeSpec.model_validate(profile.compute.to_dict()),
         parameters=dict(profile.parameters),
         calibration=profile.calibration,
         revision=row.revision,
@@ -115,6 +124,14 @@ def write_hardware(body: HardwareIn, session: SessionDep, response: Response) ->
             body.inter_node.kind, body.inter_node.bandwidth_gbps, body.inter_node.latency_us
         ),
         source=body.source,
+        compute=None
+        if body.compute is None
+        else ComputeUnits(
+            sm_count=body.compute.sm_count,
+            l2_bandwidth_gbps=body.compute.l2_bandwidth_gbps,
+            gemm_tiles=tuple(body.compute.gemm_tiles),
+            source=body.compute.source,
+        ),
         parameters=body.parameters,
     )
     report = WriteReport()

@@ -70,7 +70,8 @@ class Hardware(Base):
 
     ``parameters`` overrides the cost model's free parameters (``{name: value}``, names
     from ``planner.costmodel.parameters``); ``calibration`` is the record of the fit that
-    set them (``planner.profiles.CalibrationRecord`` as JSON), or null."""
+    set them (``planner.profiles.CalibrationRecord`` as JSON), or null. ``compute`` holds the
+    device facts of the shape-aware layer model (``planner.profiles.ComputeUnits``), or null."""
 
     __tablename__ = "hardware"
 
@@ -87,6 +88,7 @@ class Hardware(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     parameters: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
     calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    compute: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class CommProfile(Base):

@@ -27,6 +27,7 @@ from planner.profiles import (
     LayerPoint,
     Link,
     UnknownHardwareError,
+    compute_from_dict,
     hardware_from_dict,
     points_from_dict,
 )
@@ -179,6 +180,7 @@ def hardware_profile(row: Hardware, session: Session) -> HardwareProfile:
         intra_node=_link(links["intra_node"]),
         inter_node=_link(links["inter_node"]),
         source=row.source,
+        compute=compute_from_dict(row.compute),
         parameters=dict(row.parameters or {}),
         calibration=None
         if row.calibration is None
@@ -282,6 +284,7 @@ def upsert_hardware(
         "usable_memory_gib": profile.usable_memory_gib,
         "memory_bandwidth_gbps": profile.memory_bandwidth_gbps,
         "source": profile.source,
+        "compute": None if profile.compute is None else profile.compute.to_dict(),
         "parameters": dict(profile.parameters),
         "calibration": None
         if profile.calibration is None

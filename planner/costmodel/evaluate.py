@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from planner.costmodel.flops import logits_flops, model_flops_per_step
+from planner.costmodel.flops import model_flops_per_step
 from planner.costmodel.memory import (
     GIB,
     activation_bytes_per_layer,
@@ -28,16 +28,14 @@ from planner.costmodel.memory import (
     recompute_working_bytes,
     stored_bytes_per_parameter,
 )
-from planner.costmodel.parameters import (
-    ALLOCATOR_FRAGMENTATION,
-    ROOFLINE_EFFICIENCY,
-    WORKSPACE_GIB,
-)
+from planner.costmodel.parameters import ALLOCATOR_FRAGMENTATION, WORKSPACE_GIB
 from planner.costmodel.timing import (
+    EndStageTimes,
     LayerTimes,
+    end_stage_times,
+    layer_collective_seconds,
     layer_times,
     p2p_bytes,
-    tensor_parallel_seconds,
 )
 from planner.placement import Assignment, Placement, pair_order, place
 from planner.profiles import HardwareProfile, LayerPoint, Link, ProfileStore
@@ -108,6 +106,8 @@ class PlanContext:
     points: list[LayerPoint]
     placements: dict[tuple[int, int, int, str], Placement] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str], LayerTimes] = field(default_factory=dict)
+    _ends: dict[tuple[int, int], EndStageTimes] = field(default_factory=dict)
+    _collectives: dict[tuple[int, int, str], float] = field(default_factory=dict)
 
     @classmethod
     def from_store(cls, request: PlanRequest, store: ProfileStore) -> PlanContext:
@@ -124,6 +124,28 @@ class PlanContext:
                 self.points, self.hardware, r.model, r.training, micro_batch, t, recompute
             )
             self._layers[key] = found
+        return found
+
+    def end_stages(self, micro_batch: int, t: int) -> EndStageTimes:
+        """Embedding and output-layer times of this request's model."""
+        key = (micro_batch, t)
+        found = self._ends.get(key)
+        if found is None:
+            r = self.request
+            found = end_stage_times(self.hardware, r.model, r.training, micro_batch, t)
+            self._ends[key] = found
+        return found
+
+    def layer_collectives(self, micro_batch: int, t: int, recompute: Recompute) -> float:
+        """Tensor-parallel collectives inside one layer's F + B."""
+        key = (micro_batch, t, recompute)
+        found = self._collectives.get(key)
+        if found is None:
+            r = self.request
+            found = layer_collective_seconds(
+                self.hardware, r.model, r.training, micro_batch, t, recompute
+            )
+            self._collectives[key] = found
         return found
 
 
@@ -173,9 +195,6 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     mb, t = config.micro_batch_size, config.t
     modes = config.stage_modes()
     count = len(modes)
-    rate = hw.peak(training.precision) * hw.parameter(ROOFLINE_EFFICIENCY.name)
-    logits = logits_flops(model, mb) / t / rate  # vocabulary-parallel output layer
-    tp = tensor_parallel_seconds(model, training, mb, t, hw.intra_node)
     per_layer_params = layer_parameters(model) / t
     # Per layer of each mode: (F, B, W, saved bytes, TP collectives, recompute working set).
     per_mode: dict[Recompute, tuple[float, float, float, float, float, float]] = {}
@@ -191,7 +210,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
                     measured
                     if measured is not None
                     else activation_bytes_per_layer(model, training, mb, t, mode),
-                    tp * (3 if mode == "full" else 2),
+                    ctx.layer_collectives(mb, t, mode),
                     recompute_working_bytes(model, training, mb, t, mode),
                 )
     forward, backward, weight, activation, params, tp_comm, working = [], [], [], [], [], [], []
@@ -219,10 +238,13 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
         params.append(sum(stage_modes.values()) * per_layer_params)
         tp_comm.append(comm)
         working.append(work)
-    # Output layer: forward, input gradient and weight gradient, one matmul each.
-    forward[-1] += logits
-    backward[-1] += logits
-    weight[-1] += logits
+    # The embedding on the first stage; the final layer norm, output layer and loss on the
+    # last (a one-stage pipeline has both).
+    ends = ctx.end_stages(mb, t)
+    for stage, (f, b, w) in ((0, ends.first), (count - 1, ends.last)):
+        forward[stage] += f
+        backward[stage] += b
+        weight[stage] += w
     probe = ctx.layer(mb, t, config.recompute)
     activation[-1] += (
         probe.last_stage_extra_bytes

@@ -13,13 +13,16 @@ Sources:
   none: sbh (10 + 24/t + 5as/(ht)); with sequence parallelism sbh/t (34 + 5as/h);
   selective: sbh (10 + 24/t), with sequence parallelism 34 sbh/t; full: 2sbh (the layer
   input; with sequence parallelism Megatron keeps only the local sequence shard, 2sbh/t).
-  Flash attention never stores the s x s scores, which removes the 5as/h term.
+  Flash attention never stores the s x s scores, which removes the 5as/h term. Where
+  Megatron cannot use its fused softmax kernel (``layer_ops.fused_softmax_available``), its
+  fp32 fallback keeps the softmax output in fp32: 2 more bytes per score, 7as/h.
 - Output layer and loss on the last stage: 4sbh/t (1 + V/h) bytes (Korthikanti et al. §4.3).
 - 2BW keeps a second (stashed) copy of the 16-bit weights (Narayanan et al. 2021a, §3.1).
 """
 
 from __future__ import annotations
 
+from planner.costmodel.layer_ops import fused_softmax_available
 from planner.schedules import schedule_family
 from planner.specs import ModelSpec, Recompute, TrainingSpec
 
@@ -77,7 +80,12 @@ def activation_bytes_per_layer(
     """Saved activations of one layer for one micro-batch on one tensor-parallel rank."""
     s, b, h, a = model.seq_length, micro_batch, model.hidden_size, model.num_attention_heads
     sbh = s * b * h
-    scores = 0.0 if training.flash_attention else 5.0 * a * s / h
+    if training.flash_attention:
+        scores = 0.0
+    elif training.precision != "fp32" and not fused_softmax_available(model, training, b, t):
+        scores = 7.0 * a * s / h
+    else:
+        scores = 5.0 * a * s / h
     # 16-bit activations; fp32 training doubles every stored tensor.
     scale = 2.0 if training.precision == "fp32" else 1.0
     sp = training.sequence_parallel and t > 1

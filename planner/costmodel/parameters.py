@@ -24,8 +24,13 @@ from planner.errors import StagewrightError
 
 __all__ = [
     "ALLOCATOR_FRAGMENTATION",
+    "COLLECTIVE_EFFICIENCY",
+    "FLASH_EFFICIENCY",
+    "GEMM_EFFICIENCY",
+    "GEMM_PIPELINE_K",
+    "KERNEL_LAUNCH_US",
+    "MEMORY_EFFICIENCY",
     "PARAMETERS",
-    "ROOFLINE_EFFICIENCY",
     "WORKSPACE_GIB",
     "FreeParameter",
     "ParameterError",
@@ -112,20 +117,6 @@ def check_parameter_values(values: Mapping[str, object]) -> dict[str, float]:
     return {name: get_parameter(name).check(values[name]) for name in sorted(values)}
 
 
-ROOFLINE_EFFICIENCY = register(
-    FreeParameter(
-        name="roofline_efficiency",
-        default=0.606,
-        lower=0.05,
-        upper=1.0,
-        unit="fraction of peak FLOP/s",
-        source="BPipe Table 3/4, GPT-3 13B forward on A100 (t = 1, micro-batch 1, sequence "
-        "2048): 5 layers x 1.374 TFLOP in 36.32 ms = 189 TFLOP/s, 60.6% of 312 TFLOP/s",
-        doc="Share of the device's peak matrix FLOP/s that layer passes reach when no "
-        "measured layer point of the shape exists (the roofline fallback, also used for the "
-        "output layer).",
-    )
-)
 WORKSPACE_GIB = register(
     FreeParameter(
         name="workspace_gib",
@@ -148,5 +139,86 @@ ALLOCATOR_FRAGMENTATION = register(
         source="assumption (Megatron's own memory estimator ignores fragmentation)",
         doc="Memory the caching allocator holds but cannot reuse, as a share of the bytes of "
         "the tensors counted (weights, gradients, optimizer states, activations).",
+    )
+)
+
+# The shape-aware layer model (planner.costmodel.kernels, layer_ops): the efficiencies its
+# kernels reach. Device facts (SM count, L2 bandwidth, tile shapes) are not free: they live in
+# the hardware profile's ``compute`` block with their datasheet sources.
+GEMM_EFFICIENCY = register(
+    FreeParameter(
+        name="gemm_efficiency",
+        default=0.80,
+        lower=0.2,
+        upper=1.0,
+        unit="fraction of peak FLOP/s",
+        source="typical of cuBLAS on large 16-bit GEMMs on A100/H100, which run at 70-90% of "
+        "the dense peak (NVIDIA, Matrix Multiplication Background User's Guide); the middle "
+        "taken",
+        doc="Share of the per-SM peak a GEMM tile's main loop sustains once its pipeline is "
+        "full (tile and wave quantization and the pipeline fill come on top, from the shape).",
+    )
+)
+GEMM_PIPELINE_K = register(
+    FreeParameter(
+        name="gemm_pipeline_k",
+        default=192,
+        lower=0,
+        upper=2048,
+        unit="elements of k",
+        source="CUTLASS's default sm80 16-bit GEMM: 3 pipeline stages of k = 64",
+        doc="Length of k a GEMM tile spends filling its pipeline and writing its result: a "
+        "tile costs (k + this) x 2 x tile_m x tile_n / (per-SM rate), so GEMMs with a short k "
+        "(attention's head dimension) run further from peak.",
+    )
+)
+MEMORY_EFFICIENCY = register(
+    FreeParameter(
+        name="memory_efficiency",
+        default=0.80,
+        lower=0.1,
+        upper=1.0,
+        unit="fraction of HBM bandwidth",
+        source="streaming kernels reach 80-90% of the datasheet HBM bandwidth on A100 and H100 "
+        "(STREAM/BabelStream-style copy benchmarks); the low end taken for kernels that also "
+        "reduce (layer norm, softmax)",
+        doc="Share of the device's memory bandwidth the element-wise kernels (layer norm, "
+        "bias, GeLU, dropout, residual adds, softmax, the loss) reach.",
+    )
+)
+FLASH_EFFICIENCY = register(
+    FreeParameter(
+        name="flash_attention_efficiency",
+        default=0.60,
+        lower=0.1,
+        upper=1.0,
+        unit="fraction of peak FLOP/s",
+        source="Dao 2023, FlashAttention-2: 50-73% of the A100's peak; the middle taken",
+        doc="Share of peak the flash-attention kernels reach on the FLOPs they do (half of "
+        "the s x s blocks under a causal mask).",
+    )
+)
+KERNEL_LAUNCH_US = register(
+    FreeParameter(
+        name="kernel_launch_us",
+        default=3.0,
+        lower=0.0,
+        upper=100.0,
+        unit="microseconds per kernel",
+        source="assumption: the gap between back-to-back CUDA kernels is a few microseconds "
+        "(launch latency, NVIDIA CUDA C++ Best Practices Guide)",
+        doc="Fixed cost of every kernel; it matters for small layers, where kernels are short.",
+    )
+)
+COLLECTIVE_EFFICIENCY = register(
+    FreeParameter(
+        name="collective_efficiency",
+        default=0.80,
+        lower=0.1,
+        upper=1.0,
+        unit="fraction of link bandwidth",
+        source="NCCL all-gather/reduce-scatter bus bandwidth on 8-GPU NVSwitch nodes is about "
+        "230-240 GB/s of NVLink3's 300 GB/s per direction (nccl-tests)",
+        doc="Share of the intra-node link's bandwidth a tensor-parallel ring reaches.",
     )
 )

@@ -2,39 +2,56 @@
 
 Layer times come from the profile store when a measured point is near: same device, shape,
 tensor-parallel degree and switches; the same sequence length and micro-batch size, or a
-neighbour within a factor of two in FLOPs, scaled by the FLOP ratio (linear interpolation
-when two points bracket the micro-batch size). A point measured without recomputation also
-serves the other modes, adding the recomputed FLOPs at the point's own rate. Otherwise an
-analytic roofline: FLOPs / (peak x efficiency), plus the tensor-parallel collectives.
-
-The efficiency is the hardware profile's ``roofline_efficiency`` parameter (declared, with
-its default of 0.606 and where that comes from, in :mod:`planner.costmodel.parameters`);
-a calibrated profile carries its own.
+neighbour within a factor of two in FLOPs. A neighbour is scaled by the shape-aware model's
+own ratio (model time of the wanted shape / model time of the point's shape, per pass), so
+what the model knows about quantization and memory-bound work carries over, and the point
+acts as a local calibration; two points that bracket the micro-batch size are interpolated
+linearly. A point measured without recomputation also serves the other modes, through the
+same ratio. Otherwise the shape-aware model itself (:mod:`planner.costmodel.layer_ops`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
 
+from planner.costmodel.device import collective_cost, device_rates
 from planner.costmodel.flops import layer_pass_flops
-from planner.costmodel.parameters import ROOFLINE_EFFICIENCY
+from planner.costmodel.kernels import DeviceRates
+from planner.costmodel.layer_ops import (
+    CollectiveCost,
+    embedding_ops,
+    layer_ops,
+    output_ops,
+    phase_seconds,
+)
 from planner.profiles import HardwareProfile, LayerPoint, Link
 from planner.specs import ModelSpec, Recompute, TrainingSpec
 
 __all__ = [
+    "EndStageTimes",
     "LayerTimes",
+    "TimeOrigin",
+    "end_stage_times",
+    "layer_collective_seconds",
     "layer_times",
+    "modelled_layer_times",
     "p2p_bytes",
     "tensor_parallel_seconds",
 ]
 
 _NEAR = 2.0  # a point is "near" when the FLOP ratio is within this factor
 
+TimeOrigin = Literal["measured", "scaled measurement", "model"]
+
 
 @dataclass(frozen=True)
 class LayerTimes:
     """Seconds of one layer for one micro-batch on one tensor-parallel rank. ``backward`` is
-    B (input gradient, recomputation included); ``weight`` is W."""
+    B (input gradient, recomputation included); ``weight`` is W. ``origin``: a measured
+    point of exactly this shape, a measured point scaled or interpolated by the model, or
+    the model alone; ``source`` says which point and how."""
 
     forward: float
     backward: float
@@ -46,6 +63,7 @@ class LayerTimes:
     activation_bytes: float | None = None
     first_stage_extra_bytes: float | None = None
     last_stage_extra_bytes: float | None = None
+    origin: TimeOrigin = "model"
 
     @property
     def total(self) -> float:
@@ -101,29 +119,43 @@ def _matches(
     )
 
 
-def _point_times(
-    point: LayerPoint, model: ModelSpec, recompute: Recompute
-) -> tuple[float, float, float, float]:
-    """(F, B, W seconds, forward FLOP rate) of a point, B/W split by FLOPs when fused, and
-    recomputation re-priced for ``recompute`` at the point's own rate."""
+def _measured_times(
+    point: LayerPoint, at_point: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """(F, B, W) seconds of a point; a fused backward is split into B and W in the
+    proportion the model gives for the point's own shape."""
+    forward = point.forward_ms / 1e3
+    if point.weight_ms is not None:
+        return forward, point.backward_ms / 1e3, point.weight_ms / 1e3
+    fused = point.backward_ms / 1e3
+    model_b, model_w = at_point[1], at_point[2]
+    backward = fused * model_b / (model_b + model_w) if model_b + model_w > 0 else fused
+    return forward, backward, fused - backward
+
+
+def _scaled_to(
+    point: LayerPoint,
+    hw: HardwareProfile,
+    model: ModelSpec,
+    training: TrainingSpec,
+    t: int,
+    target: tuple[float, float, float],
+) -> tuple[float, float, float]:
+    """A point's (F, B, W) carried to the wanted shape by the model's ratio, pass by pass."""
     shape = model.model_copy(update={"seq_length": point.seq_length})
-    f_flops, b_flops, w_flops = layer_pass_flops(
+    at_point = _model_seconds(
+        hw,
         shape,
+        training,
         point.micro_batch_size,
+        t,
         point.recompute,  # type: ignore[arg-type]
     )
-    forward = point.forward_ms / 1e3
-    if point.weight_ms is None:
-        fused = point.backward_ms / 1e3
-        backward = fused * b_flops / (b_flops + w_flops)
-        weight = fused - backward
-    else:
-        backward, weight = point.backward_ms / 1e3, point.weight_ms / 1e3
-    rate = f_flops / forward  # FLOP/s this point achieved
-    if recompute != point.recompute:
-        _, wanted_b, _ = layer_pass_flops(shape, point.micro_batch_size, recompute)
-        backward += (wanted_b - b_flops) / rate
-    return forward, backward, weight, rate
+    measured = _measured_times(point, at_point)
+    return tuple(  # type: ignore[return-value]
+        x * want / have if have > 0 else x
+        for x, want, have in zip(measured, target, at_point, strict=True)
+    )
 
 
 def layer_times(
@@ -136,75 +168,95 @@ def layer_times(
     recompute: Recompute,
 ) -> LayerTimes:
     """F, B, W of one layer (see the module docstring for how points are used)."""
-    target = layer_pass_flops(model, micro_batch, recompute)
+    flops = layer_pass_flops(model, micro_batch, recompute)[0]
     usable = [p for p in points if _matches(p, model, training, t, hw)]
     exact_mode = [p for p in usable if p.recompute == recompute]
     pool = exact_mode or [p for p in usable if p.recompute == "none"]
-    best: tuple[float, LayerTimes] | None = None
+    near: list[tuple[float, LayerPoint]] = []
     for point in pool:
-        forward, backward, weight, _ = _point_times(point, model, recompute)
         shape = model.model_copy(update={"seq_length": point.seq_length})
-        have = layer_pass_flops(shape, point.micro_batch_size, recompute)
-        ratio = target[0] / have[0]
+        ratio = flops / layer_pass_flops(shape, point.micro_batch_size, recompute)[0]
         if not 1 / _NEAR <= ratio <= _NEAR:
             continue
-        exact = (
-            abs(ratio - 1) <= 1e-9
-            and point.seq_length == model.seq_length
+        if (
+            point.seq_length == model.seq_length
             and point.micro_batch_size == micro_batch
             and point.recompute == recompute
-        )
-        scaled = LayerTimes(
-            forward * target[0] / have[0],
-            backward * target[1] / have[1],
-            weight * target[2] / have[2],
-            f"profile ({point.source})"
-            if abs(ratio - 1) <= 1e-9
-            else f"profile ({point.source}), scaled by FLOPs x{ratio:.2f}",
-            point.activation_bytes if exact else None,
-            point.first_stage_extra_bytes if exact else None,
-            point.last_stage_extra_bytes if exact else None,
-        )
-        # Prefer points of the same sequence length: the attention share of the time
-        # changes with it, which the FLOP ratio only approximates.
+        ):
+            return LayerTimes(  # a point of exactly this shape: used as measured
+                *_measured_times(
+                    point, _model_seconds(hw, model, training, micro_batch, t, recompute)
+                ),
+                f"profile ({point.source})",
+                point.activation_bytes,
+                point.first_stage_extra_bytes,
+                point.last_stage_extra_bytes,
+                origin="measured",
+            )
+        # Prefer points of the same sequence length, then the nearest in FLOPs.
         distance = abs(ratio - 1) + (0.0 if point.seq_length == model.seq_length else 1.0)
-        if best is None or distance < best[0]:
-            best = (distance, scaled)
-    if best is not None and best[0] == 0.0:
-        return best[1]  # a point of exactly this shape: used as measured
-    bracket = _interpolate(pool, model, recompute, micro_batch)
-    if bracket is not None:
-        return bracket
-    if best is not None:
-        return best[1]
-    return roofline_layer_times(hw, model, training, micro_batch, t, recompute)
-
-
-def _interpolate(
-    pool: list[LayerPoint], model: ModelSpec, recompute: Recompute, micro_batch: int
-) -> LayerTimes | None:
-    """Linear interpolation in micro-batch size between the two nearest points (same
-    sequence length) that bracket it."""
-    same_seq = [p for p in pool if p.seq_length == model.seq_length]
+        near.append((distance, point))
+    if not near:
+        return modelled_layer_times(hw, model, training, micro_batch, t, recompute)
+    target = _model_seconds(hw, model, training, micro_batch, t, recompute)
+    same_seq = [p for _, p in near if p.seq_length == model.seq_length]
     below = [p for p in same_seq if p.micro_batch_size < micro_batch]
     above = [p for p in same_seq if p.micro_batch_size > micro_batch]
-    if not below or not above:
-        return None
-    lo = max(below, key=lambda p: p.micro_batch_size)
-    hi = min(above, key=lambda p: p.micro_batch_size)
-    weight_hi = (micro_batch - lo.micro_batch_size) / (hi.micro_batch_size - lo.micro_batch_size)
-    a = _point_times(lo, model, recompute)
-    b = _point_times(hi, model, recompute)
-    mixed = [x + (y - x) * weight_hi for x, y in zip(a[:3], b[:3], strict=True)]
+    if below and above:
+        lo = max(below, key=lambda p: p.micro_batch_size)
+        hi = min(above, key=lambda p: p.micro_batch_size)
+        share = (micro_batch - lo.micro_batch_size) / (hi.micro_batch_size - lo.micro_batch_size)
+        a = _scaled_to(lo, hw, model, training, t, target)
+        b = _scaled_to(hi, hw, model, training, t, target)
+        forward, backward, weight = (x + (y - x) * share for x, y in zip(a, b, strict=True))
+        return LayerTimes(
+            forward,
+            backward,
+            weight,
+            f"profile, interpolated between mb={lo.micro_batch_size} and "
+            f"mb={hi.micro_batch_size} (each scaled by the model)",
+            origin="scaled measurement",
+        )
+    point = min(near, key=lambda item: item[0])[1]
+    times = _scaled_to(point, hw, model, training, t, target)
     return LayerTimes(
-        mixed[0],
-        mixed[1],
-        mixed[2],
-        f"profile, interpolated between mb={lo.micro_batch_size} and mb={hi.micro_batch_size}",
+        *times,
+        f"profile ({point.source}), scaled by the model x{sum(times) / _point_total(point):.2f}",
+        origin="scaled measurement",
     )
 
 
-def roofline_layer_times(
+def _point_total(point: LayerPoint) -> float:
+    return (point.forward_ms + point.backward_ms + (point.weight_ms or 0.0)) / 1e3
+
+
+def _model_seconds(
+    hw: HardwareProfile,
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    recompute: Recompute,
+) -> tuple[float, float, float]:
+    """(F, B, W) seconds of one layer by the shape-aware model."""
+    rates = device_rates(hw, training.precision)
+    return _layer_seconds(rates, collective_cost(hw), model, training, micro_batch, t, recompute)
+
+
+@lru_cache(maxsize=4096)
+def _layer_seconds(
+    rates: DeviceRates,
+    collectives: CollectiveCost,
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    recompute: Recompute,
+) -> tuple[float, float, float]:
+    return phase_seconds(layer_ops(rates, model, training, micro_batch, t, recompute, collectives))
+
+
+def modelled_layer_times(
     hw: HardwareProfile,
     model: ModelSpec,
     training: TrainingSpec,
@@ -212,16 +264,42 @@ def roofline_layer_times(
     t: int,
     recompute: Recompute,
 ) -> LayerTimes:
-    """FLOPs / (peak x the profile's roofline efficiency) per pass, plus tensor-parallel
-    collectives in F and B (and again in B for a fully recomputed forward)."""
-    efficiency = hw.parameter(ROOFLINE_EFFICIENCY.name)
-    rate = hw.peak(training.precision) * efficiency
-    f_flops, b_flops, w_flops = layer_pass_flops(model, micro_batch, recompute)
-    comm = tensor_parallel_seconds(model, training, micro_batch, t, hw.intra_node)
-    recompute_comm = comm if recompute == "full" else 0.0
-    return LayerTimes(
-        f_flops / t / rate + comm,
-        b_flops / t / rate + comm + recompute_comm,
-        w_flops / t / rate,
-        f"roofline ({efficiency:.1%} of {hw.name} peak)",
+    """The shape-aware model's F, B, W of one layer (no measured point involved)."""
+    forward, backward, weight = _model_seconds(hw, model, training, micro_batch, t, recompute)
+    return LayerTimes(forward, backward, weight, f"shape-aware model ({hw.name})")
+
+
+@dataclass(frozen=True)
+class EndStageTimes:
+    """(F, B, W) seconds the first stage adds for the embedding and the last stage for the
+    final layer norm, the output layer and the loss, per micro-batch."""
+
+    first: tuple[float, float, float]
+    last: tuple[float, float, float]
+
+
+def end_stage_times(
+    hw: HardwareProfile, model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int
+) -> EndStageTimes:
+    """The shape-aware model's embedding and output-layer work (measured layer points do not
+    include it: they time one transformer layer)."""
+    rates = device_rates(hw, training.precision)
+    collectives = collective_cost(hw)
+    return EndStageTimes(
+        phase_seconds(embedding_ops(rates, model, training, micro_batch, t, collectives)),
+        phase_seconds(output_ops(rates, model, training, micro_batch, t, collectives)),
     )
+
+
+def layer_collective_seconds(
+    hw: HardwareProfile,
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    recompute: Recompute,
+) -> float:
+    """Tensor-parallel collectives inside one layer's F + B (recomputation included)."""
+    rates = device_rates(hw, training.precision)
+    ops = layer_ops(rates, model, training, micro_batch, t, recompute, collective_cost(hw))
+    return sum(op.seconds for op in ops if op.kind == "collective")

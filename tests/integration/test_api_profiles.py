@@ -97,7 +97,8 @@ def test_post_hardware_validation(client):
 
 def test_post_hardware_with_parameters_and_plans_use_them(client):
     """A posted profile's parameter overrides are stored, shown, and priced with: halving the
-    roofline efficiency of a profile without layer points doubles the predicted compute."""
+    GEMM and memory efficiencies of a profile without layer points or compute facts (and
+    without launch overheads) doubles the predicted compute."""
     request = {
         "model": SMALL_MODEL,
         "cluster": {"gpu": "h200x-test", "num_nodes": 1, "gpus_per_node": 1},
@@ -106,24 +107,30 @@ def test_post_hardware_with_parameters_and_plans_use_them(client):
     }
     times = {}
     for efficiency in (0.6, 0.3):
-        body = dict(H200X, parameters={"roofline_efficiency": efficiency})
+        parameters = {
+            "gemm_efficiency": efficiency,
+            "memory_efficiency": efficiency,
+            "kernel_launch_us": 0.0,
+        }
+        body = dict(H200X, parameters=parameters)
         stored = client.post("/v1/hardware", json=body)
         assert stored.status_code in (200, 201), stored.text
         shown = client.get("/v1/hardware/h200x-test").json()
-        assert shown["parameters"] == {"roofline_efficiency": efficiency}
+        assert shown["parameters"] == parameters
         assert shown["calibration"] is None
         plan = client.post("/v1/plans", json=request).json()
         best = plan["best"]["breakdown"][0]
         times[efficiency] = best["compute_s"]
-    # One device, no tensor parallelism: compute is all roofline FLOPs / (peak x efficiency).
+    # One device, no tensor parallelism: every kernel is FLOPs / (peak x GEMM efficiency) or
+    # bytes / (bandwidth x memory efficiency).
     assert times[0.3] == pytest.approx(2 * times[0.6], rel=1e-9)
 
 
 def test_post_hardware_rejects_unknown_or_out_of_bound_parameters(client):
     assert_problem(
-        client.post("/v1/hardware", json=dict(H200X, parameters={"gemm_efficiency": 0.5})),
+        client.post("/v1/hardware", json=dict(H200X, parameters={"warp_efficiency": 0.5})),
         422,
-        "unknown cost-model parameter 'gemm_efficiency'",
+        "unknown cost-model parameter 'warp_efficiency'",
     )
     assert_problem(
         client.post("/v1/hardware", json=dict(H200X, parameters={"workspace_gib": 100})),

@@ -119,19 +119,19 @@ def test_loading_keeps_a_calibrated_profiles_parameters(database):
         num_runs=3,
         rms_log_error=0.04,
         rms_log_error_before=0.3,
-        fitted=["roofline_efficiency"],
+        fitted=["gemm_efficiency"],
         revision=2,
     )
     with database.session() as session:
         fitted = JsonProfileStore.load().hardware("a100-sxm-80g")
-        fitted = fitted.with_parameters({"roofline_efficiency": 0.5}, record)
+        fitted = fitted.with_parameters({"gemm_efficiency": 0.5}, record)
         upsert_hardware(session=session, profile=fitted, origin="bundled", report=WriteReport())
         session.get(Hardware, "a100-sxm-80g").memory_gib = 1.0  # an older release's value
         session.commit()
     with database.session() as session:
         load_bundled_profiles(session=session)
     stored = SqlProfileStore(database.sessions).hardware("a100-sxm-80g")
-    assert stored.parameters == {"roofline_efficiency": 0.5}
+    assert stored.parameters == {"gemm_efficiency": 0.5}
     assert stored.calibration == record
     assert stored.memory_gib == 80.0
 

@@ -15,7 +15,9 @@ import math
 import pytest
 
 from planner.costmodel import PlanContext, estimate, split_layers
+from planner.costmodel.device import collective_cost, device_rates
 from planner.costmodel.flops import layer_pass_flops, model_flops_per_step
+from planner.costmodel.layer_ops import layer_ops, phase_seconds
 from planner.costmodel.memory import (
     activation_bytes_per_layer,
     bytes_per_parameter,
@@ -24,7 +26,7 @@ from planner.costmodel.memory import (
     output_activation_bytes,
     recompute_working_bytes,
 )
-from planner.costmodel.timing import layer_times, roofline_layer_times
+from planner.costmodel.timing import layer_times, modelled_layer_times
 from planner.profiles import HardwareProfile, LayerPoint, default_store
 from planner.specs import CandidateConfig, ModelSpec, PlanRequest, Recompute, TrainingSpec
 
@@ -95,10 +97,13 @@ S, B, H, A, V = 2048, 2, 5120, 40, 51200
 
 
 def korthikanti(recompute: str, t: int, sp: bool, flash: bool = False) -> float:
-    """Table 2 of Korthikanti et al. 2022, written out (16-bit activations)."""
+    """Table 2 of Korthikanti et al. 2022, written out (16-bit activations). Where Megatron
+    cannot use its fused softmax (b a/t attention batches not a multiple of 4, here t = 8),
+    its fp32 fallback keeps the softmax output in fp32: 2 more bytes per score, 7as/h."""
     s, b, h, a = S, B, H, A
     sbh = s * b * h
-    scores = 0.0 if flash else 5 * a * s / h
+    fused = (b * a // t) % 4 == 0
+    scores = 0.0 if flash else (5 if fused else 7) * a * s / h
     if recompute == "none":
         return sbh / t * (34 + scores) if sp else sbh * (10 + 24 / t + scores / t)
     if recompute == "selective":
@@ -253,53 +258,29 @@ def test_split_layers_refuses_an_empty_middle_stage(layers, stages):
 
 # ----------------------------------------------------------------------------- timing
 
-EFFICIENCY = 0.606  # BPipe Table 3/4 calibration: 189 TFLOP/s of 312
-
-
-def test_roofline_matches_flops_over_peak_plus_tensor_parallel_collectives():
-    store = default_store()
-    hw = store.hardware("cpu")
-    m = model(hidden_size=256, num_attention_heads=8, seq_length=128, vocab_size=1024)
-    tr = training(precision="bf16", sequence_parallel=True)
-    b, t, s, h = 2, 2, 128, 256
-    rate = hw.peak("bf16") * EFFICIENCY
-    lin = 2 * b * s * (4 * h * h + 2 * h * 4 * h)
-    att = 4 * b * s * s * h
-    link = hw.intra_node
-    one_collective = link.latency_us * 1e-6 + (t - 1) / t * (s * b * h * 2) / (
-        link.bandwidth_gbps * 1e9
-    )
-    comm = 4 * one_collective
-    cases: list[tuple[Recompute, float, float]] = [
-        ("none", lin + 2 * att, comm),
-        ("selective", lin + 3 * att, comm),
-        ("full", 2 * lin + 3 * att, 2 * comm),  # the recomputed forward repeats F's collectives
-    ]
-    for recompute, b_flops, b_comm in cases:
-        got = roofline_layer_times(hw, m, tr, b, t, recompute)
-        assert got.forward == pytest.approx((lin + att) / t / rate + comm, rel=1e-12)
-        assert got.backward == pytest.approx(b_flops / t / rate + b_comm, rel=1e-12)
-        assert got.weight == pytest.approx(lin / t / rate, rel=1e-12)
-        # No profile exists for the CPU: layer_times falls back to the same roofline.
-        assert layer_times([], hw, m, tr, b, t, recompute) == got
-        cpu_points = list(store.layer_points("cpu"))
-        assert layer_times(cpu_points, hw, m, tr, b, t, recompute).forward == got.forward
-
-
-def test_roofline_without_tensor_parallelism_has_no_collectives():
-    hw = default_store().hardware("a100-sxm-80g")
-    m = model(hidden_size=1024, num_attention_heads=16, seq_length=1024, vocab_size=1024)
-    b, s, h = 1, 1024, 1024
-    lin = 2 * b * s * (12 * h * h)
-    att = 4 * b * s * s * h
-    got = roofline_layer_times(hw, m, training(), b, 1, "none")
-    assert got.forward == pytest.approx((lin + att) / (312e12 * EFFICIENCY), rel=1e-12)
-
 
 def _a100() -> tuple[HardwareProfile, list[LayerPoint]]:
     store = default_store()
     hw = store.hardware("a100-sxm-80g")
     return hw, list(store.layer_points(hw.name))
+
+
+def _model_times(hw: HardwareProfile, m: ModelSpec, mb: int, recompute: Recompute = "none"):
+    got = modelled_layer_times(hw, m, training(precision="bf16"), mb, 1, recompute)
+    return got.forward, got.backward, got.weight
+
+
+@pytest.mark.parametrize("gpu", ["cpu", "a100-sxm-80g", "h100-sxm-80g"])
+def test_without_a_measured_point_the_shape_aware_model_prices_the_layer(gpu):
+    store = default_store()
+    hw = store.hardware(gpu)
+    m = model(hidden_size=256, num_attention_heads=8, seq_length=128, vocab_size=1024)
+    tr = training(precision="bf16", sequence_parallel=True)
+    for recompute in ("none", "selective", "full"):
+        got = layer_times(list(store.layer_points(gpu)), hw, m, tr, 2, 2, recompute)
+        ops = layer_ops(device_rates(hw, "bf16"), m, tr, 2, 2, recompute, collective_cost(hw))
+        assert (got.forward, got.backward, got.weight) == pytest.approx(phase_seconds(ops))
+        assert got.origin == "model"
 
 
 @pytest.mark.parametrize(
@@ -312,18 +293,15 @@ def _a100() -> tuple[HardwareProfile, list[LayerPoint]]:
 )
 def test_the_bpipe_13b_point_is_used_verbatim(recompute, forward_ms_5_layers, backward_ms_5_layers):
     hw, points = _a100()
-    b, s, h = 1, 2048, 5120
     m = model()  # GPT-3 13B
-    got = layer_times(points, hw, m, training(precision="bf16"), b, 1, recompute)
-    lin = 2 * b * s * (12 * h * h)
-    att = 4 * b * s * s * h
-    b_flops = {"none": lin + 2 * att, "selective": lin + 3 * att, "full": 2 * lin + 3 * att}
+    got = layer_times(points, hw, m, training(precision="bf16"), 1, 1, recompute)
     fused = backward_ms_5_layers / 5 / 1e3  # 5 layers per stage (40 layers / 8 stages)
-    share_b = b_flops[recompute] / (b_flops[recompute] + lin)
+    # The point has one fused backward: split into B and W as the model splits this shape.
+    _, model_b, model_w = _model_times(hw, m, 1, recompute)
     assert got.forward == pytest.approx(forward_ms_5_layers / 5 / 1e3, rel=1e-9)
-    assert got.backward == pytest.approx(fused * share_b, rel=1e-9)
-    assert got.weight == pytest.approx(fused * (1 - share_b), rel=1e-9)
+    assert got.backward == pytest.approx(fused * model_b / (model_b + model_w), rel=1e-9)
     assert got.backward + got.weight == pytest.approx(fused, rel=1e-9)
+    assert got.origin == "measured"
 
 
 VSHAPE_9_6B = {  # V-shape paper Table 5, 9.6B (h 5120, 40 heads), ms per pass
@@ -338,14 +316,35 @@ def _vshape_model() -> ModelSpec:
 
 
 @pytest.mark.parametrize("mb, lo, hi", [(6, 4, 8), (10, 8, 12)])
-def test_interpolation_between_vshape_table_5_points(mb, lo, hi):
+def test_interpolation_between_vshape_table_5_points_scaled_by_the_model(mb, lo, hi):
     hw, points = _a100()
-    got = layer_times(points, hw, _vshape_model(), training(precision="bf16"), mb, 1, "none")
+    m = _vshape_model()
+    got = layer_times(points, hw, m, training(precision="bf16"), mb, 1, "none")
     share = (mb - lo) / (hi - lo)
-    expected = [
-        (x + (y - x) * share) / 1e3 for x, y in zip(VSHAPE_9_6B[lo], VSHAPE_9_6B[hi], strict=True)
+    want = _model_times(hw, m, mb)
+    # Each bracketing point carried to mb by the model's ratio, then mixed linearly.
+    from_lo = [
+        x / 1e3 * w / h
+        for x, w, h in zip(VSHAPE_9_6B[lo], want, _model_times(hw, m, lo), strict=True)
     ]
+    from_hi = [
+        x / 1e3 * w / h
+        for x, w, h in zip(VSHAPE_9_6B[hi], want, _model_times(hw, m, hi), strict=True)
+    ]
+    expected = [x + (y - x) * share for x, y in zip(from_lo, from_hi, strict=True)]
     assert [got.forward, got.backward, got.weight] == pytest.approx(expected, rel=1e-9)
+    assert got.origin == "scaled measurement"
+
+
+def test_a_neighbour_point_is_scaled_by_the_models_ratio():
+    hw, points = _a100()
+    m = _vshape_model()
+    # mb 14 is outside the table (4, 8, 12) and within 2x of the FLOPs of mb 12.
+    got = layer_times(points, hw, m, training(precision="bf16"), 14, 1, "none")
+    want, have = _model_times(hw, m, 14), _model_times(hw, m, 12)
+    expected = [x / 1e3 * w / h for x, w, h in zip(VSHAPE_9_6B[12], want, have, strict=True)]
+    assert [got.forward, got.backward, got.weight] == pytest.approx(expected, rel=1e-9)
+    assert "scaled by the model" in got.source
 
 
 @pytest.mark.parametrize("mb", [4, 12])

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from planner.costmodel import PlanContext, estimate
+from planner.costmodel.device import collective_cost, device_rates
+from planner.costmodel.layer_ops import layer_ops
 from planner.costmodel.parameters import (
     PARAMETERS,
     FreeParameter,
@@ -16,7 +18,6 @@ from planner.costmodel.parameters import (
     get_parameter,
     register,
 )
-from planner.costmodel.timing import roofline_layer_times
 from planner.profiles import (
     BUNDLED_PROFILES,
     CalibrationRecord,
@@ -31,7 +32,7 @@ GIB = 2**30
 
 
 def test_todays_constants_are_registered_with_their_defaults_and_sources():
-    assert get_parameter("roofline_efficiency").default == 0.606
+    assert get_parameter("gemm_efficiency").default == 0.80
     assert get_parameter("workspace_gib").default == 1.0
     assert get_parameter("allocator_fragmentation").default == 0.05
     for declared in PARAMETERS.values():
@@ -54,14 +55,14 @@ def test_a_name_is_registered_once():
 
 
 def test_values_are_checked_by_name_and_bounds():
-    assert check_parameter_values({"workspace_gib": 2, "roofline_efficiency": 0.5}) == {
-        "roofline_efficiency": 0.5,
+    assert check_parameter_values({"workspace_gib": 2, "gemm_efficiency": 0.5}) == {
+        "gemm_efficiency": 0.5,
         "workspace_gib": 2.0,
     }
     with pytest.raises(ParameterError, match="unknown cost-model parameter 'gemm'.*known: "):
         check_parameter_values({"gemm": 1.0})
-    with pytest.raises(ParameterError, match=r"from 0.05 to 1 \(fraction of peak"):
-        check_parameter_values({"roofline_efficiency": 1.2})
+    with pytest.raises(ParameterError, match=r"from 0.2 to 1 \(fraction of peak"):
+        check_parameter_values({"gemm_efficiency": 1.2})
     with pytest.raises(ParameterError, match="outside its bounds"):
         check_parameter_values({"workspace_gib": float("inf")})
     with pytest.raises(ParameterError, match="must be a number"):
@@ -80,13 +81,11 @@ def test_a_profile_json_may_override_parameters_and_say_how_they_were_fitted():
         "num_runs": 12,
         "rms_log_error": 0.05,
         "rms_log_error_before": 0.2,
-        "fitted": ["roofline_efficiency"],
+        "fitted": ["gemm_efficiency"],
         "uninformed": ["workspace_gib"],
     }
-    hw = hardware_from_dict(
-        _a100_entry(parameters={"roofline_efficiency": 0.5}, calibration=record)
-    )
-    assert hw.parameter("roofline_efficiency") == 0.5
+    hw = hardware_from_dict(_a100_entry(parameters={"gemm_efficiency": 0.5}, calibration=record))
+    assert hw.parameter("gemm_efficiency") == 0.5
     assert hw.parameter("workspace_gib") == 1.0  # not named: the default
     assert hw.parameter_values()["allocator_fragmentation"] == 0.05
     assert hw.calibration == CalibrationRecord(**record)  # type: ignore[arg-type]
@@ -111,21 +110,22 @@ def test_unknown_names_asked_of_a_profile_are_errors():
         default_store().hardware("cpu").parameter("nope")
 
 
-def test_the_roofline_reads_its_efficiency_from_the_profile():
-    hw = default_store().hardware("a100-sxm-80g")
-    half = hw.with_parameters({"roofline_efficiency": 0.303})
+def test_the_layer_model_reads_its_efficiencies_from_the_profile():
+    # The CPU profile has no compute facts: a GEMM is 2 m n k / (peak x GEMM efficiency)
+    # unless its operands take longer from memory (not at these sizes).
+    hw = default_store().hardware("cpu")
+    slow = hw.with_parameters({"gemm_efficiency": 0.4, "kernel_launch_us": 0.0})
     m = model(hidden_size=1024, num_attention_heads=16, seq_length=1024, vocab_size=1024)
-    b, s, h = 1, 1024, 1024
-    lin = 2 * b * s * (12 * h * h)
-    att = 4 * b * s * s * h
-    tr = TrainingSpec(global_batch_size=8)
-    got = roofline_layer_times(half, m, tr, b, 1, "none")
-    assert got.forward == pytest.approx((lin + att) / (312e12 * 0.303), rel=1e-12)
-    assert got.weight == pytest.approx(lin / (312e12 * 0.303), rel=1e-12)
-    assert "30.3%" in got.source
-    assert roofline_layer_times(hw, m, tr, b, 1, "none").forward == pytest.approx(
-        got.forward / 2, rel=1e-12
-    )
+    tr = TrainingSpec(global_batch_size=8, precision="fp32")
+    ops = {
+        op.name: op.seconds
+        for op in layer_ops(device_rates(slow, "fp32"), m, tr, 1, 1, "none", collective_cost(slow))
+        if op.phase == "F"
+    }
+    assert ops["QKV GEMM"] == pytest.approx(2 * 1024 * 3072 * 1024 / (1e11 * 0.4), rel=1e-12)
+    assert ops["FC2 GEMM"] == pytest.approx(2 * 1024 * 1024 * 4096 / (1e11 * 0.4), rel=1e-12)
+    # The layer norm moves 2 x 4 bytes per element at 10 GB/s x the memory efficiency.
+    assert ops["layer norm 1"] == pytest.approx(8 * 1024 * 1024 / (10e9 * 0.8), rel=1e-12)
 
 
 def test_the_memory_allowance_reads_workspace_and_fragmentation_from_the_profile():

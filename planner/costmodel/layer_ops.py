@@ -1,0 +1,422 @@
+"""One transformer layer of Megatron-LM's GPT, operation by operation, on one tensor rank.
+
+Each operation is priced by :mod:`planner.costmodel.kernels` from its own shape after the
+tensor split, so micro-batch size, tensor-parallel degree, sequence length and flash
+attention change the time the way they change the kernels. Notation: b micro-batch, s
+sequence, h hidden, a heads, f MLP size, t tensor-parallel degree, T = s b tokens; with
+sequence parallelism (SP) the layer norms, dropouts and residual adds run on T / t tokens.
+
+Forward (F), in Megatron's order:
+  layer norm; [SP: all-gather]; QKV GEMM (T x 3h/t x h); attention core: scores
+  (b a/t GEMMs of s x s x h/a), scale-mask-softmax and dropout (memory-bound on b a/t s^2
+  elements), context (b a/t GEMMs of s x h/a x s) -- or one flash-attention kernel;
+  projection GEMM (T x h x h/t); reduce-scatter [all-reduce without SP]; bias-dropout-add;
+  layer norm; [SP: all-gather]; FC1 GEMM (T x f/t x h); bias-GeLU; FC2 GEMM (T x h x f/t);
+  reduce-scatter [all-reduce]; bias-dropout-add.
+Input gradient (B): the data gradient of every GEMM (m x k x n of its forward), the
+  backward of every memory-bound op, the attention core's four GEMMs (or the flash
+  backward), and the same four collectives. With SP, Megatron all-gathers each layer-norm
+  output again for the weight gradients; it overlaps that with the data-gradient GEMM, so it
+  is not counted here.
+Weight gradient (W): every GEMM's weight gradient (n x k x T, accumulated into the fp32
+  gradient buffer: Megatron's gradient-accumulation fusion) and the bias gradients.
+Recomputation re-runs, in B, exactly what its mode drops: the attention core for
+  ``selective`` (Korthikanti et al. 2022 §5), the whole forward with its collectives for
+  ``full``.
+Tensor-parallel collectives are not overlapped with compute (Megatron's default): a ring of
+  t ranks moves (t - 1) / t of the tensor in t - 1 steps.
+
+The first stage adds the embedding (vocabulary-parallel lookup, its reduce, position add,
+dropout; the weight gradient scattered into the table), the last stage the final layer
+norm, the vocabulary-parallel output GEMM and the fp32 cross-entropy (Megatron's
+``vocab_parallel_cross_entropy``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.costmodel.kernels import (
+    DeviceRates,
+    flash_attention_seconds,
+    gemm_seconds,
+    memory_seconds,
+)
+from planner.profiles import Link
+from planner.specs import ModelSpec, Recompute, TrainingSpec
+
+__all__ = [
+    "CollectiveCost",
+    "Op",
+    "Phase",
+    "embedding_ops",
+    "fused_softmax_available",
+    "layer_ops",
+    "output_ops",
+    "phase_seconds",
+    "ring_seconds",
+]
+
+Phase = Literal["F", "B", "W"]
+_MASK_BYTES = 1  # a dropout mask element (torch.bool)
+_LOSS_FORWARD_BYTES = 38  # per logit: cast to fp32, max, subtract, exp, sum, softmax kept
+_LOSS_BACKWARD_BYTES = 22  # per logit: softmax - one-hot, times the loss gradient, cast back
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel (or collective) of a pass: its name, pass, kind and seconds."""
+
+    name: str
+    phase: Phase
+    kind: Literal["gemm", "memory", "flash", "collective"]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """How tensor-parallel collectives are priced: the link inside the node and the share of
+    its bandwidth a ring reaches."""
+
+    link: Link
+    efficiency: float
+
+
+def ring_seconds(cost: CollectiveCost, num_bytes: float, ranks: int) -> float:
+    """One all-gather or reduce-scatter of a ``num_bytes`` tensor over ``ranks`` in a ring:
+    ranks - 1 steps, each moving 1 / ranks of it (an all-reduce is two of these)."""
+    if ranks <= 1 or num_bytes <= 0:
+        return 0.0
+    steps = ranks - 1
+    bandwidth = cost.link.bandwidth_gbps * 1e9 * cost.efficiency
+    return steps * cost.link.latency_us * 1e-6 + steps / ranks * num_bytes / bandwidth
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The sizes every op of a layer needs, after the tensor split."""
+
+    tokens: int  # T = s b
+    norm_tokens: int  # tokens a layer norm / dropout sees (T / t with SP)
+    seq: int
+    hidden: int
+    heads: int  # heads on this rank (a / t)
+    head_dim: int
+    ffn: int  # f / t
+    batch: int
+    t: int
+    eb: int  # bytes per activation element
+    sequence_parallel: bool
+    flash: bool
+    fused_softmax: bool
+
+
+def _shape(model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int) -> _Shape:
+    tokens = model.seq_length * micro_batch
+    sp = training.sequence_parallel and t > 1
+    return _Shape(
+        tokens=tokens,
+        norm_tokens=tokens // t if sp else tokens,
+        seq=model.seq_length,
+        hidden=model.hidden_size,
+        heads=model.num_attention_heads // t,
+        head_dim=model.hidden_size // model.num_attention_heads,
+        ffn=model.ffn // t,
+        batch=micro_batch,
+        t=t,
+        eb=4 if training.precision == "fp32" else 2,
+        sequence_parallel=sp,
+        flash=training.flash_attention,
+        fused_softmax=fused_softmax_available(model, training, micro_batch, t),
+    )
+
+
+def _ring(s: _Shape, cost: CollectiveCost, phase: Phase, name: str, rings: int = 1) -> list[Op]:
+    """A tensor-parallel collective over an s b h tensor: ``rings`` ring passes (an
+    all-gather or reduce-scatter is one, an all-reduce two); nothing when t = 1."""
+    seconds = ring_seconds(cost, s.tokens * s.hidden * s.eb, s.t)
+    return [Op(name, phase, "collective", rings * seconds)] if seconds > 0 else []
+
+
+def _gather(s: _Shape, cost: CollectiveCost, phase: Phase) -> list[Op]:
+    """Before a column-parallel GEMM: an all-gather with SP (identity without)."""
+    return _ring(s, cost, phase, "all-gather") if s.sequence_parallel else []
+
+
+def _reduce(s: _Shape, cost: CollectiveCost, phase: Phase) -> list[Op]:
+    """After a row-parallel GEMM (or, in B, a column-parallel one): a reduce-scatter with
+    SP, an all-reduce without."""
+    if s.sequence_parallel:
+        return _ring(s, cost, phase, "reduce-scatter")
+    return _ring(s, cost, phase, "all-reduce", rings=2)
+
+
+def fused_softmax_available(
+    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int
+) -> bool:
+    """Whether Megatron-LM runs its fused causal scale-mask-softmax kernel
+    (``FusedScaleMaskSoftmax.is_kernel_available``): 16-bit input, 16 < s <= 4096, s a
+    multiple of 4, and the b x a/t attention batches a multiple of the kernel's batches per
+    block (4 for s > 128; ``get_batch_per_block`` in scaled_upper_triang_masked_softmax.h).
+    Otherwise Megatron falls back to PyTorch ops in fp32 (``forward_torch_softmax``)."""
+    s = model.seq_length
+    batches = micro_batch * (model.num_attention_heads // t)
+    if training.precision == "fp32" or not 16 < s <= 4096 or s % 4:
+        return False
+    power = 1 << (s - 1).bit_length()
+    warp = min(power, 32)
+    per_block = (128 // warp) * (2 if power <= 128 else 1)
+    return batches % 4 == 0 and batches % per_block == 0
+
+
+# Bytes per attention-score element of the softmax. Fused (16-bit): the causal kernel reads
+# the lower triangle and writes every element (forward 0.5 x 2 + 2; backward reads gradient
+# and output in the triangle, writes all: 2 + 2). Unfused, Megatron's fallback with
+# softmax_in_fp32 (query-key layer scaling is on by default): cast to fp32 (2 + 4), scale
+# (4 + 4), masked_fill_ (4 + 4), softmax (4 + 4), cast back (4 + 2) = 36 over 5 kernels; its
+# backward runs the same chain in reverse: 6 + 12 + 8 + 8 + 6 = 40. In fp32 training there
+# are no casts: 24 and 28 over 3 kernels.
+_FUSED_SOFTMAX_BYTES = (3, 4)
+_UNFUSED_SOFTMAX_BYTES = {2: (36, 40, 5), 4: (24, 28, 3)}
+
+
+def _softmax_op(rates: DeviceRates, s: _Shape, phase: Phase, backward: bool) -> Op:
+    scores = s.batch * s.heads * s.seq * s.seq
+    suffix = " backward" if backward else ""
+    if s.fused_softmax:
+        per = _FUSED_SOFTMAX_BYTES[1 if backward else 0]
+        return Op(f"softmax{suffix}", phase, "memory", memory_seconds(rates, per * scores))
+    forward_bytes, backward_bytes, kernels = _UNFUSED_SOFTMAX_BYTES[s.eb]
+    per = backward_bytes if backward else forward_bytes
+    return Op(
+        f"softmax{suffix} (unfused fp32 fallback)",
+        phase,
+        "memory",
+        memory_seconds(rates, per * scores, kernels),
+    )
+
+
+def _attention_core_forward(rates: DeviceRates, s: _Shape, phase: Phase) -> list[Op]:
+    """Scores, softmax, dropout, context (or the flash kernel), in ``phase``."""
+    scores = s.batch * s.heads * s.seq * s.seq
+    if s.flash:
+        flops = 0.5 * 4.0 * scores * s.head_dim  # causal: half of the blocks are skipped
+        return [Op("flash attention", phase, "flash", flash_attention_seconds(rates, flops))]
+    bh = s.batch * s.heads
+    return [
+        Op("attention scores", phase, "gemm", gemm_seconds(rates, s.seq, s.seq, s.head_dim, bh)),
+        _softmax_op(rates, s, phase, backward=False),
+        Op(
+            "attention dropout",
+            phase,
+            "memory",
+            memory_seconds(rates, (2 * s.eb + _MASK_BYTES) * scores),
+        ),
+        Op("attention context", phase, "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.seq, bh)),
+    ]
+
+
+def _forward(rates: DeviceRates, s: _Shape, cost: CollectiveCost, phase: Phase) -> list[Op]:
+    T, h, eb, norm = s.tokens, s.hidden, s.eb, s.norm_tokens
+    layer_norm = memory_seconds(rates, 2 * eb * norm * h)
+    bias_dropout_add = memory_seconds(rates, (3 * eb + _MASK_BYTES) * norm * h)
+    ops = [Op("layer norm 1", phase, "memory", layer_norm)]
+    ops += _gather(s, cost, phase)
+    ops.append(Op("QKV GEMM", phase, "gemm", gemm_seconds(rates, T, 3 * h // s.t, h)))
+    ops += _attention_core_forward(rates, s, phase)
+    ops.append(Op("projection GEMM", phase, "gemm", gemm_seconds(rates, T, h, h // s.t)))
+    ops += _reduce(s, cost, phase)
+    ops.append(Op("bias-dropout-add 1", phase, "memory", bias_dropout_add))
+    ops.append(Op("layer norm 2", phase, "memory", layer_norm))
+    ops += _gather(s, cost, phase)
+    ops.append(Op("FC1 GEMM", phase, "gemm", gemm_seconds(rates, T, s.ffn, h)))
+    ops.append(Op("bias-GeLU", phase, "memory", memory_seconds(rates, 2 * eb * T * s.ffn)))
+    ops.append(Op("FC2 GEMM", phase, "gemm", gemm_seconds(rates, T, h, s.ffn)))
+    ops += _reduce(s, cost, phase)
+    ops.append(Op("bias-dropout-add 2", phase, "memory", bias_dropout_add))
+    return ops
+
+
+def _attention_core_backward(rates: DeviceRates, s: _Shape) -> list[Op]:
+    scores = s.batch * s.heads * s.seq * s.seq
+    if s.flash:
+        # Recomputes the scores, then dV, dP, dQ, dK: five GEMM-sized passes (FlashAttention-2).
+        flops = 0.5 * 10.0 * scores * s.head_dim
+        return [Op("flash attention backward", "B", "flash", flash_attention_seconds(rates, flops))]
+    bh, eb = s.batch * s.heads, s.eb
+    return [
+        Op("context grad (probs)", "B", "gemm", gemm_seconds(rates, s.seq, s.seq, s.head_dim, bh)),
+        Op("context grad (V)", "B", "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.seq, bh)),
+        Op(
+            "attention dropout backward",
+            "B",
+            "memory",
+            memory_seconds(rates, (2 * eb + _MASK_BYTES) * scores),
+        ),
+        _softmax_op(rates, s, "B", backward=True),
+        Op("scores grad (Q)", "B", "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.seq, bh)),
+        Op("scores grad (K)", "B", "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.seq, bh)),
+    ]
+
+
+def _input_gradient(rates: DeviceRates, s: _Shape, cost: CollectiveCost) -> list[Op]:
+    T, h, eb, norm = s.tokens, s.hidden, s.eb, s.norm_tokens
+    # Dropout backward, then the residual branch's gradient added to the main one.
+    residual = memory_seconds(rates, (2 * eb + _MASK_BYTES) * norm * h + 3 * eb * norm * h, 2)
+    layer_norm = memory_seconds(rates, 3 * eb * norm * h)
+    # The transposes of the forward's collectives: the gradient of a reduce-scatter is an
+    # all-gather and vice versa; without SP the all-reduce moves to the column-parallel side.
+    ops = [Op("bias-dropout-add 2 backward", "B", "memory", residual)]
+    ops += _gather(s, cost, "B")
+    ops.append(Op("FC2 data grad", "B", "gemm", gemm_seconds(rates, T, s.ffn, h)))
+    ops.append(Op("GeLU backward", "B", "memory", memory_seconds(rates, 3 * eb * T * s.ffn)))
+    ops.append(Op("FC1 data grad", "B", "gemm", gemm_seconds(rates, T, h, s.ffn)))
+    ops += _reduce(s, cost, "B")
+    ops.append(Op("layer norm 2 backward", "B", "memory", layer_norm))
+    ops.append(Op("bias-dropout-add 1 backward", "B", "memory", residual))
+    ops += _gather(s, cost, "B")
+    ops.append(Op("projection data grad", "B", "gemm", gemm_seconds(rates, T, h // s.t, h)))
+    ops += _attention_core_backward(rates, s)
+    ops.append(Op("QKV data grad", "B", "gemm", gemm_seconds(rates, T, h, 3 * h // s.t)))
+    ops += _reduce(s, cost, "B")
+    ops.append(Op("layer norm 1 backward", "B", "memory", layer_norm))
+    return ops
+
+
+def _weight_gradient(rates: DeviceRates, s: _Shape) -> list[Op]:
+    T, h, eb, norm = s.tokens, s.hidden, s.eb, s.norm_tokens
+    fp32 = 8.0  # read and write the fp32 gradient buffer
+    qkv = 3 * h // s.t
+    bias_bytes = eb * (T * qkv + norm * h + T * s.ffn + norm * h)
+    return [
+        Op("QKV weight grad", "W", "gemm", gemm_seconds(rates, qkv, h, T, output_bytes=fp32)),
+        Op(
+            "projection weight grad",
+            "W",
+            "gemm",
+            gemm_seconds(rates, h, h // s.t, T, output_bytes=fp32),
+        ),
+        Op("FC1 weight grad", "W", "gemm", gemm_seconds(rates, s.ffn, h, T, output_bytes=fp32)),
+        Op("FC2 weight grad", "W", "gemm", gemm_seconds(rates, h, s.ffn, T, output_bytes=fp32)),
+        Op("bias grads", "W", "memory", memory_seconds(rates, bias_bytes, 4)),
+    ]
+
+
+def layer_ops(
+    rates: DeviceRates,
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    recompute: Recompute,
+    collectives: CollectiveCost,
+) -> tuple[Op, ...]:
+    """Every kernel of one layer's F, B (recomputation included) and W, in order."""
+    s = _shape(model, training, micro_batch, t)
+    ops = _forward(rates, s, collectives, "F")
+    if recompute == "full":
+        ops += [Op(f"recompute {op.name}", "B", op.kind, op.seconds) for op in ops]
+    elif recompute == "selective":
+        ops += [
+            Op(f"recompute {op.name}", "B", op.kind, op.seconds)
+            for op in _attention_core_forward(rates, s, "B")
+        ]
+    ops += _input_gradient(rates, s, collectives)
+    ops += _weight_gradient(rates, s)
+    return tuple(ops)
+
+
+def embedding_ops(
+    rates: DeviceRates,
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    collectives: CollectiveCost,
+) -> tuple[Op, ...]:
+    """The first stage's extra work: the vocabulary-parallel word embedding (each rank
+    looks up its slice, then a reduce over t), the position embedding add and dropout; in
+    W, the lookup's gradient scattered into the rank's slice of the table, accumulated in
+    fp32."""
+    s = _shape(model, training, micro_batch, t)
+    T, h, eb = s.tokens, s.hidden, s.eb
+    reduce = _reduce(s, collectives, "F")
+    gather = _gather(s, collectives, "B")
+    table = model.vocab_size // t * h
+    return (
+        Op("embedding lookup", "F", "memory", memory_seconds(rates, 2 * eb * T * h)),
+        *reduce,
+        Op(
+            "position add + dropout",
+            "F",
+            "memory",
+            memory_seconds(rates, (3 * eb + (2 * eb + _MASK_BYTES)) * s.norm_tokens * h, 2),
+        ),
+        Op(
+            "embedding dropout backward",
+            "B",
+            "memory",
+            memory_seconds(rates, (2 * eb + _MASK_BYTES) * s.norm_tokens * h),
+        ),
+        *gather,
+        Op(
+            "embedding weight grad",
+            "W",
+            "memory",
+            memory_seconds(rates, 2 * eb * T * h + 8 * table, 2),
+        ),
+    )
+
+
+def output_ops(
+    rates: DeviceRates,
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    collectives: CollectiveCost,
+) -> tuple[Op, ...]:
+    """The last stage's extra work: final layer norm, [SP: all-gather], the logits GEMM
+    (T x V/t x h, the tied embedding), the fp32 cross-entropy over the rank's vocabulary
+    slice, and their gradients."""
+    s = _shape(model, training, micro_batch, t)
+    T, h, eb = s.tokens, s.hidden, s.eb
+    vocab = model.vocab_size // t
+    logits = T * vocab
+    gather = _gather(s, collectives, "F")
+    scatter = _reduce(s, collectives, "B")
+    return (
+        Op("final layer norm", "F", "memory", memory_seconds(rates, 2 * eb * s.norm_tokens * h)),
+        *gather,
+        Op("logits GEMM", "F", "gemm", gemm_seconds(rates, T, vocab, h)),
+        Op("cross-entropy", "F", "memory", memory_seconds(rates, _LOSS_FORWARD_BYTES * logits, 6)),
+        Op(
+            "cross-entropy backward",
+            "B",
+            "memory",
+            memory_seconds(rates, _LOSS_BACKWARD_BYTES * logits, 3),
+        ),
+        Op("logits data grad", "B", "gemm", gemm_seconds(rates, T, h, vocab)),
+        *scatter,
+        Op(
+            "final layer norm backward",
+            "B",
+            "memory",
+            memory_seconds(rates, 3 * eb * s.norm_tokens * h),
+        ),
+        Op(
+            "logits weight grad",
+            "W",
+            "gemm",
+            gemm_seconds(rates, vocab, h, T, output_bytes=8.0),
+        ),
+    )
+
+
+def phase_seconds(ops: tuple[Op, ...]) -> tuple[float, float, float]:
+    """(F, B, W) seconds of a list of ops."""
+    totals = {"F": 0.0, "B": 0.0, "W": 0.0}
+    for op in ops:
+        totals[op.phase] += op.seconds
+    return totals["F"], totals["B"], totals["W"]
