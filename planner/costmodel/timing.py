@@ -26,7 +26,7 @@ from planner.costmodel.layer_ops import (
     output_ops,
     phase_seconds,
 )
-from planner.profiles import HardwareProfile, LayerPoint, Link
+from planner.profiles import HardwareProfile, LayerPoint
 from planner.specs import ModelSpec, Recompute, TrainingSpec
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "layer_times",
     "modelled_layer_times",
     "p2p_bytes",
-    "tensor_parallel_seconds",
 ]
 
 _NEAR = 2.0  # a point is "near" when the FLOP ratio is within this factor
@@ -72,19 +71,6 @@ class LayerTimes:
 
 def _element_bytes(training: TrainingSpec) -> int:
     return 4 if training.precision == "fp32" else 2
-
-
-def tensor_parallel_seconds(
-    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, link: Link
-) -> float:
-    """Collectives of one layer's forward (the B pass repeats them): two all-reduces without
-    sequence parallelism, two all-gathers and two reduce-scatters with it; either way four
-    ring steps each moving (t - 1) / t of an s x b x h activation (Korthikanti et al. 2022,
-    §4.2.2)."""
-    if t == 1:
-        return 0.0
-    volume = model.seq_length * micro_batch * model.hidden_size * _element_bytes(training)
-    return 4 * (link.latency_us * 1e-6 + (t - 1) / t * volume / (link.bandwidth_gbps * 1e9))
 
 
 def p2p_bytes(model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int) -> float:

@@ -126,6 +126,37 @@ def test_post_hardware_with_parameters_and_plans_use_them(client):
     assert times[0.3] == pytest.approx(2 * times[0.6], rel=1e-9)
 
 
+def test_post_hardware_with_compute_facts_stores_them_and_the_tile_model_uses_them(client):
+    """The compute block is stored and shown; with it, a GEMM of the same FLOPs prices by
+    its tiles: one SM and a 1024 x 1024 tile make every layer GEMM a whole number of tiles."""
+    request = {
+        "model": SMALL_MODEL,
+        "cluster": {"gpu": "h200x-test", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"global_batch_size": 8, "distributed_optimizer": False},
+        "search": {"micro_batch_sizes": [8], "recompute": ["none"]},
+    }
+    compute = {
+        "sm_count": 132,
+        "l2_bandwidth_gbps": None,
+        "gemm_tiles": [[256, 128], [128, 128]],
+        "source": "made up",
+    }
+    without = client.post("/v1/hardware", json=H200X)
+    assert without.status_code in (200, 201), without.text
+    assert without.json()["compute"] is None
+    plain = client.post("/v1/plans", json=request).json()["best"]["breakdown"][0]["compute_s"]
+    stored = client.post("/v1/hardware", json=dict(H200X, compute=compute))
+    assert stored.status_code == 200, stored.text
+    assert client.get("/v1/hardware/h200x-test").json()["compute"] == compute
+    tiled = client.post("/v1/plans", json=request).json()["best"]["breakdown"][0]["compute_s"]
+    # Tile and wave quantization and the pipeline fill only ever add time.
+    assert tiled > plain
+    bad = dict(compute, gemm_tiles=[[0, 128]])
+    response = client.post("/v1/hardware", json=dict(H200X, compute=bad))
+    assert response.status_code == 422
+    assert "gemm_tiles" in response.text
+
+
 def test_post_hardware_rejects_unknown_or_out_of_bound_parameters(client):
     assert_problem(
         client.post("/v1/hardware", json=dict(H200X, parameters={"warp_efficiency": 0.5})),
