@@ -27,7 +27,16 @@ from api.jobs import JobRunner, Planner
 from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
 from api.problems import install_problem_handlers
-from api.routes import dashboard, hardware, health, plans, profiles, schedules, simulate
+from api.routes import (
+    dashboard,
+    hardware,
+    health,
+    measurements,
+    plans,
+    profiles,
+    schedules,
+    simulate,
+)
 from api.routes.health import version
 from api.schemas import Problem
 from api.security import WriteAuthMiddleware
@@ -80,7 +89,7 @@ def create_app(settings: Settings | None = None, *, planner: Planner | None = No
     )
     app.state.stagewright = state
     install_problem_handlers(app)
-    for module in (plans, simulate, schedules, hardware, profiles, health, dashboard):
+    for module in (plans, simulate, schedules, hardware, profiles, measurements, health, dashboard):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC), name="static")
 

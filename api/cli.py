@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from api.cli_executor import add_executor_commands
+from api.cli_measurements import add_measurement_commands
 from api.cli_regress import add_regress_command
 from api.render import render_plan
 from planner.errors import StagewrightError, validation_problems
@@ -119,6 +120,13 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also list rejected candidates with their memory and reason",
     )
+    planner.add_argument(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="plan with the profiles of this store (e.g. after `stagewright calibrate`) "
+        "instead of the bundled ones",
+    )
     planner.set_defaults(handler=_plan)
 
     serve = commands.add_parser(
@@ -164,6 +172,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     load.set_defaults(handler=_profiles_load)
     add_executor_commands(commands)
+    add_measurement_commands(commands)
     add_regress_command(commands)
     return parser
 
@@ -243,7 +252,13 @@ def _read_request(path: str) -> PlanRequest:
 
 def _plan(args: argparse.Namespace) -> int:
     request = _read_request(args.request)
-    result = plan(request)
+    if args.database_url is None:
+        result = plan(request)
+    else:
+        from api.store.profiles_io import stored_profiles
+
+        with stored_profiles(args.database_url) as store:
+            result = plan(request, store)
     if args.json:
         data = result.model_dump(mode="json")
         if not args.all:
@@ -273,7 +288,8 @@ def _profiles_load(args: argparse.Namespace) -> int:
     report = load_profiles(database_url=args.database_url)
     sys.stdout.write(
         f"profiles: {report.created} created, {report.updated} updated, "
-        f"{report.unchanged} unchanged\n"
+        f"{report.unchanged} unchanged; measured runs: {report.runs_created} added, "
+        f"{report.runs_unchanged} already stored\n"
     )
     return 0
 

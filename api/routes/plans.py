@@ -37,6 +37,7 @@ from api.schemas import (
     PlanSummary,
 )
 from api.store import crud
+from api.store.measured_runs import record_plan_measurement
 from api.store.models import Measurement, PlanRecord
 from api.store.profiles import hardware_profile, require_hardware
 from planner.profiles import UnknownHardwareError
@@ -429,6 +430,13 @@ def create_measurement(
         peak_activation_bytes=body.peak_activation_bytes,
         predicted_iteration_time_s=float(predicted) if predicted is not None else None,
         data=body.data,
+    )
+    # Each report is also a measured run: calibration learns from the team's own runs.
+    record_plan_measurement(
+        session=session,
+        measurement=row,
+        request=record.request,
+        config=candidates[body.candidate]["config"],
     )
     response.headers["Location"] = f"/v1/plans/{plan_id}/measurements"
     return _measurement(row)

@@ -7,11 +7,12 @@ JSON columns use the portable ``JSON`` type (``json`` on PostgreSQL, text on SQL
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Date,
     DateTime,
     Dialect,
     Double,
@@ -27,10 +28,12 @@ from sqlalchemy.types import TypeDecorator
 
 __all__ = [
     "Base",
+    "Calibration",
     "CommProfile",
     "Hardware",
     "Job",
     "LayerProfile",
+    "MeasuredRunRecord",
     "Measurement",
     "PlanRecord",
     "UTCDateTime",
@@ -226,4 +229,62 @@ class Measurement(Base):
     peak_activation_bytes: Mapped[list[int]] = mapped_column(JSON)
     predicted_iteration_time_s: Mapped[float | None] = mapped_column(Double)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class MeasuredRunRecord(Base):
+    """One measured run (``planner.measurements.MeasuredRun``): ``run`` is its JSON, the
+    source of truth; the other columns repeat what lists filter and sort on. ``fingerprint``
+    (SHA-256 of the canonical JSON) keeps one copy of identical runs. A run reported for a
+    plan's candidate (``POST /v1/plans/{id}/measurements``) links to that measurement; the
+    run stays when the plan is deleted."""
+
+    __tablename__ = "measured_runs"
+    __table_args__ = (UniqueConstraint("fingerprint", name="uq_measured_runs_fingerprint"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    gpu: Mapped[str] = mapped_column(String(64), ForeignKey("hardware.name"), index=True)
+    kind: Mapped[str] = mapped_column(String(8))
+    model_name: Mapped[str] = mapped_column(String(200), index=True)
+    num_gpus: Mapped[int] = mapped_column(Integer)
+    t: Mapped[int] = mapped_column(Integer)
+    p: Mapped[int] = mapped_column(Integer)
+    d: Mapped[int] = mapped_column(Integer)
+    micro_batch_size: Mapped[int] = mapped_column(Integer)
+    recompute: Mapped[str] = mapped_column(String(16))
+    schedule: Mapped[str] = mapped_column(String(32))
+    step_time_s: Mapped[float | None] = mapped_column(Double)
+    mfu: Mapped[float | None] = mapped_column(Double)
+    peak_memory_gib: Mapped[list[float] | None] = mapped_column(JSON)
+    pass_layers: Mapped[int | None] = mapped_column(Integer)
+    forward_ms: Mapped[float | None] = mapped_column(Double)
+    backward_ms: Mapped[float | None] = mapped_column(Double)
+    weight_ms: Mapped[float | None] = mapped_column(Double)
+    source: Mapped[str] = mapped_column(Text)
+    measured_on: Mapped[date | None] = mapped_column(Date)
+    run: Mapped[dict[str, Any]] = mapped_column(JSON)
+    origin: Mapped[str] = mapped_column(String(16))
+    measurement_id: Mapped[int | None] = mapped_column(
+        Integer, ForeignKey("measurements.id", ondelete="SET NULL"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Calibration(Base):
+    """One fit of a hardware profile's parameters (``stagewright calibrate``): the revision
+    it produced, the parameters before and after, its error and the runs it used. The
+    profile itself carries the latest one; this table keeps them all."""
+
+    __tablename__ = "calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    gpu: Mapped[str] = mapped_column(
+        String(64), ForeignKey("hardware.name", ondelete="CASCADE"), index=True
+    )
+    revision: Mapped[int] = mapped_column(Integer)
+    base_revision: Mapped[int] = mapped_column(Integer)
+    parameters_before: Mapped[dict[str, float]] = mapped_column(JSON)
+    parameters_after: Mapped[dict[str, float]] = mapped_column(JSON)
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -83,6 +83,9 @@ class WriteReport:
     updated: int = 0
     unchanged: int = 0
     revisions: dict[str, int] = field(default_factory=dict)
+    # Bundled measured runs (profiles/measurements/) stored, and found already stored.
+    runs_created: int = 0
+    runs_unchanged: int = 0
     # Hardware whose revision this write already raised: one write is one revision.
     bumped: set[str] = field(default_factory=set)
 
@@ -398,9 +401,13 @@ def _bundled(folder: Path) -> tuple[list[HardwareProfile], list[LayerPoint]]:
 
 
 def load_bundled_profiles(*, session: Session, folder: Path = BUNDLED_PROFILES) -> WriteReport:
-    """Load ``profiles/`` (hardware, links, layer points) and commit. Idempotent: a second
-    load finds everything identical and changes nothing. Entries posted through the API are
-    kept; bundled entries changed by a newer release are updated."""
+    """Load ``profiles/`` (hardware, links, layer points, measured runs) and commit.
+    Idempotent: a second load finds everything identical and changes nothing. Entries
+    posted through the API are kept; bundled entries changed by a newer release are
+    updated; measured runs are only ever added."""
+    # Imported here: the measured-runs store builds on this module.
+    from api.store.measured_runs import load_bundled_runs
+
     hardware, points = _bundled(folder)
     report = WriteReport()
     for profile in hardware:
@@ -411,6 +418,8 @@ def load_bundled_profiles(*, session: Session, folder: Path = BUNDLED_PROFILES) 
         upsert_layer_point(
             session=session, point=point, origin="bundled", report=report, keep_api_rows=True
         )
+    runs = load_bundled_runs(session=session, folder=folder)
+    report.runs_created, report.runs_unchanged = runs.created, runs.unchanged
     session.commit()
     return report
 

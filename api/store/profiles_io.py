@@ -4,12 +4,35 @@ loaded first."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from api.core.config import Settings
 from api.core.db import Database, describe_url
-from api.store.profiles import WriteReport, require_hardware, upsert_layer_point
+from api.store.profiles import (
+    SqlProfileStore,
+    WriteReport,
+    require_hardware,
+    upsert_layer_point,
+)
 from planner.profiles import LayerPoint
 
-__all__ = ["store_layer_point"]
+__all__ = ["store_layer_point", "stored_profiles"]
+
+
+@contextmanager
+def stored_profiles(database_url: str | None) -> Iterator[SqlProfileStore]:
+    """The profiles of a store (migrated and the bundled profiles loaded first), for
+    planning on the command line with what the service would use."""
+    from api.service import prepare_database
+
+    settings = Settings.from_env(database_url=database_url)
+    prepare_database(settings)
+    database = Database(settings.database_url)
+    try:
+        yield SqlProfileStore(database.sessions)
+    finally:
+        database.dispose()
 
 
 def store_layer_point(database_url: str | None, point: LayerPoint) -> str:

@@ -30,7 +30,16 @@ from api.app import create_app
 from api.core.config import Settings
 from api.core.db import Database, migrate
 from api.jobs import Planner
-from api.store.models import CommProfile, Hardware, Job, LayerProfile, Measurement, PlanRecord
+from api.store.models import (
+    Calibration,
+    CommProfile,
+    Hardware,
+    Job,
+    LayerProfile,
+    MeasuredRunRecord,
+    Measurement,
+    PlanRecord,
+)
 from api.store.profiles import load_bundled_profiles
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +119,17 @@ def reset(url: str) -> None:
     database = Database(url)
     try:
         with database.session() as session:
-            for table in (Measurement, Job, PlanRecord, LayerProfile, CommProfile, Hardware):
+            tables = (
+                MeasuredRunRecord,
+                Calibration,
+                Measurement,
+                Job,
+                PlanRecord,
+                LayerProfile,
+                CommProfile,
+                Hardware,
+            )
+            for table in tables:
                 session.execute(delete(table))
             session.commit()
             load_bundled_profiles(session=session)

@@ -20,9 +20,13 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
 def test_profiles_load_is_idempotent(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'p.db'}"
     code, out, _ = run(capsys, "profiles", "load", "--database-url", url)
-    assert code == 0 and out == "profiles: 21 created, 0 updated, 0 unchanged\n"
+    assert code == 0 and out == (
+        "profiles: 21 created, 0 updated, 0 unchanged; measured runs: 48 added, 0 already stored\n"
+    )
     code, out, _ = run(capsys, "profiles", "load", "--database-url", url)
-    assert code == 0 and out == "profiles: 0 created, 0 updated, 21 unchanged\n"
+    assert code == 0 and out == (
+        "profiles: 0 created, 0 updated, 21 unchanged; measured runs: 0 added, 48 already stored\n"
+    )
 
 
 def test_profiles_load_on_postgresql(postgres_schema, capsys):

@@ -13,9 +13,17 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, select, text, update
 
-from api.core.db import Database
+from api.core.db import Database, migrate
 from api.store import crud
-from api.store.models import Base, Hardware, Job, PlanRecord, utcnow
+from api.store.models import (
+    Base,
+    Hardware,
+    Job,
+    MeasuredRunRecord,
+    Measurement,
+    PlanRecord,
+    utcnow,
+)
 from api.store.profiles import (
     SqlProfileStore,
     WriteReport,
@@ -24,6 +32,7 @@ from api.store.profiles import (
     upsert_layer_point,
 )
 from api.store.profiles_io import store_layer_point
+from planner.measurements import MeasuredRun, StepMeasurement, candidate_config, fingerprint
 from planner.profiles import (
     CalibrationRecord,
     JsonProfileStore,
@@ -35,7 +44,16 @@ from planner.search import plan
 from planner.specs import PlanRequest
 from tests.integration.conftest import PG_ADMIN_URL, REPO, example, reset, schema_url
 
-TABLES = {"hardware", "comm_profiles", "layer_profiles", "plans", "jobs", "measurements"}
+TABLES = {
+    "hardware",
+    "comm_profiles",
+    "layer_profiles",
+    "plans",
+    "jobs",
+    "measurements",
+    "measured_runs",
+    "calibrations",
+}
 
 
 @pytest.fixture
@@ -268,3 +286,57 @@ def test_write_report_counts_one_revision_per_write(database):
             upsert_layer_point(session=session, point=point, origin="api", report=report)
         session.commit()
     assert report.created == 3 and report.revisions == {"cpu": 2}
+
+
+def test_migrating_copies_plan_measurements_into_measured_runs(empty_database_url):
+    """A measurement reported for a plan before measured runs existed (schema 0002) becomes a
+    measured run of the plan's request and candidate when the schema moves on; the
+    measurement itself stays as it was."""
+    database = Database(empty_database_url)
+    try:
+        migrate(database, "0002")
+        request = PlanRequest.model_validate(example("tiny-cpu"))
+        result = plan(request)
+        with database.session() as session:
+            upsert_hardware(
+                session=session,
+                profile=JsonProfileStore.load().hardware("cpu"),
+                origin="bundled",
+                report=WriteReport(),
+            )
+            record, _ = crud.create_plan(
+                session=session,
+                request=request.model_dump(mode="json"),
+                request_hash="h",
+                model_name="tiny",
+                gpu="cpu",
+                num_gpus=request.cluster.num_gpus,
+                method="grid",
+                hardware_revision=1,
+                warnings=[],
+            )
+            record.status, record.result = "done", result.model_dump(mode="json")
+            session.commit()
+            measurement = crud.create_measurement(
+                session=session,
+                plan_id=record.id,
+                candidate=1,
+                step_time_s=0.25,
+                peak_activation_bytes=[],
+                predicted_iteration_time_s=None,
+                data={},
+            )
+            plan_id, measurement_id = record.id, measurement.id
+        migrate(database, "head")
+        with database.session() as session:
+            (row,) = session.scalars(select(MeasuredRunRecord))
+            run = MeasuredRun.model_validate(row.run)
+            assert session.get(Measurement, measurement_id).step_time_s == 0.25
+        assert (row.measurement_id, row.origin, row.gpu) == (measurement_id, "plan", "cpu")
+        assert run.measured == StepMeasurement(step_time_s=0.25)
+        assert run.model == request.model and run.training == request.training
+        assert candidate_config(run) == result.candidates[1].config
+        assert run.source == f"executor run of plan {plan_id}, candidate 1"
+        assert row.fingerprint == fingerprint(run)
+    finally:
+        database.dispose()

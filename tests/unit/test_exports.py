@@ -16,6 +16,9 @@ MODULES = [
     "planner.launch",
     "planner.costmodel",
     "planner.costmodel.parameters",
+    "planner.measurements",
+    "planner.measurement_files",
+    "planner.calibrate",
     "planner.search",
 ]
 

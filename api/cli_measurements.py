@@ -1,0 +1,193 @@
+"""``stagewright measurements add|list`` and ``stagewright calibrate``: measured runs in the
+store (the local SQLite file by default, or ``--database-url``) and fitting a hardware
+profile to them. The database is migrated and the bundled profiles loaded first, as
+``stagewright profiles load`` does."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from planner.errors import StagewrightError
+
+__all__ = ["add_measurement_commands"]
+
+_DATABASE_HELP = "default: STAGEWRIGHT_DATABASE_URL, else sqlite:///stagewright.db"
+
+
+def add_measurement_commands(commands: Any) -> None:
+    measurements = commands.add_parser(
+        "measurements",
+        help="store and list measured runs (the data calibration fits to)",
+        description="Measured runs: step times / MFU / peak memory of whole steps, or "
+        "single-pass times, of a model, cluster and configuration.",
+    )
+    actions = measurements.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = actions.add_parser(
+        "add",
+        help="store the runs of a CSV or JSON file (all of a file or none of it)",
+        description="Store every run of each FILE (.csv: one run per row, columns named by "
+        "field path such as config.t or measured.step_time_s; otherwise JSON: a list of runs "
+        'or {"runs": [...]}). A file with any bad row stores nothing, and the error names '
+        "every bad row and column. Identical runs are stored once.",
+    )
+    add.add_argument("files", metavar="FILE", nargs="+", type=Path)
+    add.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
+    add.set_defaults(handler=_add)
+
+    listing = actions.add_parser("list", help="list stored runs", description="List runs.")
+    listing.add_argument("--gpu", default=None, help="only this hardware profile's runs")
+    listing.add_argument("--model", default=None, help="only runs of this model name")
+    listing.add_argument("--source", default=None, help="only runs whose source contains this")
+    listing.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    listing.add_argument("--offset", type=int, default=0, help="skip this many first")
+    form = listing.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print the runs as JSON")
+    form.add_argument("--csv", action="store_true", help="print the runs as CSV (re-addable)")
+    listing.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
+    listing.set_defaults(handler=_list)
+
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="fit a hardware profile's cost-model parameters to its measured runs",
+        description="Fit the hardware profile's free parameters (planner/costmodel/"
+        "parameters.py) to its stored measured runs by bounded least squares on "
+        "ln(predicted / measured), and store the result as the profile's next revision with "
+        "the fit's error and the runs used. Parameters no run informs are left as they are. "
+        "With --model or --source only matching runs are fitted and the rest are reported "
+        "as held out (before and after).",
+    )
+    calibrate.add_argument("--hardware", required=True, help="the hardware profile to fit")
+    calibrate.add_argument(
+        "--parameter",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="fit only this parameter (repeatable; default: every registered one)",
+    )
+    calibrate.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="fit only runs of this model (repeatable)",
+    )
+    calibrate.add_argument(
+        "--source", default=None, help="fit only runs whose source contains this"
+    )
+    calibrate.add_argument(
+        "--dry-run", action="store_true", help="print the fit without storing it"
+    )
+    calibrate.add_argument("--json", action="store_true", help="print the fit as JSON")
+    calibrate.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
+    calibrate.set_defaults(handler=_calibrate)
+
+
+@contextmanager
+def _session(database_url: str | None) -> Iterator[tuple[Session, str]]:
+    """A session on the prepared store (migrated, bundled profiles loaded) and its name."""
+    from api.core.config import Settings
+    from api.core.db import Database, describe_url
+    from api.service import prepare_database
+
+    settings = Settings.from_env(database_url=database_url)
+    prepare_database(settings)
+    database = Database(settings.database_url)
+    try:
+        with database.session() as session:
+            yield session, describe_url(database.url)
+    finally:
+        database.dispose()
+
+
+def _add(args: argparse.Namespace) -> int:
+    from api.store.measured_runs import add_runs
+    from planner.measurement_files import parse_runs
+
+    parsed = []
+    for path in args.files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise StagewrightError(f"cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise StagewrightError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+        parsed.append((path, parse_runs(text, str(path))))
+    with _session(args.database_url) as (session, where):
+        for path, runs in parsed:
+            report = add_runs(session=session, runs=runs, origin="cli", name=str(path))
+            session.commit()  # one file, one transaction
+            sys.stdout.write(
+                f"{path}: {report.created} run(s) stored, {report.unchanged} already stored "
+                f"(in {where})\n"
+            )
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from api.store.measured_runs import count_runs, list_runs
+    from planner.measurement_files import CSV_COLUMNS, run_to_csv_row
+    from planner.measurements import MeasuredRun
+
+    if args.limit < 1 or args.offset < 0:
+        raise StagewrightError("--limit must be at least 1 and --offset at least 0")
+    filters = {"gpu": args.gpu, "model": args.model, "source": args.source}
+    with _session(args.database_url) as (session, _):
+        rows = list_runs(session=session, **filters, limit=args.limit, offset=args.offset)
+        total = count_runs(session=session, **filters)
+    if args.json:
+        items = [{"id": r.id, "origin": r.origin, **r.run} for r in rows]
+        sys.stdout.write(json.dumps({"total": total, "runs": items}, indent=1) + "\n")
+        return 0
+    if args.csv:
+        writer = csv.DictWriter(sys.stdout, CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(run_to_csv_row(MeasuredRun.model_validate(r.run)))
+        return 0
+    lines = [f"{total} run(s); showing {len(rows)} from {args.offset}"]
+    for r in rows:
+        what = (
+            f"step {r.step_time_s:.4g} s"
+            if r.step_time_s is not None
+            else f"MFU {r.mfu:.2%}"
+            if r.mfu is not None
+            else "peak memory"
+            if r.kind == "step"
+            else f"pass of {r.pass_layers} layer(s): F {r.forward_ms} B {r.backward_ms} "
+            f"W {r.weight_ms} ms"
+        )
+        lines.append(
+            f"{r.id:>5} {r.gpu:<14} {r.model_name:<12} t{r.t} p{r.p} d{r.d} mb{r.micro_batch_size} "
+            f"{r.recompute:<9} {r.schedule:<8} {what}  [{r.source[:60]}]"
+        )
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from api.calibration import calibrate
+    from api.calibration_report import calibration_json, calibration_text
+
+    with _session(args.database_url) as (session, where):
+        outcome = calibrate(
+            session=session,
+            hardware=args.hardware,
+            parameters=args.parameter,
+            models=args.model,
+            source=args.source,
+            dry_run=args.dry_run,
+        )
+    if args.json:
+        sys.stdout.write(json.dumps(calibration_json(outcome), indent=1) + "\n")
+    else:
+        sys.stdout.write(calibration_text(outcome, where) + "\n")
+    return 0

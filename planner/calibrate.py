@@ -1,0 +1,379 @@
+"""Fit a hardware profile's free parameters to measured runs.
+
+Every run's measured quantities (a step time, each pipeline device's peak memory, a pass's
+forward / backward / weight time) are predicted with the ordinary cost model
+(:func:`predict`); :func:`fit` then chooses the values of the profile's free parameters
+(:mod:`planner.costmodel.parameters`) that minimise the sum over all quantities of
+ln(predicted / measured)^2, each parameter kept within its declared bounds. Each measured
+number is one residual, so a pass measurement with F, B and W counts three times.
+
+The method is Levenberg-Marquardt with box bounds (:mod:`planner._least_squares`), on
+parameters scaled to [0, 1] by their bounds; it is deterministic. A parameter that no
+prediction depends on (zero sensitivity over every run: e.g. the memory allowance when no
+run measured memory) is never moved and is reported as uninformed. Standard errors come
+from the Gauss-Newton covariance s^2 (J^T J)^-1 at the solution.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from planner import _least_squares as least_squares
+from planner.costmodel.evaluate import PlanContext, estimate, price
+from planner.costmodel.memory import GIB
+from planner.costmodel.parameters import PARAMETERS, FreeParameter, get_parameter
+from planner.errors import StagewrightError
+from planner.measurements import (
+    MeasuredRun,
+    PassMeasurement,
+    StepMeasurement,
+    candidate_config,
+    measured_step_time_s,
+    plan_request,
+)
+from planner.profiles import CalibrationRecord, HardwareProfile, LayerPoint
+
+__all__ = [
+    "CalibrationResult",
+    "MeasuredRun",
+    "ParameterFit",
+    "Quantity",
+    "evaluate",
+    "fit",
+    "measured_quantities",
+    "predict",
+    "predict_quantities",
+    "rms_log_error",
+]
+
+# A parameter whose largest effect on any ln(prediction), over its whole bounded range
+# scaled to 1, is below this has no information in the runs.
+_NO_INFORMATION = 1e-9
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One measured number of one run and its prediction (seconds or GiB)."""
+
+    run: int  # index into the runs given to fit()
+    name: str  # 'step_time_s', 'peak_memory_gib[2]', 'forward_s', 'backward_s', 'weight_s'
+    measured: float
+    predicted_before: float
+    predicted_after: float
+
+    @property
+    def log_error_before(self) -> float:
+        return math.log(self.predicted_before / self.measured)
+
+    @property
+    def log_error_after(self) -> float:
+        return math.log(self.predicted_after / self.measured)
+
+
+ParameterStatus = Literal["fitted", "at bound", "uninformed", "held"]
+
+
+@dataclass(frozen=True)
+class ParameterFit:
+    """What the fit did to one parameter. ``status``: 'fitted' (moved to an interior
+    optimum), 'at bound' (the optimum is at or beyond a bound), 'uninformed' (no run's
+    prediction depends on it: left at ``start``), 'held' (not asked to be fitted).
+    ``std_error`` is in the parameter's unit (None unless fitted or at bound)."""
+
+    parameter: FreeParameter
+    start: float
+    value: float
+    status: ParameterStatus
+    std_error: float | None = None
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """The fitted profile, what happened to each parameter, and every residual."""
+
+    hardware: HardwareProfile
+    parameters: list[ParameterFit]
+    quantities: list[Quantity]
+    iterations: int
+    rms_log_error_before: float
+    rms_log_error: float
+    num_runs: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def moved(self) -> dict[str, float]:
+        """The parameters the fit set (fitted or at bound), by name."""
+        return {
+            p.parameter.name: p.value for p in self.parameters if p.status in ("fitted", "at bound")
+        }
+
+    def record(
+        self, fitted_at: str, run_ids: Sequence[int] = (), revision: int | None = None
+    ) -> CalibrationRecord:
+        """The calibration record to store with the fitted profile."""
+        return CalibrationRecord(
+            fitted_at=fitted_at,
+            num_runs=self.num_runs,
+            rms_log_error=self.rms_log_error,
+            rms_log_error_before=self.rms_log_error_before,
+            fitted=sorted(self.moved),
+            uninformed=sorted(
+                p.parameter.name for p in self.parameters if p.status == "uninformed"
+            ),
+            run_ids=list(run_ids),
+            revision=revision,
+        )
+
+
+def measured_quantities(run: MeasuredRun, hardware: HardwareProfile) -> dict[str, float]:
+    """The numbers ``run`` measured, by quantity name, in seconds or GiB."""
+    out: dict[str, float] = {}
+    measured = run.measured
+    if isinstance(measured, StepMeasurement):
+        step = measured_step_time_s(run, hardware.peak(run.training.precision))
+        if step is not None:
+            out["step_time_s"] = step
+        for device, gib in enumerate(measured.peak_memory_gib or ()):
+            out[f"peak_memory_gib[{device}]"] = gib
+        return out
+    fused = measured.weight_ms is None
+    for name, ms in (
+        ("forward_s", measured.forward_ms),
+        ("backward_weight_s" if fused else "backward_s", measured.backward_ms),
+        ("weight_s", measured.weight_ms),
+    ):
+        if ms is not None:
+            out[name] = ms / 1e3
+    return out
+
+
+def predict_quantities(
+    run: MeasuredRun, hardware: HardwareProfile, layer_points: Sequence[LayerPoint]
+) -> dict[str, float]:
+    """The cost model's prediction of every quantity :func:`measured_quantities` gives,
+    with ``hardware`` (its parameters) and ``layer_points`` (measured layer points win where
+    they exist; pass an empty list to predict with the analytic model alone)."""
+    if run.cluster.gpu != hardware.name:
+        raise StagewrightError(
+            f"run measured on {run.cluster.gpu!r} cannot be predicted with profile "
+            f"{hardware.name!r}"
+        )
+    ctx = PlanContext(plan_request(run), hardware, list(layer_points))
+    measured = run.measured
+    out: dict[str, float] = {}
+    if isinstance(measured, PassMeasurement):
+        c = run.config
+        layer = ctx.layer(c.micro_batch_size, c.t, c.recompute)
+        n = measured.num_layers
+        times = {
+            "forward_s": layer.forward,
+            "backward_s": layer.backward,
+            "backward_weight_s": layer.backward + layer.weight,
+            "weight_s": layer.weight,
+        }
+        return {name: n * times[name] for name in measured_quantities(run, hardware)}
+    config = candidate_config(run)
+    wanted = measured_quantities(run, hardware)
+    if "step_time_s" in wanted:
+        priced = price(ctx, config)
+        out["step_time_s"] = priced.iteration_time_s
+        memory = priced.estimate.memory
+    else:
+        memory = estimate(ctx, config).memory
+    for device, device_memory in enumerate(memory):
+        name = f"peak_memory_gib[{device}]"
+        if name in wanted:
+            out[name] = device_memory.total / GIB
+    return out
+
+
+def predict(
+    run: MeasuredRun, hardware: HardwareProfile, layer_points: Sequence[LayerPoint]
+) -> float:
+    """Predicted seconds of what ``run`` timed: its step time, or the sum of its measured
+    passes; 0.0 for a memory-only measurement."""
+    return sum(
+        value
+        for name, value in predict_quantities(run, hardware, layer_points).items()
+        if not name.startswith("peak_memory")
+    )
+
+
+def fit(
+    hardware: HardwareProfile,
+    runs: Sequence[MeasuredRun],
+    layer_points: Sequence[LayerPoint],
+    parameters: Sequence[str] | None = None,
+) -> CalibrationResult:
+    """Fit ``parameters`` (default: every registered one) of ``hardware`` to ``runs`` (all
+    measured on it) by bounded least squares on ln(predicted / measured). Parameters not
+    named keep their values; uninformed ones are left where they are. Raises
+    StagewrightError when there is nothing to fit (no runs, no measured quantity)."""
+    if not runs:
+        raise StagewrightError(
+            f"no measured runs of {hardware.name!r} to fit; add some with "
+            "`stagewright measurements add FILE`"
+        )
+    names = sorted(PARAMETERS) if parameters is None else list(dict.fromkeys(parameters))
+    requested = [get_parameter(name) for name in names]
+    measured = _measured(runs, hardware)
+    if not measured:
+        raise StagewrightError("the runs measured nothing the cost model predicts")
+    targets = np.log(np.array([value for _, _, value in measured]))
+    start = {p.name: hardware.parameter(p.name) for p in requested}
+
+    def residuals_at(values: dict[str, float]) -> np.ndarray:
+        predicted = _predicted(runs, hardware.with_parameters(values), layer_points, measured)
+        logs: np.ndarray = np.log(predicted) - targets
+        return logs
+
+    r0 = residuals_at(start)
+    informed = [p for p in requested if _informs(p, start, r0, residuals_at)]
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return residuals_at({**start, **_unscaled(informed, x)})
+
+    x0 = np.array([(start[p.name] - p.lower) / (p.upper - p.lower) for p in informed])
+    solution = least_squares.minimise(residuals, x0, r0)
+    errors = least_squares.std_errors(residuals, solution.x, solution.residuals)
+    fitted = _unscaled(informed, solution.x)
+    fits = _parameter_fits(
+        hardware,
+        requested,
+        fitted,
+        {
+            p.name: e if e is None else e * (p.upper - p.lower)
+            for p, e in zip(informed, errors, strict=True)
+        },
+    )
+    r = solution.residuals
+    before, after = np.exp(r0 + targets), np.exp(r + targets)
+    quantities = [
+        Quantity(i, name, value, float(before[k]), float(after[k]))
+        for k, (i, name, value) in enumerate(measured)
+    ]
+    warnings = []
+    if not solution.converged:
+        warnings.append(f"stopped after {solution.iterations} iterations without converging")
+    return CalibrationResult(
+        hardware=hardware.with_parameters(
+            {f.parameter.name: f.value for f in fits if f.status in ("fitted", "at bound")}
+        ),
+        parameters=fits,
+        quantities=quantities,
+        iterations=solution.iterations,
+        rms_log_error_before=_rms(r0),
+        rms_log_error=_rms(r),
+        num_runs=len(runs),
+        warnings=warnings,
+    )
+
+
+def evaluate(
+    runs: Sequence[MeasuredRun],
+    before: HardwareProfile,
+    after: HardwareProfile,
+    layer_points: Sequence[LayerPoint],
+) -> list[Quantity]:
+    """Every measured quantity of ``runs`` predicted with two profiles (e.g. runs a fit did
+    not use, with the profile before and after it: how the fit generalizes)."""
+    measured = _measured(runs, before)
+    first = _predicted(runs, before, layer_points, measured)
+    second = _predicted(runs, after, layer_points, measured)
+    return [
+        Quantity(i, name, value, float(first[k]), float(second[k]))
+        for k, (i, name, value) in enumerate(measured)
+    ]
+
+
+def rms_log_error(quantities: Sequence[Quantity], after: bool = True) -> float:
+    """RMS of ln(predicted / measured) over ``quantities`` (after the fit, or before)."""
+    if not quantities:
+        return 0.0
+    errors = [q.log_error_after if after else q.log_error_before for q in quantities]
+    return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+
+def _measured(
+    runs: Sequence[MeasuredRun], hardware: HardwareProfile
+) -> list[tuple[int, str, float]]:
+    return [
+        (index, name, value)
+        for index, run in enumerate(runs)
+        for name, value in measured_quantities(run, hardware).items()
+    ]
+
+
+def _predicted(
+    runs: Sequence[MeasuredRun],
+    hardware: HardwareProfile,
+    layer_points: Sequence[LayerPoint],
+    measured: list[tuple[int, str, float]],
+) -> np.ndarray:
+    predicted = [predict_quantities(run, hardware, layer_points) for run in runs]
+    values = np.array([predicted[i][name] for i, name, _ in measured])
+    bad = [k for k, v in enumerate(values) if not (math.isfinite(v) and v > 0)]
+    if bad:
+        i, name, _ = measured[bad[0]]
+        raise StagewrightError(
+            f"the cost model predicts {values[bad[0]]} for {name} of run {i + 1}; it cannot "
+            "be fitted on a log scale"
+        )
+    return values
+
+
+def _rms(r: np.ndarray) -> float:
+    return float(math.sqrt(float(np.mean(r * r))))
+
+
+def _unscaled(params: list[FreeParameter], x: np.ndarray) -> dict[str, float]:
+    return {
+        p.name: float(p.lower + (p.upper - p.lower) * min(max(float(v), 0.0), 1.0))
+        for p, v in zip(params, x, strict=True)
+    }
+
+
+def _informs(
+    p: FreeParameter,
+    start: dict[str, float],
+    r0: np.ndarray,
+    residuals_at: Callable[[dict[str, float]], np.ndarray],
+) -> bool:
+    """Does any residual move when ``p`` moves across its range? Probed at both bounds (a
+    threshold term can be flat near the start and still matter)."""
+    for bound in (p.lower, p.upper):
+        moved = residuals_at({**start, p.name: bound})
+        if float(np.max(np.abs(moved - r0))) > _NO_INFORMATION:
+            return True
+    return False
+
+
+def _parameter_fits(
+    hardware: HardwareProfile,
+    requested: list[FreeParameter],
+    fitted: dict[str, float],
+    errors: dict[str, float | None],
+) -> list[ParameterFit]:
+    """One entry per registered parameter: the requested ones as fitted / at bound /
+    uninformed, the rest as held."""
+    names = {p.name for p in requested}
+    out = []
+    for name in sorted(PARAMETERS):
+        p = PARAMETERS[name]
+        start = hardware.parameter(name)
+        if name not in names:
+            out.append(ParameterFit(p, start, start, "held"))
+        elif name not in fitted:
+            out.append(ParameterFit(p, start, start, "uninformed"))
+        else:
+            value = fitted[name]
+            status: ParameterStatus = (
+                "at bound" if value <= p.lower or value >= p.upper else "fitted"
+            )
+            out.append(ParameterFit(p, start, value, status, errors[name]))
+    return out

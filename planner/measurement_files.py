@@ -1,0 +1,250 @@
+"""Measured runs from files: JSON or CSV, every problem reported with its row.
+
+JSON: a list of runs, or ``{"runs": [...]}`` (optionally with ``format`` and ``notes``, as
+the bundled ``profiles/measurements/*.json``); each run is a :class:`MeasuredRun`.
+
+CSV: one run per row, one column per field named by its path in the JSON, e.g.
+``model.hidden_size``, ``config.t``, ``measured.kind``, ``measured.step_time_s``. An empty
+cell leaves the field at its default. List fields (``measured.peak_memory_gib``,
+``config.layers_per_stage``) take ``;``-separated numbers; a cell that starts with ``[`` or
+``{`` is read as JSON (``config.recompute_per_stage``). A missing required column or an
+unknown one is an error about the header, before any row is read.
+
+A file is taken whole or not at all: :func:`parse_runs` raises
+:class:`MeasurementFileError` listing every bad row (``row N``: the N-th run, counting from
+1; for CSV also its line) and column, and the caller stores nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from planner.errors import StagewrightError
+from planner.measurements import (
+    MeasuredRun,
+    PassMeasurement,
+    RunConfig,
+    StepMeasurement,
+)
+from planner.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+__all__ = [
+    "CSV_COLUMNS",
+    "REQUIRED_CSV_COLUMNS",
+    "MeasurementFileError",
+    "ParsedRun",
+    "describe_problems",
+    "parse_runs",
+    "run_to_csv_row",
+]
+
+_SECTIONS: dict[str, tuple[type[BaseModel], ...]] = {
+    "model": (ModelSpec,),
+    "cluster": (ClusterSpec,),
+    "training": (TrainingSpec,),
+    "config": (RunConfig,),
+    "measured": (StepMeasurement, PassMeasurement),
+}
+_TOP_LEVEL = ("source", "measured_on")
+_LIST_COLUMNS = {"measured.peak_memory_gib", "config.layers_per_stage"}
+_MAX_LISTED = 20  # problems listed in one message; the rest are counted
+
+
+def _columns() -> tuple[list[str], list[str]]:
+    every: list[str] = []
+    required: list[str] = []
+    for section, models in _SECTIONS.items():
+        for model in models:
+            for name, info in model.model_fields.items():
+                column = f"{section}.{name}"
+                if column not in every:
+                    every.append(column)
+                # measured.kind has a default per class, but which class is the question.
+                required_here = info.is_required() or column == "measured.kind"
+                if required_here and column not in required:
+                    required.append(column)
+    for name in _TOP_LEVEL:
+        every.append(name)
+        if MeasuredRun.model_fields[name].is_required():
+            required.append(name)
+    return every, required
+
+
+CSV_COLUMNS, REQUIRED_CSV_COLUMNS = _columns()
+
+
+class MeasurementFileError(StagewrightError):
+    """A measurements file that cannot be stored; the message lists every problem."""
+
+
+@dataclass(frozen=True)
+class ParsedRun:
+    """A run and where it was: ``where`` is 'row 3' (JSON), 'row 3 (line 4)' (CSV) or
+    'runs[2]' (a request body); ``field_word`` what its fields are called there ('column'
+    in CSV, else 'field')."""
+
+    where: str
+    run: MeasuredRun
+    field_word: str = "field"
+
+    def problem(self, field: str, message: str) -> str:
+        """A problem of this run's ``field``, for an error message."""
+        return f"{self.where}: {self.field_word} {field}: {message}"
+
+
+def parse_runs(text: str, name: str) -> list[ParsedRun]:
+    """Every run of a file called ``name`` (.csv is CSV, anything else JSON), or
+    MeasurementFileError naming each bad row and column."""
+    if name.lower().endswith(".csv"):
+        return _validated(_csv_rows(text, name), name, "column")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeasurementFileError(
+            f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+            'give a JSON list of runs, {"runs": [...]}, or a .csv file'
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("runs"), list):
+        extra = sorted(set(data) - {"runs", "format", "notes"})
+        if extra:
+            raise MeasurementFileError(
+                f"{name}: unknown top-level key(s) {', '.join(extra)}; a measurements file has "
+                "'runs' (and optionally 'format' and 'notes')"
+            )
+        data = data["runs"]
+    if not isinstance(data, list):
+        raise MeasurementFileError(
+            f'{name} holds no list of runs; give a JSON list of runs or {{"runs": [...]}}'
+        )
+    return _validated(((f"row {i}", raw) for i, raw in enumerate(data, start=1)), name, "field")
+
+
+def _csv_rows(text: str, name: str) -> Iterable[tuple[str, Any]]:
+    reader = csv.DictReader(io.StringIO(text))
+    header = [h.strip() for h in reader.fieldnames or []]
+    missing = [c for c in REQUIRED_CSV_COLUMNS if c not in header]
+    unknown = [c for c in header if c not in CSV_COLUMNS]
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    problems = []
+    if missing:
+        problems.append(f"missing column(s) {', '.join(missing)}")
+    if unknown:
+        problems.append(
+            f"unknown column(s) {', '.join(unknown)} (columns are field paths such as "
+            "config.t or measured.step_time_s)"
+        )
+    if repeated:
+        problems.append(f"column(s) {', '.join(repeated)} given twice")
+    if problems:
+        raise MeasurementFileError(f"{name}, header: " + "; ".join(problems))
+    for number, row in enumerate(reader, start=1):
+        where = f"row {number} (line {reader.line_num})"
+        if None in row:
+            yield (
+                where,
+                _CellError(f"has {len(header) + len(row[None])} cells for {len(header)} columns"),
+            )
+            continue
+        nested: dict[str, Any] = {}
+        try:
+            for column, cell in zip(header, row.values(), strict=True):
+                _put(nested, column, _cell(column, cell))
+        except _CellError as exc:
+            yield where, exc
+            continue
+        yield where, nested
+
+
+class _CellError(ValueError):
+    """A CSV cell (or row) that cannot be read; carried to the error list, not raised."""
+
+
+def _cell(column: str, cell: str | None) -> Any:
+    text = (cell or "").strip()
+    if not text:
+        return None
+    if text[0] in "[{":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _CellError(f"column {column}: {text!r} is not valid JSON ({exc.msg})") from None
+    if column in _LIST_COLUMNS:
+        return [part.strip() for part in text.split(";")]
+    return text
+
+
+def _put(nested: dict[str, Any], column: str, value: Any) -> None:
+    if value is None:
+        return
+    *sections, leaf = column.split(".")
+    target = nested
+    for section in sections:
+        target = target.setdefault(section, {})
+    target[leaf] = value
+
+
+def _validated(rows: Iterable[tuple[str, Any]], name: str, field_word: str) -> list[ParsedRun]:
+    runs: list[ParsedRun] = []
+    problems: list[str] = []
+    for where, raw in rows:
+        if isinstance(raw, _CellError):
+            problems.append(f"{where}: {raw}")
+            continue
+        try:
+            runs.append(ParsedRun(where, MeasuredRun.model_validate(raw), field_word))
+        except ValidationError as exc:
+            problems.extend(f"{where}: {problem}" for problem in _problems(exc, field_word))
+    if problems:
+        raise MeasurementFileError(describe_problems(name, problems))
+    if not runs:
+        raise MeasurementFileError(f"{name} has no runs")
+    return runs
+
+
+def describe_problems(name: str, problems: list[str]) -> str:
+    """One message for many problems: the first few listed, the rest counted; nothing of
+    the file is stored."""
+    shown = problems[:_MAX_LISTED]
+    more = len(problems) - len(shown)
+    tail = f"; and {more} more problem(s)" if more else ""
+    return f"{name}: nothing stored, {len(problems)} problem(s): " + "; ".join(shown) + tail
+
+
+def _problems(exc: ValidationError, field_word: str) -> list[str]:
+    out = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        if loc[:1] == ["measured"] and loc[1:2] in (["step"], ["pass"]):
+            loc = loc[:1] + loc[2:]  # the union's tag is not a field
+        if err["type"] == "union_tag_not_found":
+            out.append(f"{field_word} measured.kind is missing: give 'step' or 'pass'")
+            continue
+        message = err["msg"].removeprefix("Value error, ")
+        out.append(f"{field_word} {'.'.join(loc)}: {message}" if loc else message)
+    return out
+
+
+def run_to_csv_row(run: MeasuredRun) -> dict[str, str]:
+    """``run`` as one CSV row (the inverse of reading one)."""
+    data = run.model_dump(mode="json")
+    row = {}
+    for column in CSV_COLUMNS:
+        value: Any = data
+        for part in column.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            row[column] = ""
+        elif column in _LIST_COLUMNS:
+            row[column] = ";".join(str(v) for v in value)
+        elif isinstance(value, list | dict):
+            row[column] = json.dumps(value)
+        else:
+            row[column] = str(value).lower() if isinstance(value, bool) else str(value)
+    return row

@@ -1,0 +1,260 @@
+"""Measured runs: what a training run (or one pass of it) measured, as the planner would
+have been asked to predict it.
+
+A :class:`MeasuredRun` names the model, the cluster, the training switches and the
+configuration that ran (the same pieces as a plan request and a candidate), and what was
+measured, one of two kinds:
+
+- ``step``: whole optimizer steps -- the step time and/or the MFU (Megatron's formula, so a
+  paper's MFU converts to a step time with the profile's peak), and optionally the peak
+  memory of each pipeline device;
+- ``pass``: single passes of one micro-batch over ``num_layers`` transformer layers on one
+  tensor-parallel rank -- forward, backward (input gradient, recomputation included) and
+  weight-gradient milliseconds, as the BPipe paper's Tables 3-4 and the V-shape paper's
+  Table 5 report them. Without ``weight_ms`` the backward is the fused B + W.
+
+The same JSON is accepted by ``stagewright measurements add`` (also as CSV, see
+:mod:`planner.measurement_files`), ``POST /v1/measurements`` and the store, and
+``planner.calibrate`` predicts each measured quantity with the ordinary cost model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.costmodel.evaluate import num_stages, split_layers
+from planner.costmodel.flops import model_flops_per_step
+from planner.specs import (
+    CandidateConfig,
+    ClusterSpec,
+    ModelSpec,
+    PlanRequest,
+    Recompute,
+    RecomputeSplit,
+    ScheduleName,
+    SearchSpec,
+    TrainingSpec,
+)
+
+__all__ = [
+    "MeasuredRun",
+    "PassMeasurement",
+    "RunConfig",
+    "StepMeasurement",
+    "candidate_config",
+    "fingerprint",
+    "measured_step_time_s",
+    "plan_request",
+]
+
+_MAX_TIME_S = 1e7
+_MAX_MS = 1e9
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class RunConfig(_Spec):
+    """The configuration that ran: a plan candidate's ``config`` without the micro-batch
+    count (it follows from the batch: global batch / (micro-batch size x d))."""
+
+    t: int = Field(ge=1, description="Tensor-parallel degree.")
+    p: int = Field(ge=1, description="Pipeline-parallel degree (devices in a pipeline).")
+    d: int = Field(ge=1, description="Data-parallel degree.")
+    micro_batch_size: int = Field(ge=1, description="Samples per micro-batch.")
+    recompute: Recompute = Field(description="Activation recomputation mode.")
+    schedule: ScheduleName = Field(description="Pipeline schedule that ran.")
+    layers_per_stage: list[int] | None = Field(
+        default=None,
+        description="Transformer layers per stage; null means the planner's even split.",
+    )
+    recompute_per_stage: list[RecomputeSplit] | None = Field(
+        default=None,
+        description="Per stage, layers per recompute mode (a CP-SAT plan); null: all "
+        "``recompute``.",
+    )
+
+
+class StepMeasurement(_Spec):
+    """Whole optimizer steps."""
+
+    kind: Literal["step"] = "step"
+    step_time_s: float | None = Field(
+        default=None, gt=0, le=_MAX_TIME_S, description="Seconds per optimizer step."
+    )
+    mfu: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Model FLOPs utilization as a fraction (0.38 for 38%), Megatron's formula "
+        "(Narayanan et al. 2021, eq. 3). Used when step_time_s is not given.",
+    )
+    peak_memory_gib: list[Annotated[float, Field(gt=0, le=1e5)]] | None = Field(
+        default=None,
+        description="Peak memory of each pipeline device (p entries, GiB), where known.",
+    )
+
+    @model_validator(mode="after")
+    def _something_measured(self) -> StepMeasurement:
+        if self.step_time_s is None and self.mfu is None and self.peak_memory_gib is None:
+            raise ValueError(
+                "a step measurement needs step_time_s, mfu or peak_memory_gib; give at least one"
+            )
+        return self
+
+
+class PassMeasurement(_Spec):
+    """Single passes of one micro-batch over ``num_layers`` layers (one tensor rank)."""
+
+    kind: Literal["pass"] = "pass"
+    num_layers: int = Field(default=1, ge=1, description="Transformer layers the pass covers.")
+    forward_ms: float | None = Field(default=None, gt=0, le=_MAX_MS, description="Forward.")
+    backward_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=_MAX_MS,
+        description="Backward for the input gradient, recomputation included; the fused "
+        "B + W when weight_ms is not given.",
+    )
+    weight_ms: float | None = Field(
+        default=None, gt=0, le=_MAX_MS, description="Backward for the weight gradient (W)."
+    )
+
+    @model_validator(mode="after")
+    def _something_measured(self) -> PassMeasurement:
+        if self.forward_ms is None and self.backward_ms is None and self.weight_ms is None:
+            raise ValueError("a pass measurement needs forward_ms, backward_ms or weight_ms")
+        if self.weight_ms is not None and self.backward_ms is None:
+            raise ValueError(
+                "weight_ms without backward_ms: give the input-gradient backward too (or "
+                "only backward_ms for a fused B + W)"
+            )
+        return self
+
+
+Measured = Annotated[StepMeasurement | PassMeasurement, Field(discriminator="kind")]
+
+
+class MeasuredRun(_Spec):
+    """One measured run: what ran, what was measured, and where the numbers come from."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    config: RunConfig
+    measured: Measured = Field(description="What was measured: kind 'step' or 'pass'.")
+    source: str = Field(
+        min_length=1,
+        max_length=2000,
+        pattern=r"^[^\x00]*$",
+        description="Where the numbers come from (paper and table, or who ran it where).",
+    )
+    measured_on: dt.date | None = Field(default=None, description="When it was measured.")
+
+    @model_validator(mode="after")
+    def _configuration_fits(self) -> MeasuredRun:
+        c, gpus = self.config, self.cluster.num_gpus
+        if c.t * c.p * c.d != gpus:
+            raise ValueError(
+                f"config t*p*d = {c.t}*{c.p}*{c.d} = {c.t * c.p * c.d} but the cluster has "
+                f"{gpus} GPUs ({self.cluster.num_nodes} nodes x {self.cluster.gpus_per_node}); "
+                "they must be equal"
+            )
+        if self.model.num_attention_heads % c.t:
+            raise ValueError(
+                f"config t = {c.t} does not divide the model's {self.model.num_attention_heads} "
+                "attention heads"
+            )
+        batch = self.training.global_batch_size
+        if batch % (c.micro_batch_size * c.d):
+            raise ValueError(
+                f"global_batch_size {batch} is not a multiple of micro_batch_size x d = "
+                f"{c.micro_batch_size * c.d}"
+            )
+        stages = num_stages(c.schedule, c.p)
+        layers = c.layers_per_stage
+        if layers is None and split_layers(self.model.num_layers, stages) is None:
+            raise ValueError(
+                f"{self.model.num_layers} layers cannot fill the {stages} stages of "
+                f"{c.schedule} with p = {c.p}; give config.layers_per_stage"
+            )
+        if layers is not None and (len(layers) != stages or sum(layers) != self.model.num_layers):
+            raise ValueError(
+                f"config.layers_per_stage {layers} must have {stages} entries ({c.schedule}, "
+                f"p = {c.p}) adding up to the model's {self.model.num_layers} layers"
+            )
+        memory = getattr(self.measured, "peak_memory_gib", None)
+        if memory is not None and len(memory) != c.p:
+            raise ValueError(
+                f"measured.peak_memory_gib has {len(memory)} entries; give one per pipeline "
+                f"device (p = {c.p})"
+            )
+        if isinstance(self.measured, PassMeasurement) and self.measured.num_layers > max(
+            self.model.num_layers, 1
+        ):
+            raise ValueError(
+                f"measured.num_layers {self.measured.num_layers} is more than the model's "
+                f"{self.model.num_layers} layers"
+            )
+        return self
+
+
+def candidate_config(run: MeasuredRun) -> CandidateConfig:
+    """The plan candidate that ``run`` ran (the even layer split when none was given)."""
+    c = run.config
+    layers = c.layers_per_stage or split_layers(run.model.num_layers, num_stages(c.schedule, c.p))
+    assert layers is not None  # MeasuredRun checks the split exists
+    return CandidateConfig(
+        t=c.t,
+        p=c.p,
+        d=c.d,
+        micro_batch_size=c.micro_batch_size,
+        num_microbatches=run.training.global_batch_size // (c.micro_batch_size * c.d),
+        recompute=c.recompute,
+        schedule=c.schedule,
+        layers_per_stage=list(layers),
+        recompute_per_stage=c.recompute_per_stage,
+    )
+
+
+def plan_request(run: MeasuredRun) -> PlanRequest:
+    """The plan request whose candidate ``run`` is (searching only that configuration)."""
+    c = run.config
+    return PlanRequest(
+        model=run.model,
+        cluster=run.cluster,
+        training=run.training,
+        search=SearchSpec(
+            schedules=[c.schedule], recompute=[c.recompute], micro_batch_sizes=[c.micro_batch_size]
+        ),
+    )
+
+
+def measured_step_time_s(run: MeasuredRun, peak_flops: float) -> float | None:
+    """The measured step time: ``step_time_s``, else the MFU converted with Megatron's
+    model FLOPs per step and ``peak_flops`` per device; None for pass measurements and
+    memory-only steps."""
+    measured = run.measured
+    if not isinstance(measured, StepMeasurement):
+        return None
+    if measured.step_time_s is not None:
+        return measured.step_time_s
+    if measured.mfu is None:
+        return None
+    flops = model_flops_per_step(run.model, run.training.global_batch_size)
+    seconds = flops / (measured.mfu * peak_flops * run.cluster.num_gpus)
+    assert math.isfinite(seconds)
+    return seconds
+
+
+def fingerprint(run: MeasuredRun) -> str:
+    """A stable hash of the run's canonical JSON: the store keeps one copy of identical runs."""
+    canonical = json.dumps(run.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,290 @@
+"""Measured runs and calibration through REST and the CLI, on SQLite and PostgreSQL: runs go
+in whole files or not at all, with errors naming rows and columns; calibrate stores a new
+revision that plans then use."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.cli import main
+from api.store.profiles_io import stored_profiles
+from planner.measurement_files import CSV_COLUMNS
+from planner.profiles import default_store
+from planner.search import plan
+from planner.specs import PlanRequest
+from tests.integration.conftest import assert_problem, example, reset, wait_done
+
+BUNDLED_RUNS = 48  # profiles/measurements/a100-sxm-80g-public.json
+RUN: dict[str, Any] = {
+    "model": {
+        "name": "tiny",
+        "num_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "seq_length": 128,
+        "vocab_size": 1000,
+    },
+    "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
+    "training": {"global_batch_size": 8, "precision": "fp32"},
+    "config": {
+        "t": 1,
+        "p": 4,
+        "d": 1,
+        "micro_batch_size": 1,
+        "recompute": "none",
+        "schedule": "1f1b",
+    },
+    "measured": {"kind": "step", "step_time_s": 0.5},
+    "source": "a test run",
+    "measured_on": "2026-01-05",
+}
+
+
+def with_(run: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A copy of ``run`` with ``section.field`` changes."""
+    out = copy.deepcopy(run)
+    for dotted, value in changes.items():
+        *path, leaf = dotted.split(".")
+        target = out
+        for part in path:
+            target = target[part]
+        target[leaf] = value
+    return out
+
+
+def test_post_and_list_measured_runs(client):
+    second = with_(RUN, **{"measured": {"kind": "pass", "forward_ms": 2.0, "backward_ms": 3.0}})
+    created = client.post("/v1/measurements", json={"runs": [RUN, second]})
+    assert created.status_code == 201, created.text
+    ids = created.json()["ids"]
+    assert created.json() == {"created": 2, "unchanged": 0, "ids": ids}
+    again = client.post("/v1/measurements", json={"runs": [second]})
+    assert again.status_code == 200 and again.json() == {
+        "created": 0,
+        "unchanged": 1,
+        "ids": ids[1:],
+    }
+
+    listed = client.get("/v1/measurements", params={"gpu": "cpu"}).json()
+    assert listed["total"] == 2 and [r["id"] for r in listed["items"]] == ids
+    first = listed["items"][0]
+    assert first["origin"] == "api" and first["measured_on"] == "2026-01-05"
+    assert first["measured"] == {**RUN["measured"], "mfu": None, "peak_memory_gib": None}
+    assert first["config"] == {
+        **RUN["config"],
+        "layers_per_stage": None,
+        "recompute_per_stage": None,
+    }
+    assert (first["model"]["name"], first["cluster"], first["source"]) == (
+        "tiny",
+        RUN["cluster"],
+        "a test run",
+    )
+    everything = client.get("/v1/measurements").json()
+    assert everything["total"] == BUNDLED_RUNS + 2
+    page = client.get("/v1/measurements", params={"gpu": "a100-sxm-80g", "limit": 5, "offset": 40})
+    assert page.json()["total"] == BUNDLED_RUNS and len(page.json()["items"]) == 5
+    by_model = client.get("/v1/measurements", params={"model": "gpt3-134b"}).json()
+    assert by_model["total"] == 15 + 1  # Table 7's 134B rows and Table 3's 134B pass
+    by_source = client.get("/v1/measurements", params={"source": "v-SHAPE paper"}).json()
+    assert by_source["total"] == 9
+    assert_problem(client.get("/v1/measurements", params={"limit": 0}), 422)
+    assert_problem(client.get("/v1/measurements", params={"gpu": "Not A Name"}), 422)
+
+
+def test_bad_runs_are_refused_whole_naming_the_run_and_field(client):
+    before = client.get("/v1/measurements").json()["total"]
+    mismatch = with_(RUN, **{"config.p": 2})
+    body = assert_problem(client.post("/v1/measurements", json={"runs": [RUN, mismatch]}), 422)
+    assert body["errors"][0]["loc"][:3] == ["body", "runs", 1]
+    assert "t*p*d = 1*2*1 = 2 but the cluster has 4 GPUs" in body["errors"][0]["msg"]
+    unknown = with_(RUN, **{"cluster.gpu": "tpu-v9", "measured.step_time_s": 0.7})
+    assert_problem(
+        client.post("/v1/measurements", json={"runs": [RUN, unknown]}),
+        422,
+        "runs[1]: field cluster.gpu: unknown GPU 'tpu-v9'; known hardware profiles: a100-40g",
+    )
+    negative = with_(RUN, **{"measured.step_time_s": -1})
+    body = assert_problem(client.post("/v1/measurements", json={"runs": [negative]}), 422)
+    assert body["errors"][0]["loc"] == ["body", "runs", 0, "measured", "step", "step_time_s"]
+    cannot = with_(
+        RUN,
+        **{
+            "config.schedule": "interleaved",
+            "model.num_layers": 8,
+            "training.global_batch_size": 6,  # 6 micro-batches: not a multiple of p = 4
+        },
+    )
+    assert_problem(
+        client.post("/v1/measurements", json={"runs": [cannot]}),
+        422,
+        "runs[0]: the planner cannot price this configuration",
+    )
+    assert client.get("/v1/measurements").json()["total"] == before  # nothing stored
+
+
+def test_a_plan_measurement_is_also_a_measured_run(client):
+    request = example("tiny-cpu")
+    plan = wait_done(client, client.post("/v1/plans", json=request).json()["id"])
+    reported = client.post(f"/v1/plans/{plan['id']}/measurements", json={"step_time_s": 0.42})
+    assert reported.status_code == 201, reported.text
+    (run,) = client.get("/v1/measurements", params={"source": plan["id"]}).json()["items"]
+    assert run["origin"] == "plan" and run["measurement_id"] == reported.json()["id"]
+    assert run["measured"]["step_time_s"] == 0.42
+    best = plan["candidates"][0]["config"]
+    assert {k: run["config"][k] for k in ("t", "p", "d", "schedule", "layers_per_stage")} == {
+        k: best[k] for k in ("t", "p", "d", "schedule", "layers_per_stage")
+    }
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, CSV_COLUMNS)
+    writer.writeheader()
+    for run in rows:
+        flat = {}
+        for column in CSV_COLUMNS:
+            value: Any = run
+            for part in column.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            flat[column] = "" if value is None else value
+        writer.writerow(flat)
+    path.write_text(buffer.getvalue())
+    return path
+
+
+def count(capsys, url: str) -> int:
+    code, out, _ = cli(capsys, "measurements", "list", "--json", "--database-url", url)
+    assert code == 0
+    total: int = json.loads(out)["total"]
+    return total
+
+
+def test_cli_adds_csv_and_json_and_lists_them_back(database_url, tmp_path, capsys):
+    reset(database_url)
+    good = write_csv(tmp_path / "runs.csv", [RUN, with_(RUN, **{"measured.step_time_s": 0.6})])
+    code, out, err = cli(capsys, "measurements", "add", str(good), "--database-url", database_url)
+    assert code == 0, err
+    assert "runs.csv: 2 run(s) stored, 0 already stored" in out
+    code, out, _ = cli(
+        capsys, "measurements", "list", "--gpu", "cpu", "--csv", "--database-url", database_url
+    )
+    exported = tmp_path / "exported.csv"
+    exported.write_text(out)
+    as_json = tmp_path / "runs.json"
+    as_json.write_text(json.dumps({"runs": [with_(RUN, **{"measured.step_time_s": 0.7})]}))
+    code, out, _ = cli(
+        capsys, "measurements", "add", str(exported), str(as_json), "--database-url", database_url
+    )
+    assert code == 0
+    assert "exported.csv: 0 run(s) stored, 2 already stored" in out  # the round trip is exact
+    assert "runs.json: 1 run(s) stored" in out
+    code, out, _ = cli(
+        capsys, "measurements", "list", "--gpu", "cpu", "--database-url", database_url
+    )
+    assert out.startswith("3 run(s)") and "step 0.7 s" in out
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (
+            {"measured.step_time_s": -2},
+            "row 2 (line 3): column measured.step_time_s: Input should be greater than 0",
+        ),
+        (
+            {"measured.step_time_s": "inf"},
+            "row 2 (line 3): column measured.step_time_s: Input should be a finite number",
+        ),
+        ({"config.d": 2}, "row 2 (line 3): config t*p*d = 1*4*2 = 8 but the cluster has 4 GPUs"),
+        ({"cluster.gpu": "tpu-v9"}, "row 2 (line 3): column cluster.gpu: unknown GPU 'tpu-v9'"),
+        (
+            {"config.recompute": "some"},
+            "row 2 (line 3): column config.recompute: Input should be 'none', 'selective'",
+        ),
+    ],
+)
+def test_cli_refuses_a_bad_file_whole_naming_row_and_column(
+    database_url, tmp_path, capsys, change, needle
+):
+    reset(database_url)
+    before = count(capsys, database_url)
+    bad = write_csv(tmp_path / "bad.csv", [RUN, with_(RUN, **change)])
+    code, out, err = cli(capsys, "measurements", "add", str(bad), "--database-url", database_url)
+    assert code == 2 and out == ""
+    assert err.startswith("stagewright measurements: error: ") and needle in err
+    assert "nothing stored" in err
+    assert count(capsys, database_url) == before  # the good first row was not stored either
+
+
+def test_cli_names_missing_and_unknown_columns(tmp_path, capsys):
+    path = tmp_path / "few.csv"
+    path.write_text("model.name,config.tee\nx,1\n")
+    code, _, err = cli(capsys, "measurements", "add", str(path), "--database-url", "sqlite://")
+    assert code == 2
+    assert "few.csv, header: missing column(s) model.num_layers" in err
+    assert "unknown column(s) config.tee" in err
+
+
+def test_calibrate_stores_a_new_revision_that_plans_use(database_url, capsys):
+    reset(database_url)
+    url = ["--database-url", database_url]
+    code, out, err = cli(capsys, "calibrate", "--hardware", "a100-sxm-80g", "--dry-run", *url)
+    assert code == 0, err
+    assert f"fitted to {BUNDLED_RUNS} measured run(s)" in out and "dry run: nothing stored" in out
+    assert "workspace_gib" in out and "uninformed: no run depends on it; kept" in out
+    code, out, _ = cli(capsys, "calibrate", "--hardware", "a100-sxm-80g", "--json", *url)
+    fit = json.loads(out)
+    assert fit["stored"]["revision"] == 2 and fit["base_revision"] == 1
+    assert (
+        fit["stored"]["num_runs"] == BUNDLED_RUNS and len(fit["stored"]["run_ids"]) == BUNDLED_RUNS
+    )
+    efficiency = next(p for p in fit["parameters"] if p["name"] == "roofline_efficiency")
+    assert efficiency["status"] == "fitted" and efficiency["value"] != 0.606
+    assert fit["rms_log_error"] <= fit["rms_log_error_before"]
+
+    request = example("gpt3-96b-32xa100")
+    with stored_profiles(database_url) as store:
+        calibrated = store.hardware("a100-sxm-80g")
+        assert calibrated.parameter("roofline_efficiency") == efficiency["value"]
+        assert calibrated.calibration is not None and calibrated.calibration.revision == 2
+        ours = plan(PlanRequest.model_validate(request), store)
+    bundled = plan(PlanRequest.model_validate(request), default_store())
+    assert ours.best is not None and bundled.best is not None
+    assert ours.best.predicted.iteration_time_s != bundled.best.predicted.iteration_time_s
+
+
+def test_calibrate_reports_held_out_runs_and_errors(database_url, capsys):
+    reset(database_url)
+    url = ["--database-url", database_url]
+    code, out, _ = cli(
+        capsys, "calibrate", "--hardware", "a100-sxm-80g", "--model", "gpt3-96b", "--dry-run", *url
+    )
+    assert code == 0
+    assert "fitted to 20 measured run(s)" in out  # Table 7's 19 rows of 96B, Table 3's pass
+    assert f"held out (not fitted): {BUNDLED_RUNS - 20} run(s)" in out
+    assert "model gpt3-134b" in out
+    code, _, err = cli(capsys, "calibrate", "--hardware", "cpu", *url)
+    assert code == 2 and "no measured runs of 'cpu' (0 stored); add some with" in err
+    code, _, err = cli(capsys, "calibrate", "--hardware", "tpu-v9", *url)
+    assert code == 2 and "unknown GPU 'tpu-v9'" in err
+    code, _, err = cli(
+        capsys, "calibrate", "--hardware", "a100-sxm-80g", "--parameter", "gemm", *url
+    )
+    assert code == 2 and "unknown cost-model parameter 'gemm'" in err

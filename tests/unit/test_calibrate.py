@@ -1,0 +1,223 @@
+"""Calibration: predictions of measured quantities, and the bounded least-squares fit
+recovering parameters from synthetic runs generated with them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from planner.calibrate import fit, measured_quantities, predict, predict_quantities
+from planner.errors import StagewrightError
+from planner.measurements import MeasuredRun, candidate_config, fingerprint
+from planner.profiles import HardwareProfile, default_store
+
+A100 = default_store().hardware("a100-sxm-80g")
+MODEL = {
+    "name": "m",
+    "num_layers": 8,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "seq_length": 1024,
+    "vocab_size": 32000,
+}
+
+
+def run(measured: dict[str, Any], **config: Any) -> MeasuredRun:
+    """A run of MODEL on 8 A100s (one node); ``config`` overrides t=2, p=4, d=1, mb=1."""
+    cfg: dict[str, Any] = {
+        "t": 2,
+        "p": 4,
+        "d": 1,
+        "micro_batch_size": 1,
+        "recompute": "none",
+        "schedule": "1f1b",
+    }
+    cfg.update(config)
+    return MeasuredRun.model_validate(
+        {
+            "model": MODEL,
+            "cluster": {"gpu": "a100-sxm-80g", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"global_batch_size": 16},
+            "config": cfg,
+            "measured": measured,
+            "source": "synthetic",
+        }
+    )
+
+
+CONFIGS: list[dict[str, Any]] = [
+    {},
+    {"t": 1, "p": 8},
+    {"t": 4, "p": 2, "micro_batch_size": 2, "recompute": "selective"},
+    {"t": 2, "p": 2, "d": 2, "recompute": "full", "micro_batch_size": 4},
+    {"t": 1, "p": 4, "d": 2, "schedule": "v-half"},
+]
+
+
+def synthetic(truth: HardwareProfile, with_memory: bool) -> list[MeasuredRun]:
+    """Runs whose measurements are exactly what the model predicts with ``truth``."""
+    runs = []
+    for config in CONFIGS:
+        p = config.get("p", 4)
+        probe = run({"kind": "step", "step_time_s": 1.0, "peak_memory_gib": [1.0] * p}, **config)
+        got = predict_quantities(probe, truth, [])
+        memory = [got[f"peak_memory_gib[{i}]"] for i in range(p)]
+        measured: dict[str, Any] = {"kind": "step", "step_time_s": got["step_time_s"]}
+        if with_memory:
+            measured["peak_memory_gib"] = memory
+        runs.append(run(measured, **config))
+    passes = run(
+        {"kind": "pass", "num_layers": 2, "forward_ms": 1, "backward_ms": 1, "weight_ms": 1}
+    )
+    times = predict_quantities(passes, truth, [])
+    runs.append(
+        run(
+            {
+                "kind": "pass",
+                "num_layers": 2,
+                "forward_ms": times["forward_s"] * 1e3,
+                "backward_ms": times["backward_s"] * 1e3,
+                "weight_ms": times["weight_s"] * 1e3,
+            }
+        )
+    )
+    return runs
+
+
+def test_the_fit_recovers_the_efficiency_and_leaves_the_uninformed_allowance_alone():
+    truth = A100.with_parameters({"roofline_efficiency": 0.45})
+    start = A100.with_parameters({"workspace_gib": 3.0})  # not the default: must stay
+    result = fit(start, synthetic(truth, with_memory=False), [])
+    by_name = {p.parameter.name: p for p in result.parameters}
+    assert by_name["roofline_efficiency"].status == "fitted"
+    assert by_name["roofline_efficiency"].value == pytest.approx(0.45, rel=1e-6)
+    for name, start_value in (("workspace_gib", 3.0), ("allocator_fragmentation", 0.05)):
+        assert by_name[name].status == "uninformed"
+        assert by_name[name].value == start_value
+    assert result.hardware.parameters == {
+        "workspace_gib": 3.0,
+        "roofline_efficiency": pytest.approx(0.45, rel=1e-6),
+    }
+    assert result.rms_log_error_before == pytest.approx(math.log(0.606 / 0.45), rel=0.2)
+    assert result.rms_log_error < 1e-6
+    assert result.num_runs == len(CONFIGS) + 1
+    record = result.record("2026-01-01T00:00:00+00:00", run_ids=[1, 2])
+    assert record.fitted == ["roofline_efficiency"]
+    assert record.uninformed == ["allocator_fragmentation", "workspace_gib"]
+
+
+def test_measured_memory_informs_the_allowance_and_all_three_are_recovered():
+    truth = A100.with_parameters(
+        {"roofline_efficiency": 0.7, "workspace_gib": 2.5, "allocator_fragmentation": 0.12}
+    )
+    result = fit(A100, synthetic(truth, with_memory=True), [])
+    values = {p.parameter.name: p.value for p in result.parameters}
+    assert values == {
+        "roofline_efficiency": pytest.approx(0.7, rel=1e-5),
+        "workspace_gib": pytest.approx(2.5, rel=1e-4),
+        "allocator_fragmentation": pytest.approx(0.12, rel=1e-4),
+    }
+    assert all(p.status == "fitted" for p in result.parameters)
+    again = fit(A100, synthetic(truth, with_memory=True), [])
+    assert again.parameters == result.parameters  # deterministic
+
+
+def test_only_the_named_parameters_move_and_bounds_hold():
+    truth = A100.with_parameters({"roofline_efficiency": 0.7, "workspace_gib": 2.5})
+    runs = synthetic(truth, with_memory=True)
+    result = fit(A100, runs, [], parameters=["roofline_efficiency"])
+    status = {p.parameter.name: (p.status, p.value) for p in result.parameters}
+    assert status["workspace_gib"] == ("held", 1.0)
+    assert status["allocator_fragmentation"] == ("held", 0.05)
+    assert status["roofline_efficiency"][0] == "fitted"
+    # Measurements faster than the device's peak allows: the efficiency stops at its bound.
+    fast = [
+        r.model_copy(update={"measured": r.measured.model_copy(update={"step_time_s": 1e-4})})
+        for r in runs[:-1]
+    ]
+    bounded = fit(A100, fast, [], parameters=["roofline_efficiency"])
+    assert bounded.moved == {"roofline_efficiency": 1.0}
+    assert bounded.parameters[1].status == "at bound"
+
+
+def test_fit_errors_say_what_is_missing():
+    with pytest.raises(
+        StagewrightError, match="no measured runs of 'a100-sxm-80g'.*measurements add"
+    ):
+        fit(A100, [], [])
+    with pytest.raises(StagewrightError, match="unknown cost-model parameter 'gemm'"):
+        fit(A100, synthetic(A100, False), [], parameters=["gemm"])
+    with pytest.raises(StagewrightError, match="cannot be predicted with profile 'cpu'"):
+        predict(synthetic(A100, False)[0], default_store().hardware("cpu"), [])
+
+
+def test_an_mfu_is_converted_with_megatrons_model_flops():
+    """MFU = 72 B s L h^2 (1 + s/6h + V/12hL) / (T x GPUs x peak), Narayanan et al. eq. 3."""
+    B, s, L, h, V = 16, 1024, 8, 1024, 32000
+    flops = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    measured = run({"kind": "step", "mfu": 0.4})
+    seconds = flops / (0.4 * 8 * 312e12)
+    assert measured_quantities(measured, A100) == {"step_time_s": pytest.approx(seconds, rel=1e-12)}
+
+
+def test_a_pass_is_predicted_as_its_layers_times_the_layer_model():
+    fused = run({"kind": "pass", "num_layers": 3, "forward_ms": 5.0, "backward_ms": 9.0})
+    got = predict_quantities(fused, A100, [])
+    assert set(got) == {"forward_s", "backward_weight_s"}  # B + W fused: no weight_ms
+    split = run(
+        {"kind": "pass", "num_layers": 1, "forward_ms": 5.0, "backward_ms": 4.5, "weight_ms": 4.5}
+    )
+    one = predict_quantities(split, A100, [])
+    assert got["forward_s"] == pytest.approx(3 * one["forward_s"], rel=1e-12)
+    assert got["backward_weight_s"] == pytest.approx(
+        3 * (one["backward_s"] + one["weight_s"]), rel=1e-12
+    )
+    assert predict(split, A100, []) == pytest.approx(sum(one.values()), rel=1e-12)
+
+
+def test_a_run_names_its_configuration_and_fingerprints_stably():
+    r = run({"kind": "step", "step_time_s": 2.0}, t=1, p=8)
+    config = candidate_config(r)
+    assert (config.num_microbatches, config.layers_per_stage) == (16, [1] * 8)
+    assert fingerprint(r) == fingerprint(MeasuredRun.model_validate(r.model_dump(mode="json")))
+    assert fingerprint(r) != fingerprint(run({"kind": "step", "step_time_s": 2.5}, t=1, p=8))
+
+
+@pytest.mark.parametrize(
+    ("measured", "config", "message"),
+    [
+        (
+            {"kind": "step", "step_time_s": 1.0},
+            {"t": 2, "p": 2},
+            "t*p*d = 2*2*1 = 4 but the cluster has 8",
+        ),
+        (
+            {"kind": "step", "step_time_s": 1.0},
+            {"t": 8, "p": 1, "micro_batch_size": 3},
+            "not a multiple of micro_batch_size x d = 3",
+        ),
+        ({"kind": "step", "step_time_s": -1.0}, {}, "greater than 0"),
+        ({"kind": "step", "mfu": 38.0}, {}, "less than or equal to 1"),
+        ({"kind": "step"}, {}, "needs step_time_s, mfu or peak_memory_gib"),
+        ({"kind": "step", "peak_memory_gib": [1.0]}, {}, "give one per pipeline device (p = 4)"),
+        ({"kind": "pass", "weight_ms": 1.0}, {}, "weight_ms without backward_ms"),
+        (
+            {"kind": "pass", "num_layers": 9, "forward_ms": 1.0},
+            {},
+            "more than the model's 8 layers",
+        ),
+        (
+            {"kind": "step", "step_time_s": 1.0},
+            {"layers_per_stage": [2, 2, 2, 1]},
+            "adding up to the model's 8 layers",
+        ),
+        ({"kind": "walk"}, {}, "does not match any of the expected tags: 'step', 'pass'"),
+    ],
+)
+def test_bad_runs_are_refused_saying_what_to_change(measured, config, message):
+    with pytest.raises(
+        ValueError, match=message.replace("*", r"\*").replace("(", r"\(").replace(")", r"\)")
+    ):
+        run(measured, **config)

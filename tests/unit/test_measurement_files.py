@@ -1,0 +1,100 @@
+"""Measured runs from JSON and CSV files: every problem named by row (and line) and column,
+nothing taken from a file with any problem."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from planner.measurement_files import (
+    CSV_COLUMNS,
+    REQUIRED_CSV_COLUMNS,
+    MeasurementFileError,
+    parse_runs,
+    run_to_csv_row,
+)
+from planner.profiles import BUNDLED_PROFILES
+
+SHIPPED = BUNDLED_PROFILES / "measurements" / "a100-sxm-80g-public.json"
+
+
+def shipped_csv() -> str:
+    runs = parse_runs(SHIPPED.read_text(), SHIPPED.name)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, CSV_COLUMNS)
+    writer.writeheader()
+    writer.writerows(run_to_csv_row(p.run) for p in runs)
+    return buffer.getvalue()
+
+
+def test_the_shipped_set_reads_and_round_trips_through_csv():
+    runs = parse_runs(SHIPPED.read_text(), SHIPPED.name)
+    assert len(runs) == 48 and all(p.run.source for p in runs)
+    back = parse_runs(shipped_csv(), "shipped.csv")
+    assert [p.run for p in back] == [p.run for p in runs]
+    assert back[0].where == "row 1 (line 2)" and runs[0].where == "row 1"
+    kinds = [p.run.measured.kind for p in runs]
+    assert (kinds.count("step"), kinds.count("pass")) == (34, 14)
+
+
+def test_every_required_field_is_a_required_column():
+    assert "measured.kind" in REQUIRED_CSV_COLUMNS and "source" in REQUIRED_CSV_COLUMNS
+    assert "measured.step_time_s" not in REQUIRED_CSV_COLUMNS
+    assert len(set(REQUIRED_CSV_COLUMNS)) == len(REQUIRED_CSV_COLUMNS)
+
+
+def test_json_problems_name_their_row_and_field():
+    runs = json.loads(SHIPPED.read_text())["runs"][:3]
+    runs[1]["config"]["t"] = 0
+    del runs[2]["measured"]["kind"]
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(json.dumps(runs), "mine.json")
+    message = str(caught.value)
+    assert message.startswith("mine.json: nothing stored, 2 problem(s): ")
+    assert "row 2: field config.t: Input should be greater than or equal to 1" in message
+    assert "row 3: field measured.kind is missing: give 'step' or 'pass'" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("{", "is not valid JSON (line 1, column 2"),
+        ('{"rows": []}', "holds no list of runs"),
+        ('{"runs": [], "extra": 1}', "unknown top-level key(s) extra"),
+        ("[]", "has no runs"),
+    ],
+)
+def test_malformed_json_files(text, needle):
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(text, "f.json")
+    assert needle in str(caught.value)
+
+
+def test_csv_cells_rows_and_header():
+    lines = shipped_csv().splitlines()
+    header, first = lines[0], lines[1]
+    with pytest.raises(MeasurementFileError, match=r"row 1 \(line 2\): has \d+ cells for"):
+        parse_runs("\n".join([header, first + ",extra"]), "f.csv")
+    with pytest.raises(MeasurementFileError, match="column.s. model.name given twice"):
+        parse_runs("\n".join([header + ",model.name", first + ",x"]), "f.csv")
+    row = dict(zip(CSV_COLUMNS, next(csv.reader([first])), strict=True))
+    row["config.layers_per_stage"] = "[5, 5"
+    bad = io.StringIO()
+    writer = csv.DictWriter(bad, CSV_COLUMNS)
+    writer.writeheader()
+    writer.writerow(row)
+    with pytest.raises(
+        MeasurementFileError, match="column config.layers_per_stage: '\\[5, 5' is not"
+    ):
+        parse_runs(bad.getvalue(), "f.csv")
+
+
+def test_many_problems_are_counted_after_the_first_twenty():
+    runs = json.loads(SHIPPED.read_text())["runs"]
+    for run in runs:
+        run["measured"]["kind"] = "walk"
+    with pytest.raises(MeasurementFileError, match=r"48 problem\(s\).*; and 28 more problem\(s\)$"):
+        parse_runs(json.dumps(runs), "f.json")
