@@ -12,11 +12,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import StagewrightError
+
+if TYPE_CHECKING:  # the CLI loads SQLAlchemy only for the commands that use the store
+    from sqlalchemy.orm import Session
 
 __all__ = ["add_measurement_commands"]
 
