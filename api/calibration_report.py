@@ -44,7 +44,7 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
             else f"dry run: nothing stored (profile stays at revision {outcome.base_revision})"
         ),
         "",
-        f"{'parameter':<25}{'unit':<34}{'start':>7}{'fitted':>9}{'std err':>9}  status",
+        f"{'parameter':<28}{'unit':<34}{'start':>7}{'fitted':>9}{'std err':>9}  status",
     ]
     for p in result.parameters:
         error = "" if p.std_error is None else f"{p.std_error:.3g}"
@@ -55,7 +55,7 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
             "fitted": "fitted",
         }[p.status]
         lines.append(
-            f"{p.parameter.name:<25}{p.parameter.unit:<34}{p.start:>7.4g}{p.value:>9.4g}"
+            f"{p.parameter.name:<28}{p.parameter.unit:<34}{p.start:>7.4g}{p.value:>9.4g}"
             f"{error:>9}  {why}"
         )
     lines += [
@@ -85,10 +85,12 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
     lines += ["", "largest errors after the fit:"]
     for q in worst:
         run_id, run = outcome.used[q.run]
+        c = run.config
         lines.append(
             f"  run {run_id} {q.name}: measured {q.measured:.4g}, predicted "
-            f"{q.predicted_after:.4g} ({q.predicted_after / q.measured - 1:+.1%})  "
-            f"[{run.source[:70]}]"
+            f"{q.predicted_after:.4g} ({q.predicted_after / q.measured - 1:+.1%}); "
+            f"{run.model.name} t{c.t} p{c.p} d{c.d} mb{c.micro_batch_size} {c.recompute} "
+            f"{c.schedule}"
         )
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines)

@@ -3,8 +3,9 @@
 Minimises sum(r(x)^2) for x in [0, 1]^n (callers scale their bounds to the box). Each
 iteration solves (J^T J + lambda diag(J^T J)) step = -J^T r (Marquardt 1963), projects
 x + step onto the box, and accepts it if the cost falls (lambda / 3), else retries with
-lambda x 4. The Jacobian is a forward difference (backward at the upper face).
-Deterministic: no random starts.
+lambda x 4; it stops when an accepted step gains less than RELATIVE_DECREASE of the cost
+or no step gains anything. The Jacobian is a forward difference (backward at the upper
+face). Deterministic: no random starts.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ __all__ = ["Solution", "minimise", "std_errors"]
 
 Residuals = Callable[[np.ndarray], np.ndarray]
 
-_DIFFERENCE_STEP = 1e-4
+# A thousandth of a parameter's range: small enough for the slope, large enough to see
+# through a model's rounding (a parameter used as a whole number, e.g.).
+_DIFFERENCE_STEP = 1e-3
 MAX_ITERATIONS = 100
+# Stop when an accepted step lowers the cost by less than this fraction of it (the RMS
+# error then moves by less than half of that: below anything a person would act on).
+RELATIVE_DECREASE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ def minimise(residuals: Residuals, x0: np.ndarray, r0: np.ndarray) -> Solution:
             trial_cost = float(r_trial @ r_trial)
             if trial_cost < cost:
                 improved = True
-                done = cost - trial_cost <= 1e-12 * max(cost, 1e-30)
+                done = cost - trial_cost <= RELATIVE_DECREASE * cost
                 x, r, cost = trial, r_trial, trial_cost
                 damping = max(damping / 3.0, 1e-9)
                 break

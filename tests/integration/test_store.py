@@ -289,12 +289,17 @@ def test_write_report_counts_one_revision_per_write(database):
 
 
 def test_migrating_copies_plan_measurements_into_measured_runs(empty_database_url):
-    """A measurement reported for a plan before measured runs existed (schema 0002) becomes a
-    measured run of the plan's request and candidate when the schema moves on; the
-    measurement itself stays as it was."""
+    """A measurement reported for a plan before measured runs existed becomes a measured run
+    of the plan's request and candidate when the schema moves on; the measurement itself
+    stays as it was."""
+    from alembic.script import ScriptDirectory
+
+    from api.core.db import alembic_config
+
+    before = ScriptDirectory.from_config(alembic_config()).get_revision("0004").down_revision
     database = Database(empty_database_url)
     try:
-        migrate(database, "0002")
+        migrate(database, str(before))
         request = PlanRequest.model_validate(example("tiny-cpu"))
         result = plan(request)
         with database.session() as session:
