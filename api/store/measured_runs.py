@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.store.models import Calibration, Hardware, MeasuredRunRecord, Measurement, utcnow
@@ -92,21 +93,29 @@ def add_runs(
     now = utcnow()
     for parsed in runs:
         key = fingerprint(parsed.run)
-        found = session.scalar(
-            select(MeasuredRunRecord.id).where(MeasuredRunRecord.fingerprint == key)
-        )
-        if found is not None:
-            report.unchanged += 1
-            report.ids.append(found)
-            continue
-        record = MeasuredRunRecord(
-            **run_columns(parsed.run), fingerprint=key, origin=origin, created_at=now
-        )
-        session.add(record)
-        session.flush()
-        report.created += 1
-        report.ids.append(record.id)
+        found = _stored_id(session, key)
+        if found is None:
+            record = MeasuredRunRecord(
+                **run_columns(parsed.run), fingerprint=key, origin=origin, created_at=now
+            )
+            try:
+                with session.begin_nested():  # a savepoint: a lost race undoes this row only
+                    session.add(record)
+            except IntegrityError:
+                found = _stored_id(session, key)  # stored by a concurrent writer meanwhile
+                if found is None:  # the only unique constraint is the fingerprint
+                    raise
+            else:
+                report.created += 1
+                report.ids.append(record.id)
+                continue
+        report.unchanged += 1
+        report.ids.append(found)
     return report
+
+
+def _stored_id(session: Session, key: str) -> int | None:
+    return session.scalar(select(MeasuredRunRecord.id).where(MeasuredRunRecord.fingerprint == key))
 
 
 def run_columns(run: MeasuredRun) -> dict[str, Any]:

@@ -301,3 +301,46 @@ def test_calibrate_reports_held_out_runs_and_errors(database_url, capsys):
         capsys, "calibrate", "--hardware", "a100-sxm-80g", "--parameter", "gemm", *url
     )
     assert code == 2 and "unknown cost-model parameter 'gemm'" in err
+
+
+def test_a_run_stored_concurrently_is_counted_not_duplicated(database_url, monkeypatch):
+    """Two writers adding the same run: the one that loses the race (its look-up found
+    nothing, its insert meets the other's row) counts it as already stored, and the rest of
+    its write goes on."""
+    from api.core.db import Database
+    from api.store import measured_runs
+    from planner.measurement_files import ParsedRun
+    from planner.measurements import MeasuredRun
+
+    reset(database_url)
+    first = MeasuredRun.model_validate(RUN)
+    second = MeasuredRun.model_validate(with_(RUN, **{"measured.step_time_s": 0.9}))
+    database = Database(database_url)
+    try:
+        with database.session() as session:
+            stored = measured_runs.add_runs(
+                session=session, runs=[ParsedRun("row 1", first)], origin="api", name="a"
+            )
+            session.commit()
+        real = measured_runs._stored_id
+        missed: list[str] = []
+
+        def look_up_too_early(session, key):  # the other writer had not committed yet
+            if not missed:
+                missed.append(key)
+                return None
+            return real(session, key)
+
+        monkeypatch.setattr(measured_runs, "_stored_id", look_up_too_early)
+        with database.session() as session:
+            report = measured_runs.add_runs(
+                session=session,
+                runs=[ParsedRun("row 1", first), ParsedRun("row 2", second)],
+                origin="api",
+                name="b",
+            )
+            session.commit()
+        assert (report.created, report.unchanged) == (1, 1)
+        assert report.ids[0] == stored.ids[0]
+    finally:
+        database.dispose()
