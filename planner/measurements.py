@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.costmodel.evaluate import num_stages, split_layers
 from planner.costmodel.flops import model_flops_per_step
+from planner.profiles import LayerPoint
+from planner.schedules import BASELINE_SCHEDULE
 from planner.specs import (
     CandidateConfig,
     ClusterSpec,
@@ -51,6 +53,7 @@ __all__ = [
     "fingerprint",
     "measured_step_time_s",
     "plan_request",
+    "run_from_layer_point",
 ]
 
 _MAX_TIME_S = 1e7
@@ -258,3 +261,37 @@ def fingerprint(run: MeasuredRun) -> str:
     """A stable hash of the run's canonical JSON: the store keeps one copy of identical runs."""
     canonical = json.dumps(run.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def run_from_layer_point(
+    point: LayerPoint, model: ModelSpec, measured_on: dt.date | None = None
+) -> MeasuredRun:
+    """A profiled layer (``stagewright profile``) as a pass measurement of one layer of
+    ``model`` (at the point's sequence length), on the point's ``t`` devices of one node.
+    Pipeline and data parallelism do not enter a pass, so the run says p = d = 1."""
+    return MeasuredRun(
+        model=model.model_copy(update={"seq_length": point.seq_length}),
+        cluster=ClusterSpec(gpu=point.gpu, num_nodes=1, gpus_per_node=point.t),
+        training=TrainingSpec(
+            global_batch_size=point.micro_batch_size,
+            precision=point.precision,
+            sequence_parallel=point.sequence_parallel,
+            flash_attention=point.flash_attention,
+        ),
+        config=RunConfig(
+            t=point.t,
+            p=1,
+            d=1,
+            micro_batch_size=point.micro_batch_size,
+            recompute=point.recompute,
+            schedule=BASELINE_SCHEDULE,
+        ),
+        measured=PassMeasurement(
+            num_layers=1,
+            forward_ms=point.forward_ms,
+            backward_ms=point.backward_ms,
+            weight_ms=point.weight_ms,
+        ),
+        source=point.source or f"stagewright profile on {point.gpu}",
+        measured_on=measured_on,
+    )

@@ -344,3 +344,19 @@ def test_a_run_stored_concurrently_is_counted_not_duplicated(database_url, monke
         assert report.ids[0] == stored.ids[0]
     finally:
         database.dispose()
+
+
+def test_the_service_plans_with_the_calibrated_revision(client, database_url, capsys):
+    """A plan asked for again after a calibration is not answered from the cache: the
+    hardware revision is part of its key, and the new plan is priced with the fit."""
+    request = example("gpt3-96b-32xa100")
+    before = wait_done(client, client.post("/v1/plans", json=request).json()["id"])
+    assert before["hardware_revision"] == 1
+    code, _, err = cli(capsys, "calibrate", *FIT, "--database-url", database_url)
+    assert code == 0, err
+    after = wait_done(client, client.post("/v1/plans", json=request).json()["id"])
+    assert after["id"] != before["id"] and after["hardware_revision"] == 2
+    assert after["best"]["predicted"] != before["best"]["predicted"]
+    shown = client.get("/v1/hardware/a100-sxm-80g").json()
+    assert shown["revision"] == 2 and shown["calibration"]["revision"] == 2
+    assert set(shown["parameters"]) == {"gemm_efficiency"}  # workspace_gib: uninformed, kept

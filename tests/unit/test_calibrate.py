@@ -238,3 +238,43 @@ def test_bad_runs_are_refused_saying_what_to_change(measured, config, message):
         ValueError, match=message.replace("*", r"\*").replace("(", r"\(").replace(")", r"\)")
     ):
         run(measured, **config)
+
+
+def test_a_profiled_layer_is_a_pass_measurement_of_one_layer():
+    from planner.measurements import run_from_layer_point
+    from planner.profiles import LayerPoint
+    from planner.specs import ModelSpec
+
+    point = LayerPoint(
+        gpu="a100-sxm-80g",
+        precision="bf16",
+        hidden_size=1024,
+        num_attention_heads=16,
+        ffn_hidden_size=4096,
+        seq_length=512,
+        micro_batch_size=2,
+        t=2,
+        recompute="selective",
+        sequence_parallel=True,
+        flash_attention=False,
+        forward_ms=1.5,
+        backward_ms=2.5,
+        weight_ms=2.0,
+        activation_bytes=None,
+        includes_tp_comm=True,
+        source="profiled here",
+    )
+    profiled = run_from_layer_point(point, ModelSpec.model_validate(MODEL))
+    assert profiled.model.seq_length == 512 and profiled.cluster.num_gpus == 2
+    assert (profiled.config.t, profiled.config.micro_batch_size, profiled.config.recompute) == (
+        2,
+        2,
+        "selective",
+    )
+    assert measured_quantities(profiled, A100) == {
+        "forward_s": pytest.approx(1.5e-3),
+        "backward_s": pytest.approx(2.5e-3),
+        "weight_s": pytest.approx(2.0e-3),
+    }
+    one = predict_quantities(profiled, A100, [])
+    assert set(one) == {"forward_s", "backward_s", "weight_s"}
