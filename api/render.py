@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner.specs import CandidateConfig, Plan
+from planner.specs import CandidateConfig, Plan, Predicted
 
 __all__ = ["render_plan"]
 
@@ -104,6 +104,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
                 f"{total:.1f}",
             )
         console.print(detail)
+        console.print(f"  times from: {trust_text(best.predicted)}")
         for note in best.notes:
             console.print(f"  note: {note}")
         if best.launch.megatron_args:
@@ -137,3 +138,13 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
             peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
             rejected.add_row(*_config_text(reject.config), peak, reject.reason)
         console.print(rejected)
+
+
+def trust_text(predicted: Predicted) -> str:
+    """Where a prediction's times come from and how far that source was off when fitted."""
+    if predicted.calibration_error is None:
+        return f"{predicted.time_source} (no fit error known)"
+    return (
+        f"{predicted.time_source} (fit error {predicted.calibration_error:.1%}: rms of "
+        "ln(predicted / measured) over the runs it was calibrated on)"
+    )

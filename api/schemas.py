@@ -425,3 +425,8 @@ class ScheduleFamilyPublic(_ApiModel):
     runtimes: list[str] = Field(description="Runtimes that can run it as planned.")
     min_devices: int
     memory_rule: str
+    memory_fallback_for: str | None = Field(
+        default=None,
+        description="The family this one saves memory for: the search considers it only "
+        "where that family runs out of memory with the same configuration.",
+    )

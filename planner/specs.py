@@ -50,6 +50,9 @@ __all__ = [
 Precision = Literal["bf16", "fp16", "fp32"]
 SolverStatus = Literal["optimal", "feasible", "timed out", "infeasible"]
 Recompute = Literal["none", "selective", "full"]
+TimeSource = Literal[
+    "measured point", "scaled measurement", "calibrated model", "uncalibrated model"
+]
 
 
 def _registered(name: str) -> str:
@@ -277,6 +280,17 @@ class Predicted(_Spec):
     bubble_fraction: float = Field(description="Pipeline bubble (simulator's definition).")
     memory_gib_per_device: list[float] = Field(description="Peak memory per pipeline device.")
     peak_memory_gib: float = Field(description="Largest of memory_gib_per_device.")
+    time_source: TimeSource = Field(
+        description="Where the layer times come from: a measured point of exactly this shape, "
+        "a measured point carried to it by the model's ratio, or the shape-aware model with "
+        "calibrated or uncalibrated parameters."
+    )
+    calibration_error: float | None = Field(
+        description="How far that source was off on the measured runs its parameters were "
+        "fitted to: the root mean square of ln(predicted / measured), 0.10 meaning about 10%. "
+        "Null when unknown: an uncalibrated model, or a measured point (whose own error is "
+        "the measurement's)."
+    )
 
 
 class StageBreakdown(_Spec):

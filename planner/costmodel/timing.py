@@ -27,7 +27,7 @@ from planner.costmodel.layer_ops import (
     phase_seconds,
 )
 from planner.profiles import HardwareProfile, LayerPoint
-from planner.specs import ModelSpec, Recompute, TrainingSpec
+from planner.specs import ModelSpec, Recompute, TimeSource, TrainingSpec
 
 __all__ = [
     "EndStageTimes",
@@ -37,6 +37,7 @@ __all__ = [
     "layer_collective_seconds",
     "layer_times",
     "modelled_layer_times",
+    "time_provenance",
     "p2p_bytes",
 ]
 
@@ -289,3 +290,16 @@ def layer_collective_seconds(
     rates = device_rates(hw, training.precision)
     ops = layer_ops(rates, model, training, micro_batch, t, recompute, collective_cost(hw))
     return sum(op.seconds for op in ops if op.kind == "collective")
+
+
+def time_provenance(layer: LayerTimes, hw: HardwareProfile) -> tuple[TimeSource, float | None]:
+    """Where ``layer``'s times come from, and the fit error of that source on the runs the
+    profile was calibrated with (None when unknown: no calibration, or a measured point)."""
+    fitted = None if hw.calibration is None else hw.calibration.rms_log_error
+    if layer.origin == "measured":
+        return "measured point", None
+    if layer.origin == "scaled measurement":
+        return "scaled measurement", fitted
+    if fitted is not None:
+        return "calibrated model", fitted
+    return "uncalibrated model", None

@@ -219,5 +219,6 @@ register(
         inflight_saturation=lambda p: (3 * p + 1) // 2,
         memory_rule="1F1B with evictions to the pair device: at most ceil((p + 2) / 2) "
         "micro-batches per stage (§3.3)",
+        memory_fallback_for="1f1b",
     )
 )

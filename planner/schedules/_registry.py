@@ -126,6 +126,11 @@ class ScheduleFamily:
     memory_rule: str = ""
     """The family's activation memory, in words (for people; the numbers come from the
     schedule's own order)."""
+    memory_fallback_for: str | None = None
+    """The family this one saves memory for: it is searched only where that family runs out
+    of memory with the same (t, p, d, micro-batch, recompute). Where the base fits, the
+    variant's transfers only cost time (BPipe §4.2 evaluates activation balancing only for
+    the configurations Megatron-LM's 1F1B cannot run)."""
 
     # ------------------------------------------------------------------ questions
     @property
@@ -221,6 +226,7 @@ class ScheduleFamily:
             "runtimes": [r for r in RUNTIMES if r in self.runtimes],
             "min_devices": self.min_devices,
             "memory_rule": self.memory_rule,
+            "memory_fallback_for": self.memory_fallback_for,
         }
 
 

@@ -33,6 +33,7 @@ from planner.costmodel.evaluate import (
     split_layers,
 )
 from planner.costmodel.memory import GIB
+from planner.costmodel.timing import time_provenance
 from planner.launch import executor_config, megatron_args, torch_pipelining_csv, torchrun_commands
 from planner.profiles import ProfileStore, default_store
 from planner.schedules import BASELINE_SCHEDULE, Schedule, generate, schedule_family
@@ -118,9 +119,11 @@ def _config(
     )
 
 
-def _predicted_from_estimate(request: PlanRequest, est: Estimate) -> Predicted:
+def _predicted_from_estimate(ctx: PlanContext, est: Estimate) -> Predicted:
+    request = ctx.request
     samples = request.training.global_batch_size / est.iteration_time_s
     memory = [round(m.total / GIB, 3) for m in est.memory]
+    source, error = time_provenance(est.costs.layer, ctx.hardware)
     return Predicted(
         iteration_time_s=est.iteration_time_s,
         samples_per_s=samples,
@@ -129,6 +132,8 @@ def _predicted_from_estimate(request: PlanRequest, est: Estimate) -> Predicted:
         bubble_fraction=max(0.0, 1 - est.busy_s / est.iteration_time_s),
         memory_gib_per_device=memory,
         peak_memory_gib=max(memory),
+        time_source=source,
+        calibration_error=error,
     )
 
 
@@ -172,12 +177,18 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     evaluated = 0
     layers_total = request.model.num_layers
     for point, m in _points(request):
+        base_fits: dict[tuple[str, str], bool] = {}  # (schedule, recompute) at this point
         for schedule in request.search.schedules:
             problem = _schedule_problem(schedule, point, m, layers_total)
             layers = split_layers(layers_total, num_stages(schedule, point.p)) or []
+            base = schedule_family(schedule).memory_fallback_for
+            if base not in request.search.schedules:
+                base = None  # asked for on its own: priced as asked
             for recompute in request.search.recompute:
                 config = _config(point, m, recompute, schedule, layers)
                 evaluated += 1
+                if problem is None and base is not None:
+                    problem = _fallback_problem(ctx, config, base, capacity, base_fits)
                 if problem is not None:
                     rejected.append(Rejected(config=config, reason=problem))
                     continue
@@ -188,7 +199,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
                         Rejected(
                             config=config,
                             reason=_memory_reason(est, hardware.name, hardware.usable_memory_gib),
-                            predicted=_predicted_from_estimate(request, est),
+                            predicted=_predicted_from_estimate(ctx, est),
                         )
                     )
                     continue
@@ -232,6 +243,29 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
             )
             for e in feasible
         ],
+    )
+
+
+def _fallback_problem(
+    ctx: PlanContext,
+    config: CandidateConfig,
+    base: str,
+    capacity: float,
+    cache: dict[tuple[str, str], bool],
+) -> str | None:
+    """Why a memory-saving variant (BPipe) is not searched here: its base schedule, searched
+    too, fits the same configuration, so the variant's transfers would only cost time."""
+    key = (base, config.recompute)
+    fits = cache.get(key)
+    if fits is None:
+        layers = split_layers(sum(config.layers_per_stage), num_stages(base, config.p)) or []
+        base_config = config.model_copy(update={"schedule": base, "layers_per_stage": layers})
+        fits = cache[key] = estimate(ctx, base_config, capacity).peak_memory <= capacity
+    if not fits:
+        return None
+    return (
+        f"{base} fits this configuration, so {config.schedule} would only add transfers: "
+        f"it balances memory only where {base} runs out of it (BPipe §4.2)"
     )
 
 
@@ -320,6 +354,7 @@ def _candidate(
     config = est.config
     samples = request.training.global_batch_size / priced.iteration_time_s
     memory = [round(m.total / GIB, 3) for m in est.memory]
+    source, error = time_provenance(est.costs.layer, ctx.hardware)
     predicted = Predicted(
         iteration_time_s=priced.iteration_time_s,
         samples_per_s=samples,
@@ -328,6 +363,8 @@ def _candidate(
         bubble_fraction=priced.bubble_fraction,
         memory_gib_per_device=memory,
         peak_memory_gib=max(memory),
+        time_source=source,
+        calibration_error=error,
     )
     schedule = _full_schedule(config.schedule, config.p, config.num_microbatches)
     placement = placement_for(config, request.cluster.gpus_per_node, ctx.placements)
@@ -379,23 +416,33 @@ def _breakdown(priced: Priced) -> list[StageBreakdown]:
     return out
 
 
+def _transfer_note(transfer: float, forward: float, backward: float) -> str:
+    """BPipe Appendix B: an evict (or load) must finish within one forward to hide (Eqs. 7-9);
+    with the paper's pairing of an evict and a load over a backward and a forward, within
+    (F + B) / 2 (Eqs. 10-12). The simulator overlaps each transfer with one compute action,
+    so it prices the strict condition."""
+    head = (
+        f"BPipe transfer {transfer * 1e3:.2f} ms per micro-batch vs forward {forward * 1e3:.2f} ms"
+    )
+    if transfer <= forward:
+        return f"{head}: hidden behind compute (BPipe Appendix B, Eqs. 7-9)"
+    if 2 * transfer <= forward + backward:
+        return (
+            f"{head}: longer than the forward but within (F + B) / 2 = "
+            f"{(forward + backward) / 2 * 1e3:.2f} ms, BPipe's relaxed bound (Appendix B, "
+            "Eqs. 10-12), which pairs an evict and a load over a backward and a forward; priced "
+            "here as stretching the step"
+        )
+    return f"{head}: longer than (F + B) / 2 as well, so it stretches the step (Appendix B)"
+
+
 def _notes(priced: Priced) -> list[str]:
     est = priced.estimate
     config = est.config
     costs = est.costs
     notes = [f"layer times: {costs.layer.source}"]
     if schedule_family(config.schedule).transfers:
-        forward = costs.forward[0]
-        hidden = costs.transfer_s <= forward
-        notes.append(
-            f"BPipe transfer {costs.transfer_s * 1e3:.2f} ms per micro-batch vs forward "
-            f"{forward * 1e3:.2f} ms: "
-            + (
-                "hidden behind compute (BPipe Appendix B)"
-                if hidden
-                else "longer than the forward, so it stretches the step"
-            )
-        )
+        notes.append(_transfer_note(costs.transfer_s, costs.forward[0], costs.backward[0]))
     if priced.data_parallel_s > 0:
         notes.append(f"data-parallel gradient sync {priced.data_parallel_s * 1e3:.1f} ms per step")
     if priced.simulated_microbatches < config.num_microbatches:

@@ -17,7 +17,8 @@ GIB = 1024**3
 
 def _every_fitting_time(r: PlanRequest) -> dict[str, float]:
     """Brute force, independent of the search's pruning: simulate every configuration of
-    every schedule that fits, and keep each schedule's fastest."""
+    every schedule that fits, and keep each schedule's fastest. BPipe is searched only where
+    1F1B of the same configuration runs out of memory (BPipe §4.2)."""
     ctx = PlanContext.from_store(r, default_store())
     capacity = ctx.hardware.usable_memory_gib * GIB
     best: dict[str, float] = {}
@@ -33,6 +34,10 @@ def _every_fitting_time(r: PlanRequest) -> dict[str, float]:
                 est = estimate(ctx, config, capacity)
                 if est.peak_memory > capacity:
                     continue
+                if schedule == "bpipe" and "1f1b" in r.search.schedules:
+                    plain = config.model_copy(update={"schedule": "1f1b"})
+                    if estimate(ctx, plain, capacity).peak_memory <= capacity:
+                        continue
                 simulated = price(ctx, config)
                 assert est.lower_bound_s <= simulated.iteration_time_s * (1 + 1e-9), config
                 t = simulated.iteration_time_s

@@ -35,6 +35,9 @@ PREDICTED_KEYS = {
     "bubble_fraction",
     "memory_gib_per_device",
     "peak_memory_gib",
+    # Issue 12: where the times come from and that source's fit error.
+    "time_source",
+    "calibration_error",
 }
 LAUNCH_KEYS = {"executor_config", "torchrun", "megatron_args", "torch_pipelining_csv"}
 PLAN_KEYS = {"id", "request", "best", "candidates", "rejected", "stats"}

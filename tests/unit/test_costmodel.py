@@ -26,8 +26,8 @@ from planner.costmodel.memory import (
     output_activation_bytes,
     recompute_working_bytes,
 )
-from planner.costmodel.timing import layer_times, modelled_layer_times
-from planner.profiles import HardwareProfile, LayerPoint, default_store
+from planner.costmodel.timing import layer_times, modelled_layer_times, time_provenance
+from planner.profiles import CalibrationRecord, HardwareProfile, LayerPoint, default_store
 from planner.specs import CandidateConfig, ModelSpec, PlanRequest, Recompute, TrainingSpec
 
 GIB = 2**30
@@ -507,3 +507,25 @@ def test_v_half_holds_less_than_1f1b_stage_0_on_every_device():
     for device in memory:
         assert device.in_flight < one_f_one_b.in_flight
         assert device.activations < one_f_one_b.activations
+
+
+def test_time_provenance_names_the_source_and_its_fit_error():
+    hw, points = _a100()
+    measured = layer_times(points, hw, model(), training(precision="bf16"), 1, 1, "none")
+    scaled = layer_times(points, hw, _vshape_model(), training(precision="bf16"), 6, 1, "none")
+    other = model(hidden_size=4096, num_attention_heads=32)
+    modelled = layer_times(points, hw, other, training(precision="bf16"), 3, 1, "none")
+    assert (measured.origin, scaled.origin, modelled.origin) == (
+        "measured",
+        "scaled measurement",
+        "model",
+    )
+    assert time_provenance(measured, hw) == ("measured point", None)
+    assert time_provenance(modelled, hw) == ("uncalibrated model", None)
+    record = CalibrationRecord(
+        fitted_at="2026-11-24T00:00:00Z", num_runs=3, rms_log_error=0.08, rms_log_error_before=0.2
+    )
+    calibrated = hw.with_parameters({}, record)
+    assert time_provenance(modelled, calibrated) == ("calibrated model", 0.08)
+    assert time_provenance(scaled, calibrated) == ("scaled measurement", 0.08)
+    assert time_provenance(measured, calibrated) == ("measured point", None)

@@ -379,3 +379,38 @@ def test_price_extends_the_steady_state_like_the_full_schedule(schedule, p, m):
     ctx = _pricing_context()
     config = _config(schedule, p, m)
     assert price(ctx, config).makespan_s == pytest.approx(_full_makespan(ctx, config), rel=1e-6)
+
+
+def test_bpipe_beside_1f1b_is_searched_only_where_1f1b_runs_out_of_memory():
+    """BPipe §4.2: activation balancing is evaluated only for configurations Megatron-LM's
+    1F1B cannot run; where 1F1B fits, BPipe's transfers would only cost time."""
+    r = example("gpt3-96b-32xa100.json", schedules=["1f1b", "bpipe"], top_k=1000)
+    result = plan(r)
+    oom_1f1b = {
+        _key(x.config)
+        for x in result.rejected
+        if x.config.schedule == "1f1b" and "out of memory" in x.reason
+    }
+    bpipe = [c.config for c in result.candidates if c.config.schedule == "bpipe"]
+    assert bpipe, "the 96B example has configurations only BPipe fits"
+    assert all(_key(c) in oom_1f1b for c in bpipe)
+    skipped = [x for x in result.rejected if "would only add transfers" in x.reason]
+    assert skipped and all(x.config.schedule == "bpipe" for x in skipped)
+    assert all(_key(x.config) not in oom_1f1b for x in skipped)
+    # Asked for on its own, BPipe is priced wherever it fits.
+    alone = plan(example("gpt3-96b-32xa100.json", schedules=["bpipe"], top_k=1000))
+    assert len(alone.candidates) > len(bpipe)
+
+
+def _key(c: CandidateConfig) -> tuple[object, ...]:
+    return (c.t, c.p, c.d, c.micro_batch_size, c.recompute)
+
+
+def test_bpipe_transfer_notes_follow_appendix_b():
+    from planner.search.grid import _transfer_note
+
+    assert "hidden behind compute" in _transfer_note(0.010, 0.020, 0.040)
+    # 25 ms > F = 20 ms, but 2 x 25 <= F + B = 60 ms: the relaxed bound of Eqs. 10-12.
+    relaxed = _transfer_note(0.025, 0.020, 0.040)
+    assert "(F + B) / 2 = 30.00 ms" in relaxed and "Eqs. 10-12" in relaxed
+    assert "stretches the step" in _transfer_note(0.035, 0.020, 0.040)
