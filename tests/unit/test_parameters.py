@@ -33,8 +33,8 @@ GIB = 2**30
 
 def test_todays_constants_are_registered_with_their_defaults_and_sources():
     assert get_parameter("gemm_efficiency").default == 0.80
-    assert get_parameter("workspace_gib").default == 1.0
-    assert get_parameter("allocator_fragmentation").default == 0.05
+    assert get_parameter("workspace_gib").default == 2.62
+    assert get_parameter("allocator_fragmentation").default == 0.0
     for declared in PARAMETERS.values():
         assert declared.lower <= declared.default <= declared.upper
         assert declared.unit and declared.source and declared.doc
@@ -86,8 +86,8 @@ def test_a_profile_json_may_override_parameters_and_say_how_they_were_fitted():
     }
     hw = hardware_from_dict(_a100_entry(parameters={"gemm_efficiency": 0.5}, calibration=record))
     assert hw.parameter("gemm_efficiency") == 0.5
-    assert hw.parameter("workspace_gib") == 1.0  # not named: the default
-    assert hw.parameter_values()["allocator_fragmentation"] == 0.05
+    assert hw.parameter("workspace_gib") == 2.62  # not named: the default
+    assert hw.parameter_values()["allocator_fragmentation"] == 0.0
     assert hw.calibration == CalibrationRecord(**record)  # type: ignore[arg-type]
     with pytest.raises(ParameterError, match="hardware profile 'a100-sxm-80g'.*'gemm'"):
         hardware_from_dict(_a100_entry(parameters={"gemm": 0.5}))
@@ -163,4 +163,4 @@ def test_the_memory_allowance_reads_workspace_and_fragmentation_from_the_profile
         assert device.allowance == pytest.approx(2.5 * GIB + 0.2 * tensors, rel=1e-12)
     default = estimate(PlanContext(request, store.hardware("a100-sxm-80g"), []), config).memory
     tensors0 = sum(default[0][:4])
-    assert default[0].allowance == pytest.approx(1.0 * GIB + 0.05 * tensors0, rel=1e-12)
+    assert default[0].allowance == pytest.approx(2.62 * GIB + 0.0 * tensors0, rel=1e-12)
