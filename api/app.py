@@ -1,12 +1,18 @@
 """The REST service: ``create_app(settings)`` builds the FastAPI application.
 
-The application owns one database engine, one job runner (planner threads plus a poller)
-and its metrics. It does not migrate: ``stagewright serve`` migrates and loads the bundled
-profiles before it starts the server processes. If the database is unreachable the
-application still starts; requests that need it answer 503 until it is back.
+The application owns one database engine (with statement and connection timeouts), one job
+runner (planner threads, each with a search process, plus a poller), a health probe, a
+timeline cache and its metrics. It does not migrate: ``stagewright serve`` migrates and
+loads the bundled profiles before it starts the server processes. If the database is
+unreachable the application still starts; requests that need it answer 503 until it is back.
 
-Middleware, outermost first: metrics (sees every answer), write authentication (before any
-body is read), body size limit, then FastAPI's routing and the problem+json handlers.
+Layers: routes (``api/routes``) parse and answer; use cases (``api/services``) do the
+work on threads (``api.state.offload``); the store (``api/store``) is SQL. Errors become
+problem+json in one place (``api.problems``).
+
+Middleware, outermost first: metrics (sees every answer), authentication and scopes
+(before any body is read), body size and arrival-time limits, then FastAPI's routing and
+the problem+json handlers.
 """
 
 from __future__ import annotations
@@ -17,15 +23,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 
 from api.core.config import Settings
 from api.core.db import Database
-from api.deps import AppState
-from api.jobs import JobRunner, Planner
+from api.jobs.runner import JobRunner
+from api.jobs.search import InlineSearch, Planner, ProcessSearch, Searcher
 from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
+from api.openapi import openapi_document
 from api.problems import install_problem_handlers
 from api.routes import (
     dashboard,
@@ -38,13 +44,15 @@ from api.routes import (
     simulate,
 )
 from api.routes.health import version
-from api.schemas import Problem
-from api.security import WriteAuthMiddleware
-from planner.search import plan
+from api.security import AuthMiddleware, parse_tokens
+from api.services.health import HealthProbe
+from api.state import AppState
 
-__all__ = ["create_app"]
+__all__ = ["SEARCH_FUNCTION", "create_app"]
 
 log = logging.getLogger("stagewright.api")
+
+SEARCH_FUNCTION = "planner.search:plan"
 
 _DESCRIPTION = """\
 Plans pipeline-parallel training of large language models: POST a PlanRequest to
@@ -52,22 +60,46 @@ Plans pipeline-parallel training of large language models: POST a PlanRequest to
 /v1/simulate; manage the hardware and layer profiles the cost model uses.
 
 Errors are RFC 9457 problem details (application/problem+json) whose `detail` says what to
-change. When the server sets STAGEWRIGHT_API_TOKEN, every POST needs
-`Authorization: Bearer <token>`; reads are open.
+change. Writes need a bearer token with the `write` scope when the operator configured
+tokens; reads need one with `read` only when some token lists that scope.
 """
 
 
-def create_app(settings: Settings | None = None, *, planner: Planner | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    planner: Planner | None = None,
+    search_function: str = SEARCH_FUNCTION,
+) -> FastAPI:
     """The application for ``settings`` (default: from the ``STAGEWRIGHT_*`` environment,
     which is how ``uvicorn --factory api.app:create_app`` and worker processes call it).
-    ``planner`` replaces ``planner.search.plan`` in the background jobs (tests, embedding)."""
+
+    Searches run in search processes calling ``search_function`` (``module:name``); a
+    ``planner`` callable runs them on the planner threads instead, without the processes'
+    limits (tests, embedding)."""
     settings = settings or Settings.from_env()
-    database = Database(settings.database_url)
-    metrics = Metrics()
-    runner = JobRunner(
-        database=database, settings=settings, metrics=metrics, planner=planner or plan
+    tokens = parse_tokens(settings.api_tokens, settings.api_token)
+    database = Database(
+        settings.database_url,
+        statement_timeout_s=settings.db_statement_timeout_s,
+        operation_timeout_s=settings.db_operation_timeout_s,
     )
-    state = AppState(settings=settings, database=database, metrics=metrics, runner=runner)
+    metrics = Metrics()
+    searcher: Searcher = (
+        InlineSearch(planner)
+        if planner is not None
+        else ProcessSearch(
+            function=search_function,
+            memory_mb=settings.job_memory_mb,
+            timeout_s=settings.job_timeout_s,
+            at_start=settings.search_processes_at_start,
+        )
+    )
+    runner = JobRunner(database=database, settings=settings, metrics=metrics, searcher=searcher)
+    health_probe = HealthProbe(database, settings.health_timeout_s)
+    state = AppState(
+        settings=settings, database=database, metrics=metrics, runner=runner, health=health_probe
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -77,6 +109,7 @@ def create_app(settings: Settings | None = None, *, planner: Planner | None = No
             yield
         finally:
             runner.stop()
+            health_probe.close()
             database.dispose()
 
     app = FastAPI(
@@ -93,27 +126,14 @@ def create_app(settings: Settings | None = None, *, planner: Planner | None = No
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC), name="static")
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(WriteAuthMiddleware, token=settings.api_token)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    return app
-
-
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema plus the Problem model the error responses refer to."""
-    if app.openapi_schema:
-        return app.openapi_schema
-    schema = get_openapi(
-        title=app.title,
-        version=app.version,
-        description=app.description,
-        routes=app.routes,
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
     )
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
-    for name, definition in problem.pop("$defs", {}).items():
-        components.setdefault(name, definition)
-    components["Problem"] = problem
-    app.openapi_schema = schema
-    return schema
+    app.add_middleware(AuthMiddleware, tokens=tokens)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+    def openapi() -> dict[str, Any]:
+        return openapi_document(app, settings)
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

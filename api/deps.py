@@ -1,41 +1,18 @@
-"""FastAPI dependencies: the settings, a database session, the job runner, the metrics."""
+"""FastAPI dependencies: the application's state, who is asking, and strict bodies."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Request, Security
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
-from sqlalchemy.orm import Session
 
-from api.core.config import Settings
-from api.core.db import Database
-from api.jobs import JobRunner
-from api.metrics import Metrics
-from api.security import bearer_scheme
+from api.security import Principal, bearer_scheme, get_principal
+from api.state import AppState
 
-__all__ = [
-    "AppState",
-    "SessionDep",
-    "SettingsDep",
-    "StateDep",
-    "WRITE",
-    "get_session",
-    "strict_body",
-]
-
-
-@dataclass
-class AppState:
-    """What one application instance owns."""
-
-    settings: Settings
-    database: Database
-    metrics: Metrics
-    runner: JobRunner
+__all__ = ["WRITE", "PrincipalDep", "StateDep", "get_state", "strict_body"]
 
 
 def get_state(request: Request) -> AppState:
@@ -43,20 +20,10 @@ def get_state(request: Request) -> AppState:
     return state
 
 
-def get_settings(request: Request) -> Settings:
-    return get_state(request).settings
-
-
-def get_session(request: Request) -> Iterator[Session]:
-    with get_state(request).database.session() as session:
-        yield session
-
-
 StateDep = Annotated[AppState, Depends(get_state)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
-# Declares the bearer scheme on write operations (OpenAPI); WriteAuthMiddleware enforces it.
+# Declares the bearer scheme on write operations (OpenAPI); AuthMiddleware enforces it.
 WRITE = [Security(bearer_scheme)]
 
 

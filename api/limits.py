@@ -1,5 +1,10 @@
-"""What one request may ask of the server: body size, search space, simulation size and
-CP-SAT time. Each refusal names the limit and the value to stay under (413 or 422).
+"""What one request may ask of the server: body size and arrival time, search space, the
+estimated work and answer size of a search, simulation size and work, and CP-SAT time. Each
+refusal names the limit and the value to stay under (408, 413 or 422).
+
+Cheap structural limits come first (each field against its ceiling), then the up-front
+cost estimate (``planner.search.cost``: milliseconds, independent of how many GPUs are
+named), all before any search is queued.
 
 The model-shape ceilings are far above any real model (GPT-3 has 96 layers and h = 12288);
 they keep arithmetic in range and a single request from occupying a planner thread for
@@ -10,15 +15,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.core.config import Settings
-from api.problems import ApiProblem, problem_body, problem_response
+from api.problems import (
+    body_timeout_body,
+    body_too_large_body,
+    limit_error,
+    limit_exceeded,
+    problem_response,
+    too_costly,
+)
 from api.schemas import SimulateRequest
-from planner.schedules import NUM_BATCHES, NUM_CHUNKS, schedule_family
+from planner.errors import ScheduleConfigError
+from planner.schedules import (
+    NUM_BATCHES,
+    NUM_CHUNKS,
+    generation_work,
+    schedule_actions,
+    schedule_family,
+)
+from planner.search.cost import search_cost
 from planner.specs import PlanRequest
 
 __all__ = [
+    "MAX_MICRO_BATCH",
     "MODEL_LIMITS",
     "BodyLimitMiddleware",
     "check_plan_request",
@@ -35,40 +57,40 @@ MODEL_LIMITS: dict[tuple[str, str], int] = {
     ("model", "vocab_size"): 4_194_304,
     ("cluster", "gpus_per_node"): 256,
 }
-_MAX_MICRO_BATCH = 1024
+MAX_MICRO_BATCH = 1024
 
 
 class BodyLimitMiddleware:
     """413 for a body over ``max_bytes``: at once from Content-Length, or while a body
-    without one (chunked) arrives. The body is then replayed to the application."""
+    without one (chunked) arrives; 408 when the whole body has not arrived within
+    ``timeout_s`` (a client that stalls cannot hold a connection). The body is then
+    replayed to the application."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
+        path = str(scope.get("path", ""))
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self._refuse(scope, receive, send, declared)
+            await _refuse(scope, receive, send, body_too_large_body(declared, self.max_bytes, path))
             return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._refuse(scope, receive, send, None)
-                return
-            chunks.append(chunk)
-            more = bool(message.get("more_body", False))
-        body = b"".join(chunks)
+        try:
+            with anyio.fail_after(self.timeout_s):
+                body = await self._read(receive)
+        except TimeoutError:
+            await _refuse(scope, receive, send, body_timeout_body(self.timeout_s, path))
+            return
+        except _TooLarge:
+            await _refuse(scope, receive, send, body_too_large_body(None, self.max_bytes, path))
+            return
+        if body is None:  # the client went away
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -80,18 +102,29 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int | None) -> None:
-        told = f"is {size:,} bytes" if size is not None else "is larger than that"
-        body = problem_body(
-            413,
-            "body-too-large",
-            f"the request body {told}; this server accepts at most {self.max_bytes:,} bytes "
-            "(send fewer entries per request, e.g. split a profile upload)",
-            title="Request body too large",
-            instance=str(scope.get("path", "")),
-        )
-        response = problem_response(body, {"Connection": "close"})
-        await response(scope, receive, send)
+    async def _read(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _TooLarge
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        return b"".join(chunks)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, body: dict[str, Any]) -> None:
+    await problem_response(body, {"Connection": "close"})(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -104,20 +137,10 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def _limit_error(loc: list[str | int], message: str) -> dict[str, Any]:
-    return {"loc": ["body", *loc], "msg": message, "type": "limit"}
-
-
 def _raise(errors: list[dict[str, Any]]) -> None:
     if errors:
         shown = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in errors)
-        raise ApiProblem(
-            422,
-            "limit-exceeded",
-            f"the request is beyond this server's limits: {shown}",
-            title="Request beyond the server's limits",
-            errors=errors,
-        )
+        raise limit_exceeded(f"the request is beyond this server's limits: {shown}", errors)
 
 
 def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRequest, list[str]]:
@@ -130,14 +153,14 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
         value = getattr(getattr(request, part), name)
         if value is not None and value > ceiling:
             errors.append(
-                _limit_error(
+                limit_error(
                     [part, name], f"{value} is above the limit of {ceiling}; use at most {ceiling}"
                 )
             )
     gpus = request.cluster.num_gpus
     if gpus > settings.max_gpus:
         errors.append(
-            _limit_error(
+            limit_error(
                 ["cluster"],
                 f"num_nodes x gpus_per_node = {gpus} GPUs is above this server's limit of "
                 f"{settings.max_gpus}; plan at most {settings.max_gpus} GPUs",
@@ -146,7 +169,7 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
     batch = request.training.global_batch_size
     if batch > settings.max_global_batch_size:
         errors.append(
-            _limit_error(
+            limit_error(
                 ["training", "global_batch_size"],
                 f"{batch} is above this server's limit of {settings.max_global_batch_size}",
             )
@@ -154,7 +177,7 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
     search = request.search
     if search.top_k > settings.max_top_k:
         errors.append(
-            _limit_error(
+            limit_error(
                 ["search", "top_k"],
                 f"{search.top_k} is above this server's limit of {settings.max_top_k}; "
                 f"ask for at most {settings.max_top_k} candidates",
@@ -163,21 +186,22 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
     sizes = search.micro_batch_sizes or []
     if len(sizes) > settings.max_list_items:
         errors.append(
-            _limit_error(
+            limit_error(
                 ["search", "micro_batch_sizes"],
                 f"{len(sizes)} sizes is above this server's limit of {settings.max_list_items} "
                 "entries; list fewer",
             )
         )
-    too_big = [s for s in sizes if s > _MAX_MICRO_BATCH]
+    too_big = [s for s in sizes if s > MAX_MICRO_BATCH]
     if too_big:
         errors.append(
-            _limit_error(
+            limit_error(
                 ["search", "micro_batch_sizes"],
-                f"{too_big} above the limit of {_MAX_MICRO_BATCH} per micro-batch",
+                f"{too_big} above the limit of {MAX_MICRO_BATCH} per micro-batch",
             )
         )
     _raise(errors)
+    _check_search_cost(request, settings)
     warnings = []
     cap = settings.max_cpsat_time_s
     if search.time_limit_s > cap:
@@ -191,33 +215,88 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
     return request, warnings
 
 
+def _check_search_cost(request: PlanRequest, settings: Settings) -> None:
+    """413 when the search's estimated work or answer size (planner.search.cost, upper
+    bounds computed in milliseconds) is over this server's limit, naming both figures."""
+    cost = search_cost(request)
+    if cost.work > settings.max_plan_work:
+        raise too_costly(
+            f"this search would price {cost.configurations:,} configurations (pipelines up "
+            f"to {cost.largest_pipeline} devices) for an estimated work of {cost.work:,} "
+            f"units, over this server's limit of {settings.max_plan_work:,}; search fewer "
+            "schedules or micro-batch sizes, ask for fewer candidates (top_k), or plan on "
+            "fewer GPUs"
+        )
+    if cost.plan_bytes > settings.max_plan_bytes:
+        top_k = _largest_top_k(request, settings.max_plan_bytes)
+        advice = f"ask for top_k <= {top_k}" if top_k else "search fewer schedules"
+        raise too_costly(
+            f"the plan would be about {cost.plan_bytes:,} bytes of JSON, over this server's "
+            f"limit of {settings.max_plan_bytes:,} ({request.search.top_k} candidates with "
+            f"pipelines up to {cost.largest_pipeline} devices); {advice}"
+        )
+
+
+def _largest_top_k(request: PlanRequest, max_bytes: int) -> int:
+    """The largest top_k whose plan stays under ``max_bytes`` (0 if none does)."""
+    low, high = 0, request.search.top_k - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        search = request.search.model_copy(update={"top_k": middle})
+        if search_cost(request.model_copy(update={"search": search})).plan_bytes <= max_bytes:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 # Generator parameters the size of a generated schedule grows with.
 _SIZE_PARAMETERS = (NUM_CHUNKS.name, NUM_BATCHES.name)
+
+
+def _generator_parameters(request: SimulateRequest) -> dict[str, float]:
+    """The size parameters of the request that its schedule's family takes."""
+    family = schedule_family(request.schedule)
+    return {n: getattr(request, n) for n in _SIZE_PARAMETERS if family.has_parameter(n)}
 
 
 def simulate_cells(request: SimulateRequest) -> int:
     """devices x micro-batches, times chunks or batches for the families that take them
     (interleaved, 2bw): what the size of the generated schedule grows with."""
     cells = request.num_devices * request.num_microbatches
-    family = schedule_family(request.schedule)
-    for name in _SIZE_PARAMETERS:
-        if family.has_parameter(name):
-            cells *= getattr(request, name)
+    for value in _generator_parameters(request).values():
+        cells *= int(value)
     return cells
 
 
 def check_simulate_request(request: SimulateRequest, settings: Settings) -> None:
+    """422 beyond the cell limit (devices x micro-batches); 413 when building and simulating
+    the schedule is estimated over ``max_simulate_work`` (the V-shape generators' work grows
+    faster than their size)."""
     cells = simulate_cells(request)
+    parameters = _generator_parameters(request)
     if cells > settings.max_simulate_cells:
-        family = schedule_family(request.schedule)
         _raise(
             [
-                _limit_error(
+                limit_error(
                     ["num_microbatches"],
                     "num_devices x num_microbatches"
-                    + "".join(f" x {n}" for n in _SIZE_PARAMETERS if family.has_parameter(n))
+                    + "".join(f" x {n}" for n in parameters)
                     + f" = {cells} is above this server's limit of "
                     f"{settings.max_simulate_cells}; simulate fewer devices or micro-batches",
                 )
             ]
+        )
+    name, devices, microbatches = request.schedule, request.num_devices, request.num_microbatches
+    try:
+        work = generation_work(name, devices, microbatches, **parameters)
+        work += schedule_actions(name, devices, microbatches, **parameters)
+    except ScheduleConfigError:
+        return  # the generator itself says what is wrong, with the same message as the CLI
+    if work > settings.max_simulate_work:
+        raise too_costly(
+            f"building and simulating {request.schedule} on {request.num_devices} devices x "
+            f"{request.num_microbatches} micro-batches is an estimated {work:,} units of work, "
+            f"over this server's limit of {settings.max_simulate_work:,}; simulate fewer "
+            "devices or micro-batches"
         )

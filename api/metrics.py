@@ -131,9 +131,17 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
+# Labels come from closed sets, so no client can grow /metrics: the methods HTTP defines
+# (anything else is "other"), the app's route templates (anything else is "unmatched"),
+# and the status codes.
+_METHODS = frozenset(
+    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"}
+)
+
+
 class MetricsMiddleware:
     """Counts every request by method, route template (not the raw path, which would make
-    one series per plan id) and status."""
+    one series per plan id) and status, each from a closed set."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -155,9 +163,8 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            self.metrics.request(
-                scope["method"], _route(scope), status, time.perf_counter() - started
-            )
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self.metrics.request(method, _route(scope), status, time.perf_counter() - started)
 
 
 def _route(scope: Scope) -> str:

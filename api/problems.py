@@ -104,6 +104,169 @@ def problem_response(body: Mapping[str, Any], headers: Mapping[str, str] | None 
     )
 
 
+# -- the catalogue: every problem the service answers with, written once ----------------
+
+
+def not_found(slug: str, title: str, detail: str) -> ApiProblem:
+    return ApiProblem(404, slug, detail, title=title)
+
+
+def plan_not_found(plan_id: str) -> ApiProblem:
+    return not_found(
+        "plan-not-found",
+        "Plan not found",
+        f"no plan with id {plan_id!r}; ids come from POST /v1/plans, GET /v1/plans lists them",
+    )
+
+
+def plan_not_done(plan_id: str, status: str, what: str) -> ApiProblem:
+    return ApiProblem(
+        409,
+        "plan-not-done",
+        f"plan {plan_id} is {status}; {what} once its search is done (poll GET "
+        "/v1/plans/{id} until status is 'done')",
+        title="Plan not done",
+    )
+
+
+def limit_error(loc: Sequence[str | int], message: str) -> dict[str, Any]:
+    """One entry of a limit problem's ``errors``: where, and the limit with the value."""
+    return {"loc": ["body", *loc], "msg": message, "type": "limit"}
+
+
+def limit_exceeded(detail: str, errors: Sequence[Mapping[str, Any]] | None = None) -> ApiProblem:
+    return ApiProblem(
+        422, "limit-exceeded", detail, title="Request beyond the server's limits", errors=errors
+    )
+
+
+def too_costly(detail: str, errors: Sequence[Mapping[str, Any]] | None = None) -> ApiProblem:
+    """413: a request every field of which is within its limit, but whose work (estimated
+    before any is done) is more than the server takes in one request."""
+    return ApiProblem(413, "request-too-costly", detail, title="Request too costly", errors=errors)
+
+
+def queue_full(queued: int) -> ApiProblem:
+    return ApiProblem(
+        503,
+        "queue-full",
+        f"{queued} searches are waiting, this server's limit; retry in a minute",
+        title="Planner queue full",
+        headers={"Retry-After": "30"},
+    )
+
+
+def server_busy(seconds: float) -> ApiProblem:
+    return ApiProblem(
+        503,
+        "timeout",
+        f"the server could not answer within {seconds:g} s (the database is slow or "
+        "unreachable, or the server is overloaded); retry in a few seconds",
+        title="Service unavailable",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def forbidden(detail: str) -> ApiProblem:
+    return ApiProblem(403, "forbidden", detail, title="Not allowed")
+
+
+def forbidden_body(detail: str, instance: str) -> dict[str, Any]:
+    return problem_body(403, "forbidden", detail, title="Not allowed", instance=instance)
+
+
+def database_unavailable_body(instance: str | None) -> dict[str, Any]:
+    return problem_body(
+        503,
+        "database-unavailable",
+        "the database is unreachable or not ready; retry in a few seconds "
+        "(operators: check that it runs and that STAGEWRIGHT_DATABASE_URL points at it)",
+        title="Database unavailable",
+        instance=instance,
+    )
+
+
+def database_unavailable() -> ApiProblem:
+    body = database_unavailable_body(None)
+    return ApiProblem(
+        503,
+        "database-unavailable",
+        body["detail"],
+        title=body["title"],
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def unauthorized_body(detail: str, instance: str) -> dict[str, Any]:
+    return problem_body(
+        401, "unauthorized", detail, title="Authentication required", instance=instance
+    )
+
+
+def body_too_large_body(size: int | None, limit: int, instance: str) -> dict[str, Any]:
+    told = f"is {size:,} bytes" if size is not None else "is larger than that"
+    return problem_body(
+        413,
+        "body-too-large",
+        f"the request body {told}; this server accepts at most {limit:,} bytes "
+        "(send fewer entries per request, e.g. split a profile upload)",
+        title="Request body too large",
+        instance=instance,
+    )
+
+
+def body_timeout_body(limit_s: float, instance: str) -> dict[str, Any]:
+    return problem_body(
+        408,
+        "body-timeout",
+        f"the request body did not arrive within {limit_s:g} s; send it in one go",
+        title="Request timeout",
+        instance=instance,
+    )
+
+
+def search_refused_body(detail: str, instance: str) -> dict[str, Any]:
+    """A search the planner refused (the request cannot be planned): stored on the plan."""
+    return problem_body(
+        422, "invalid-input", detail, title="Request cannot be planned", instance=instance
+    )
+
+
+def search_over_limit_body(detail: str, instance: str) -> dict[str, Any]:
+    """A search stopped by its job's wall-clock or memory limit: stored on the plan."""
+    return problem_body(
+        422,
+        "search-limit-exceeded",
+        detail,
+        title="Search beyond the server's limits",
+        instance=instance,
+    )
+
+
+def search_bug_body(error_id: str, instance: str) -> dict[str, Any]:
+    return problem_body(
+        500,
+        "internal-error",
+        f"the planner failed on this request; this is a bug, not your input. Report it "
+        f"with error id {error_id} (the server log has the details)",
+        title="Internal server error",
+        instance=instance,
+        error_id=error_id,
+    )
+
+
+def search_interrupted_body(plan_id: str, attempts: int) -> dict[str, Any]:
+    return problem_body(
+        500,
+        "job-interrupted",
+        f"the search was interrupted {attempts} times (the server stopped or crashed while "
+        "it ran); submit the request again, and if it keeps failing ask the operator to "
+        "look at the server's memory and logs",
+        title="Search interrupted",
+        instance=f"/v1/plans/{plan_id}",
+    )
+
+
 def _instance(request: Request) -> str:
     return request.url.path
 
@@ -214,17 +377,6 @@ def _allowed_methods(request: Request) -> list[str]:
         if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
             allowed.append(method)
     return allowed
-
-
-def database_unavailable_body(instance: str) -> dict[str, Any]:
-    return problem_body(
-        503,
-        "database-unavailable",
-        "the database is unreachable or not ready; retry in a few seconds "
-        "(operators: check that it runs and that STAGEWRIGHT_DATABASE_URL points at it)",
-        title="Database unavailable",
-        instance=instance,
-    )
 
 
 async def _database_error(request: Request, exc: Exception) -> Response:

@@ -5,6 +5,7 @@ measurements. Every model rejects unknown fields and non-finite numbers."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -57,6 +58,7 @@ _NO_NUL = r"^[^\x00]*$"
 Label = Annotated[str, Field(max_length=200, pattern=_NO_NUL)]
 Note = Annotated[str, Field(max_length=2000, pattern=_NO_NUL)]
 Seconds = Annotated[float, Field(ge=0, le=1e9)]
+_MAX_DEPTH = 32
 
 
 class _ApiModel(BaseModel):
@@ -288,7 +290,13 @@ class PlanPublic(Plan):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
-    hardware_revision: int = Field(description="Revision of the hardware profile planned on.")
+    hardware_revision: int = Field(
+        description="Revision of the hardware profile planned on; the plan is priced, and "
+        "its timeline drawn, with that revision's profiles."
+    )
+    created_by: str | None = Field(
+        default=None, description="Name of the token that created the plan (null: no token)."
+    )
     warnings: list[str] = Field(description="Settings of the request the server changed.")
     error: Problem | None = Field(description="Why the search failed (status 'failed').")
 
@@ -305,6 +313,7 @@ class PlanSummary(_ApiModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    created_by: str | None = Field(default=None, description="Token that created the plan.")
     best_config: CandidateConfig | None = Field(description="The best candidate's config.")
     best_predicted: Predicted | None = Field(description="What is predicted for it.")
     error: Problem | None
@@ -330,8 +339,38 @@ class MeasurementIn(_ApiModel):
         description="Peak saved-activation bytes per rank, in rank order.",
     )
     data: dict[str, Any] = Field(
-        default_factory=dict, description="Anything else, as JSON (losses, versions, host)."
+        default_factory=dict,
+        description="Anything else, as JSON (losses, versions, host): finite numbers only, "
+        f"nested at most {_MAX_DEPTH} deep.",
     )
+
+    @field_validator("data")
+    @classmethod
+    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = _json_problem(value, "data", 0)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+def _json_problem(value: Any, where: str, depth: int) -> str | None:
+    """What makes ``value`` something not every backend stores alike (NaN or Infinity,
+    which JSON has no spelling for; nesting beyond ``_MAX_DEPTH``), or None."""
+    if depth > _MAX_DEPTH:
+        return f"{where} is nested more than {_MAX_DEPTH} deep; flatten it"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is {value}; JSON numbers must be finite (use null for 'no value')"
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        problem = _json_problem(item, f"{where}[{key!r}]", depth + 1)
+        if problem:
+            return problem
+    return None
 
 
 class MeasurementPublic(MeasurementIn):

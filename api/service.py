@@ -75,6 +75,8 @@ def _log_config() -> dict[str, Any]:
 def serve(*, host: str, port: int, database_url: str | None, workers: int) -> int:
     import uvicorn
 
+    from api.http_protocol import NoDelayH11Protocol
+
     settings = Settings.from_env(database_url=database_url)
     log_config = _log_config()
     logging.config.dictConfig(log_config)
@@ -99,6 +101,7 @@ def serve(*, host: str, port: int, database_url: str | None, workers: int) -> in
         host=host,
         port=port,
         workers=workers,
+        http=NoDelayH11Protocol,
         access_log=settings.access_log,
         log_config=log_config,
         log_level="info",

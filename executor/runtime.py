@@ -37,6 +37,7 @@ from torch.func import functional_call
 
 from executor.model import GPTShape, Stage, TensorParallel, build_stage, init_full_weights
 from executor.split_backward import Pending, backward_input, backward_weight
+from planner.launch import materialize_executor_config
 from planner.schedules import Action, ActionKind, Schedule, validate, with_communication
 
 __all__ = ["ExecConfig", "Runtime", "StepReport", "batch_for", "load_config"]
@@ -70,8 +71,13 @@ class ExecConfig:
 
 
 def load_config(data: dict[str, Any]) -> ExecConfig:
-    """Read and check an executor config; every problem is a ValueError saying what to fix."""
+    """Read and check an executor config; every problem is a ValueError saying what to fix.
+
+    A config copied from a plan names its schedule by the generator's parameters and its
+    placement by its rule; they are materialized first by the planner's own generator (the
+    very IR the plan was priced with), never re-derived here."""
     try:
+        data = materialize_executor_config(data)
         parallel = data["parallel"]
         t, p, d = int(parallel["t"]), int(parallel["p"]), int(parallel["d"])
         ranks = sorted(data["placement"]["ranks"], key=lambda r: r["rank"])

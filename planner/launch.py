@@ -1,18 +1,38 @@
 """Launch artefacts of a candidate: what `stagewright run` takes, torchrun command lines, the
 equivalent Megatron-LM arguments, and the schedule in torch.distributed.pipelining's CSV.
+
+A plan stores every candidate compactly: its executor config names the schedule by its
+generator's parameters (name, devices, micro-batches, chunks, batches) and the placement by
+its rule (or, for an optimized one, its blocks in rank order), so a plan's size does not grow
+with devices x micro-batches or with the cluster. :func:`materialize_launch` turns that into
+the artefacts a run needs (the full action lists, every rank, the CSV), generating the
+schedule with the same generator the planner priced, so the executor still runs exactly the
+IR that was simulated.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from planner.placement import Placement
-from planner.schedules import ActionKind, Schedule, schedule_family
-from planner.specs import CandidateConfig, PlanRequest
+from planner.placement import Placement, place
+from planner.schedules import ActionKind, Schedule, generate, schedule_family
+from planner.specs import Candidate, CandidateConfig, Launch, PlanRequest
 
-__all__ = ["executor_config", "megatron_args", "torch_pipelining_csv", "torchrun_commands"]
+__all__ = [
+    "SCHEDULE_REFERENCE_FORMAT",
+    "compact_executor_config",
+    "executor_config",
+    "materialize_executor_config",
+    "materialize_launch",
+    "megatron_args",
+    "placement_reference",
+    "schedule_reference",
+    "torch_pipelining_csv",
+    "torchrun_commands",
+]
 
 EXECUTOR_CONFIG_FORMAT = "stagewright.executor-config/1"
+SCHEDULE_REFERENCE_FORMAT = "stagewright.schedule-ref/1"
 
 
 def executor_config(
@@ -20,6 +40,13 @@ def executor_config(
 ) -> dict[str, Any]:
     """The executor's input: model, parallel layout, stage -> layers, rank map and the exact
     schedule JSON (the same IR the simulator priced)."""
+    full = _config_fields(request, config)
+    full["placement"] = _placement_json(placement)
+    full["schedule"] = schedule.to_dict()
+    return full
+
+
+def _config_fields(request: PlanRequest, config: CandidateConfig) -> dict[str, Any]:
     bounds = []
     first = 0
     for count in config.layers_per_stage:
@@ -34,16 +61,97 @@ def executor_config(
         "num_microbatches": config.num_microbatches,
         "recompute": config.recompute,
         "stage_layers": bounds,
-        "placement": {
-            "assignment": placement.assignment,
-            "gpus_per_node": placement.gpus_per_node,
-            "ranks": [
-                {"rank": rank, "dp": dp, "pp": pp, "tp": tp}
-                for rank, (dp, pp, tp) in enumerate(placement.coords)
-            ],
-        },
-        "schedule": schedule.to_dict(),
     }
+
+
+def _placement_json(placement: Placement) -> dict[str, Any]:
+    return {
+        "assignment": placement.assignment,
+        "gpus_per_node": placement.gpus_per_node,
+        "ranks": [
+            {"rank": rank, "dp": dp, "pp": pp, "tp": tp}
+            for rank, (dp, pp, tp) in enumerate(placement.coords)
+        ],
+    }
+
+
+def schedule_reference(config: CandidateConfig) -> dict[str, Any]:
+    """The generator parameters of a candidate's schedule (its family's, as the planner
+    built it): what a plan stores instead of its actions; ``generate`` rebuilds them
+    exactly."""
+    return {
+        "format": SCHEDULE_REFERENCE_FORMAT,
+        "name": config.schedule,
+        "num_devices": config.p,
+        "num_microbatches": config.num_microbatches,
+        "parameters": schedule_family(config.schedule).resolve({}),
+    }
+
+
+def placement_reference(placement: Placement) -> dict[str, Any]:
+    """A placement by its rule; an optimized one also by its (dp, pp) blocks in rank order
+    (tensor ranks fastest inside a block): t times fewer entries than its ranks."""
+    reference: dict[str, Any] = {
+        "assignment": placement.assignment,
+        "gpus_per_node": placement.gpus_per_node,
+    }
+    if placement.assignment == "optimized":
+        reference["blocks"] = [[dp, pp] for dp, pp, tp in placement.coords if tp == 0]
+    return reference
+
+
+def compact_executor_config(
+    request: PlanRequest, config: CandidateConfig, placement: Placement
+) -> dict[str, Any]:
+    """The executor config a plan stores: everything but the schedule's actions and the
+    placement's ranks, which :func:`materialize_executor_config` adds back."""
+    full = _config_fields(request, config)
+    full["placement"] = placement_reference(placement)
+    full["schedule"] = schedule_reference(config)
+    return full
+
+
+def _rebuilt_placement(data: dict[str, Any]) -> Placement:
+    parallel, reference = data["parallel"], data["placement"]
+    t, p, d = int(parallel["t"]), int(parallel["p"]), int(parallel["d"])
+    per_node = int(reference["gpus_per_node"])
+    if reference["assignment"] != "optimized":
+        return place(t, p, d, per_node, reference["assignment"])
+    coords = tuple((dp, pp, tp) for dp, pp in reference["blocks"] for tp in range(t))
+    return Placement(t, p, d, per_node, "optimized", coords)
+
+
+def _rebuilt_schedule(reference: dict[str, Any]) -> Schedule:
+    return generate(
+        str(reference["name"]),
+        int(reference["num_devices"]),
+        int(reference["num_microbatches"]),
+        check=False,
+        **dict(reference.get("parameters", {})),
+    )
+
+
+def materialize_executor_config(data: dict[str, Any]) -> dict[str, Any]:
+    """The executor config with the schedule's actions and every rank: as stored (a plan
+    from before compact storage, or one already materialized) or rebuilt from the
+    generator parameters and the placement rule."""
+    out = dict(data)
+    if "actions" not in out.get("schedule", {}):
+        out["schedule"] = _rebuilt_schedule(out["schedule"]).to_dict()
+    if "ranks" not in out.get("placement", {}):
+        placement = _rebuilt_placement(out)
+        out["placement"] = _placement_json(placement)
+    return out
+
+
+def materialize_launch(request: PlanRequest, candidate: Candidate) -> Launch:
+    """A candidate's complete launch artefacts (what ``--emit`` writes and the service's
+    launch route answers): the materialized executor config and the schedule's CSV."""
+    config = materialize_executor_config(candidate.launch.executor_config)
+    schedule = Schedule.from_dict(config["schedule"])
+    return candidate.launch.model_copy(
+        update={"executor_config": config, "torch_pipelining_csv": torch_pipelining_csv(schedule)}
+    )
 
 
 def torchrun_commands(request: PlanRequest, config: CandidateConfig) -> list[str]:

@@ -77,7 +77,9 @@ class _Spec(BaseModel):
 class ModelSpec(_Spec):
     """A GPT-style decoder: the shapes that set FLOPs, parameters and activations."""
 
-    name: str = Field(description="A label for the model, e.g. 'gpt3-96b'.", min_length=1)
+    name: str = Field(
+        description="A label for the model, e.g. 'gpt3-96b'.", min_length=1, max_length=200
+    )
     num_layers: int = Field(description="Transformer layers (L).", ge=1)
     hidden_size: int = Field(description="Hidden size (h).", ge=1)
     num_attention_heads: int = Field(description="Attention heads (a).", ge=1)
@@ -104,7 +106,11 @@ class ModelSpec(_Spec):
 class ClusterSpec(_Spec):
     """Which GPUs and how many: ``gpu`` names a hardware profile."""
 
-    gpu: str = Field(description="Hardware profile name, e.g. 'a100-sxm-80g' or 'cpu'.")
+    gpu: str = Field(
+        description="Hardware profile name, e.g. 'a100-sxm-80g' or 'cpu'.",
+        min_length=1,
+        max_length=64,
+    )
     num_nodes: int = Field(description="Nodes in the cluster.", ge=1)
     gpus_per_node: int = Field(description="GPUs (devices) per node.", ge=1)
 
@@ -193,9 +199,10 @@ class PlanRequest(_Spec):
     def _batch_can_be_split(self) -> PlanRequest:
         sizes = self.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
         batch = self.training.global_batch_size
-        gpus = self.cluster.num_gpus
-        data_degrees = [d for d in range(1, gpus + 1) if gpus % d == 0]
-        if not any(batch % (mb * d) == 0 for mb in sizes for d in data_degrees):
+        # Some (mb, d) with batch % (mb x d) == 0 exists exactly when some mb divides the
+        # batch, since d = 1 always divides the GPU count: no loop over the GPUs (a
+        # request may name billions of them, and validation must stay instant).
+        if not any(batch % mb == 0 for mb in sizes):
             raise ValueError(
                 f"global_batch_size {batch} is not divisible by micro_batch_size x "
                 f"data-parallel degree for any micro-batch size in {sizes}; choose a batch "
@@ -317,14 +324,20 @@ class StageBreakdown(_Spec):
 class Launch(_Spec):
     """How to launch a candidate."""
 
-    executor_config: dict[str, Any] = Field(description="`stagewright run` CONFIG.json.")
+    executor_config: dict[str, Any] = Field(
+        description="`stagewright run` CONFIG.json. In a plan its schedule is named by its "
+        "generator's parameters and its placement by its rule (the plan's size does not grow "
+        "with devices x micro-batches); `stagewright run`, `stagewright plan --emit` and the "
+        "service's launch route add the actions and ranks (planner.launch.materialize_launch)."
+    )
     torchrun: list[str] = Field(description="One torchrun command per node.")
     megatron_args: str | None = Field(
         description="Equivalent Megatron-LM arguments, or null where Megatron has no such schedule."
     )
     torch_pipelining_csv: str | None = Field(
         description="The schedule in torch.distributed.pipelining's compute-only CSV, or null "
-        "where that runtime cannot express it."
+        "where that runtime cannot express it. Null in a plan (it grows with devices x "
+        "micro-batches): the materialized launch artefacts carry it."
     )
 
 

@@ -39,7 +39,9 @@ class Settings(BaseModel):
     api_token: str | None = Field(
         default=None,
         repr=False,
-        description="When set, every POST needs 'Authorization: Bearer <token>'; reads stay open.",
+        description="A single token for writes (every POST and DELETE needs 'Authorization: "
+        "Bearer <token>'); kept for existing set-ups, the same as api_tokens "
+        "'default:write+admin:<token>'.",
     )
     plan_wait_s: float = Field(
         default=2.0,
@@ -95,6 +97,92 @@ class Settings(BaseModel):
     )
     max_profile_points: int = Field(
         default=10_000, ge=1, description="Most layer points one POST /v1/profiles may carry."
+    )
+    db_statement_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="PostgreSQL cancels a statement or lock wait of the service longer than this.",
+    )
+    db_operation_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="A database connection held longer than this by one request or job step "
+        "is cut (a database that stopped answering cannot hang the service).",
+    )
+    request_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=600,
+        description="A request whose database or compute work takes longer answers 503.",
+    )
+    request_threads: int = Field(
+        default=16, ge=1, le=256, description="Threads one process gives requests' blocking work."
+    )
+    health_timeout_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="/healthz and /metrics wait at most this long for the database.",
+    )
+    body_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="A request body that has not fully arrived after this long answers 408.",
+    )
+    job_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Wall-clock limit of one search; a search over it fails with the reason.",
+    )
+    job_memory_mb: int = Field(
+        default=4096,
+        ge=256,
+        description="Memory (address space) limit of a search process; a search over it fails "
+        "with the reason and the process is replaced.",
+    )
+    search_processes_at_start: bool = Field(
+        default=True,
+        description="Start the search processes with the server (else at the first search, "
+        "which then waits the fraction of a second one takes to start).",
+    )
+    max_plan_work: int = Field(
+        default=30_000_000,
+        ge=1,
+        description="Largest estimated work of one plan request (schedule actions generated "
+        "and simulated); beyond it POST /v1/plans answers 413 with the estimate.",
+    )
+    max_plan_bytes: int = Field(
+        default=1_000_000,
+        ge=10_000,
+        description="Largest estimated size of a plan's JSON; beyond it POST /v1/plans answers "
+        "413 with the estimate.",
+    )
+    max_simulate_work: int = Field(
+        default=2_000_000,
+        ge=1,
+        description="Largest estimated work of one /v1/simulate request (generator steps and "
+        "actions simulated); beyond it the request answers 413 with the estimate.",
+    )
+    max_timeline_actions: int = Field(
+        default=200_000,
+        ge=1,
+        description="A candidate's timeline is simulated action by action up to this many "
+        "actions; beyond it the timeline is a per-device summary.",
+    )
+    max_launch_actions: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="Largest schedule (in actions) whose full launch artefacts one request "
+        "materializes; beyond it use `stagewright plan --emit`.",
+    )
+    api_tokens: str | None = Field(
+        default=None,
+        repr=False,
+        description="Tokens with scopes, 'name:scope+scope:secret' entries separated by ';' "
+        "or new lines (scopes: read, write, admin). See the README.",
     )
     database_wait_s: float = Field(
         default=30.0,

@@ -2,23 +2,35 @@
 
 SQLite (a file, the embedded default) and PostgreSQL (psycopg 3) are supported. SQLite runs in
 WAL mode with a busy timeout so that several server processes and worker threads can share one
-file; PostgreSQL connections are pinged before use, so a server that went away and came back
-is reconnected to without a restart. Errors that mean "the database cannot be reached" are
-told apart from the rest by :func:`is_unavailable` (the service answers 503 for them).
+file, and write sessions take its write lock up front (BEGIN IMMEDIATE). A connection idle
+for a second is pinged when it is checked out, so a server that went away and came back is
+reconnected to without a restart. For the service, PostgreSQL statements carry a server-side
+timeout and a watchdog cuts a connection that is held past a bound (a database that stops
+answering cannot hang a request). Errors that mean "the database cannot be reached" are told
+apart from the rest by :func:`is_unavailable` (the service answers 503 for them).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import Connection, Engine, create_engine, event, func, select
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+)
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -42,6 +54,11 @@ MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 _SUPPORTED = ("sqlite", "postgresql")
 # Any constant works: it only has to be the same in every process that migrates.
 _MIGRATION_LOCK_KEY = 0x5747_5249
+_WRITE_OPTION = "stagewright_write"
+_SQLITE_BUSY_MS = 15_000
+_CONNECT_TIMEOUT_S = 3
+_POOL_TIMEOUT_S = 5
+_PING_AFTER_S = 1.0
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -79,50 +96,218 @@ def describe_url(url: str | URL) -> str:
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` means the database cannot be reached or is not ready (a 503, retry
     later), as opposed to a statement it rejected."""
-    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError)):
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError, DisconnectionError)):
         return True
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite's own transaction handling starts transactions lazily and cannot start an
+    # IMMEDIATE one; hand it over to the "begin" listener below.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
         # WAL lets readers and one writer work at once; busy_timeout makes a writer wait for
         # another process's write instead of failing with "database is locked".
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA busy_timeout=15000")
+        cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_MS}")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
         cursor.close()
 
 
-def _make_engine(url: URL) -> Engine:
+def _sqlite_begin(conn: Connection) -> None:
+    """BEGIN IMMEDIATE for write sessions: the write lock is taken before the first read,
+    so a read-then-write transaction can neither interleave with another writer nor fail
+    half-way with SQLITE_BUSY_SNAPSHOT (WAL refuses to upgrade a stale read snapshot)."""
+    mode = "IMMEDIATE" if conn.get_execution_options().get(_WRITE_OPTION) else "DEFERRED"
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _postgres_options(url: URL, statement_timeout_s: float | None) -> dict[str, Any]:
+    """connect_args for psycopg: a connect timeout, TCP keepalives (a vanished host is
+    noticed by the kernel), and server-side statement and lock timeouts appended to any
+    ``options`` the URL already carries."""
+    args: dict[str, Any] = {
+        "connect_timeout": _CONNECT_TIMEOUT_S,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 2,
+    }
+    if statement_timeout_s is not None:
+        ms = max(1, int(statement_timeout_s * 1000))
+        extra = f"-c statement_timeout={ms} -c lock_timeout={ms}"
+        given = url.query.get("options")
+        given_text = given if isinstance(given, str) else " ".join(given or ())
+        args["options"] = f"{given_text} {extra}".strip()
+    return args
+
+
+class _Watchdog:
+    """Bounds how long one checked-out PostgreSQL connection may be used.
+
+    A statement timeout is enforced by the server; a server (or proxy) that stops
+    answering altogether leaves the client waiting on its socket for as long as TCP
+    allows. Every checkout is registered with a deadline; a connection still checked out
+    past it has its socket shut down, so the blocked call fails at once with a
+    connection error (the service answers 503 and the pool discards the connection).
+    One thread serves every connection of the engine. A connection is forgotten when it is
+    checked in, invalidated or closed (before it closes: its socket number may be reused),
+    and its socket is looked up at the moment it is cut, under the same lock."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self._armed: dict[int, tuple[float, Any]] = {}  # id(record) -> (deadline, dbapi conn)
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, record: Any, dbapi_connection: Any) -> None:
+        with self._lock:
+            self._armed[id(record)] = (time.monotonic() + self.limit_s, dbapi_connection)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="stagewright-db-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._lock.notify()
+
+    def disarm(self, record: Any) -> None:
+        with self._lock:
+            self._armed.pop(id(record), None)
+
+    def _watch(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                expired = [key for key, (deadline, _) in self._armed.items() if deadline <= now]
+                for key in expired:
+                    _, connection = self._armed.pop(key)
+                    fd = _socket_fd(connection)
+                    if fd is not None:
+                        _shut_down(fd)
+                        log.warning(
+                            "a database call ran over %.1f s; its connection was cut",
+                            self.limit_s,
+                        )
+                nearest = min((d for d, _ in self._armed.values()), default=now + 60)
+                self._lock.wait(max(0.01, nearest - now))
+
+
+def _socket_fd(dbapi_connection: Any) -> int | None:
+    """The socket of a live psycopg connection, or None (closed, or not psycopg)."""
+    if getattr(dbapi_connection, "closed", True):
+        return None
+    pgconn = getattr(dbapi_connection, "pgconn", None)
+    try:
+        fd = int(pgconn.socket) if pgconn is not None else -1
+    except Exception:  # a closed connection has no socket
+        return None
+    return fd if fd >= 0 else None
+
+
+def _shut_down(fd: int) -> None:
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def _install_checkout_guard(
+    engine: Engine, watchdog: _Watchdog | None, ping_after_s: float
+) -> None:
+    """Our own pre-ping, under the watchdog: a connection idle for ``ping_after_s`` is
+    pinged when checked out (a server restart is noticed before the request's own
+    statement fails); a busy pool skips the round trip."""
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if watchdog is not None:
+            watchdog.arm(record, dbapi_connection)
+        idle_since = record.info.get("checked_in_at")
+        if idle_since is None or time.monotonic() - idle_since < ping_after_s:
+            return
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("SELECT 1")
+            finally:
+                cursor.close()
+            dbapi_connection.rollback()
+        except Exception as exc:
+            if watchdog is not None:
+                watchdog.disarm(record)
+            raise DisconnectionError(str(exc).splitlines()[0] if str(exc) else "ping") from exc
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_connection: Any, record: Any) -> None:
+        if watchdog is not None:
+            watchdog.disarm(record)
+        record.info["checked_in_at"] = time.monotonic()
+
+    if watchdog is not None:
+
+        @event.listens_for(engine, "invalidate")
+        def _invalidate(_dbapi_connection: Any, record: Any, _exc: Any) -> None:
+            watchdog.disarm(record)
+
+        @event.listens_for(engine, "close")
+        def _close(_dbapi_connection: Any, record: Any) -> None:
+            watchdog.disarm(record)
+
+
+def _make_engine(
+    url: URL, statement_timeout_s: float | None, operation_timeout_s: float | None
+) -> Engine:
     if url.get_backend_name() == "sqlite":
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 15},
-            pool_pre_ping=True,
+            connect_args={"check_same_thread": False, "timeout": _SQLITE_BUSY_MS / 1000},
         )
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
+        _install_checkout_guard(engine, None, ping_after_s=_PING_AFTER_S)
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
-        pool_pre_ping=True,
         pool_size=5,
         max_overflow=10,
-        pool_timeout=10,
-        connect_args={"connect_timeout": 5},
+        pool_timeout=_POOL_TIMEOUT_S,
+        connect_args=_postgres_options(url, statement_timeout_s),
     )
+    watchdog = _Watchdog(operation_timeout_s) if operation_timeout_s is not None else None
+    _install_checkout_guard(engine, watchdog, ping_after_s=_PING_AFTER_S)
+    return engine
 
 
 class Database:
-    """One engine and its session factory. Thread-safe; one per process."""
+    """One engine and its session factories. Thread-safe; one per process.
 
-    def __init__(self, url: str | URL) -> None:
+    ``statement_timeout_s`` (PostgreSQL) makes the server cancel any statement or lock wait
+    longer than that; ``operation_timeout_s`` cuts a connection checked out for longer
+    (a database that stopped answering). Both are off by default (migrations and command
+    line tools may run long); the service turns them on."""
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        statement_timeout_s: float | None = None,
+        operation_timeout_s: float | None = None,
+    ) -> None:
         self.url = normalize_url(url)
-        self.engine = _make_engine(self.url)
+        self.engine = _make_engine(self.url, statement_timeout_s, operation_timeout_s)
         self.sessions: sessionmaker[Session] = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions: sessionmaker[Session] = sessionmaker(
+            self.engine.execution_options(**{_WRITE_OPTION: True}), expire_on_commit=False
+        )
 
     @property
     def dialect(self) -> str:
@@ -132,9 +317,12 @@ class Database:
         return f"Database({describe_url(self.url)})"
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """A session that is rolled back (if still open) and closed on exit."""
-        with self.sessions() as session:
+    def session(self, *, write: bool = False) -> Iterator[Session]:
+        """A session that is rolled back (if still open) and closed on exit. ``write=True``
+        for a transaction that reads and then writes: on SQLite it takes the write lock at
+        its start (BEGIN IMMEDIATE), so concurrent writers queue instead of colliding."""
+        factory = self._write_sessions if write else self.sessions
+        with factory() as session:
             yield session
 
     def ping(self) -> None:

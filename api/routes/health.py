@@ -1,4 +1,5 @@
-"""/healthz and /metrics: what operators and their monitoring read."""
+"""/healthz and /metrics: what operators and their monitoring read. Both answer within
+``health_timeout_s`` whatever the database does (``api.services.health``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from importlib import metadata
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from api.deps import SessionDep, StateDep
+from api import problems
+from api.deps import StateDep
 from api.metrics import CONTENT_TYPE
-from api.routes._docs import problems
+from api.routes._docs import problems_of
 from api.schemas import Health
-from api.store import crud
 
 __all__ = ["router", "version"]
 
@@ -29,12 +30,14 @@ def version() -> str:
     "/healthz",
     response_model=Health,
     summary="Ready: the database answers",
-    responses=problems(503),
+    responses=problems_of(503),
 )
-def healthz(session: SessionDep, state: StateDep) -> Health:
-    """200 when this process can reach its database (it asks it for the job counts),
-    503 problem+json when it cannot: usable as a readiness probe."""
-    counts = crud.count_jobs(session=session)
+async def healthz(state: StateDep) -> Health:
+    """200 when this process's database answers within the health timeout (it asks it for
+    the job counts), 503 problem+json when it does not: usable as a readiness probe."""
+    counts = await state.health.job_counts()
+    if counts is None:
+        raise problems.database_unavailable()
     return Health(
         status="ok",
         database=state.database.dialect,
@@ -50,14 +53,10 @@ def healthz(session: SessionDep, state: StateDep) -> Health:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {"schema": {"type": "string"}}}}},
 )
-def metrics(state: StateDep) -> Response:
-    """Always 200: a database outage shows as stagewright_database_up 0."""
-    jobs = None
-    try:
-        with state.database.session() as session:
-            jobs = crud.count_jobs(session=session)
-    except Exception:  # reported through the gauge, not as an error
-        jobs = None
+async def metrics(state: StateDep) -> Response:
+    """Always 200: a database that does not answer within the health timeout shows as
+    stagewright_database_up 0."""
+    jobs = await state.health.job_counts()
     text = state.metrics.render(
         jobs=jobs, database_up=jobs is not None, in_progress=state.runner.in_progress
     )

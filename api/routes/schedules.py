@@ -13,7 +13,7 @@ router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 
 
 @router.get("", response_model=list[ScheduleFamilyPublic], summary="Registered schedules")
-def list_schedules() -> list[ScheduleFamilyPublic]:
+async def list_schedules() -> list[ScheduleFamilyPublic]:
     """Every schedule family requests may name, in listing order, with its parameters,
     what the executor needs, its training semantics and the runtimes that can run it."""
     return [ScheduleFamilyPublic.model_validate(f.describe()) for f in families()]

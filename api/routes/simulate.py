@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends
 
-from api.deps import WRITE, SettingsDep, strict_body
-from api.limits import check_simulate_request
-from api.routes._docs import problems
+from api.deps import WRITE, StateDep, strict_body
+from api.routes._docs import problems_of
 from api.schemas import SimulateRequest, SimulateResult
-from planner.schedules import Schedule, generate, schedule_family
-from planner.simulate import Durations, simulate
+from api.services import simulate
+from api.state import offload
 
 __all__ = ["router"]
 
@@ -45,54 +43,18 @@ EXAMPLES = {
 }
 
 
-# Request fields that are generator parameters of the families that take them.
-_PARAMETER_FIELDS = ("num_chunks", "num_batches")
-
-
-@lru_cache(maxsize=32)
-def _schedule(
-    name: str, devices: int, microbatches: int, parameters: tuple[tuple[str, float], ...]
-) -> Schedule:
-    """Generated schedules are immutable; the same shape is asked for again and again."""
-    return generate(name, devices, microbatches, check=False, **dict(parameters))
-
-
-def _parameters(body: SimulateRequest) -> tuple[tuple[str, float], ...]:
-    """The generator parameters the request sets: those it gives (a family that does not
-    take one refuses it) and the defaults of the schema's fields the family takes."""
-    family = schedule_family(body.schedule)
-    return tuple(
-        (name, getattr(body, name))
-        for name in _PARAMETER_FIELDS
-        if name in body.model_fields_set or family.has_parameter(name)
-    )
-
-
-def _times(value: float | list[float]) -> float | tuple[float, ...]:
-    return value if isinstance(value, float | int) else tuple(value)
-
-
 @router.post(
     "",
     response_model=SimulateResult,
     dependencies=[*WRITE, Depends(strict_body(SimulateRequest))],
     summary="Simulate one pipeline schedule",
-    responses=problems(400, 401, 413, 422),
+    responses=problems_of(400, 401, 403, 408, 413, 422, 503),
 )
-def simulate_schedule(
-    body: Annotated[SimulateRequest, Body(openapi_examples=EXAMPLES)], settings: SettingsDep
+async def simulate_schedule(
+    body: Annotated[SimulateRequest, Body(openapi_examples=EXAMPLES)], state: StateDep
 ) -> SimulateResult:
     """Times are per stage (per chunk for V schedules, which hold two stages a device);
     schedules without a B/W split run B + W as one backward. The answer is the JSON of
-    ``stagewright simulate --json``."""
-    check_simulate_request(body, settings)
-    schedule = _schedule(body.schedule, body.num_devices, body.num_microbatches, _parameters(body))
-    durations = Durations(
-        forward=_times(body.forward),
-        backward=_times(body.backward),
-        weight=_times(body.weight),
-        comm=body.comm,
-        transfer=body.transfer,
-        overlap_transfers=body.overlap_transfers,
-    )
-    return SimulateResult.model_validate(simulate(schedule, durations).to_contract())
+    ``stagewright simulate --json``. A request whose schedule would take more work to
+    build and simulate than this server allows is refused (413) before any is done."""
+    return await offload(state, simulate.simulate_schedule, state, body)

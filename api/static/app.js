@@ -286,7 +286,19 @@ function memoryBars(best, capacity) {
 async function loadTimeline(id, box) {
   const { status, body } = await api(`/v1/plans/${id}/timeline?candidate=0`);
   if (status !== 200) return box.replaceChildren(el("div", { class: "banner bad" }, problemText(body)));
-  box.replaceChildren(gantt(body));
+  box.replaceChildren(body.mode === "summary" ? timelineSummary(body) : gantt(body));
+}
+
+// A schedule too large to simulate action by action: each device's time, as the server
+// summarised it (the step is priced like the plan: warm-up and steady state simulated).
+function timelineSummary(timeline) {
+  const rows = timeline.devices.map((d) => el("tr", {},
+    el("td", {}, String(d.device)), el("td", {}, d.stages.join(",")),
+    el("td", {}, fmt(d.forward_s, 3)), el("td", {}, fmt(d.backward_s, 3)), el("td", {}, fmt(d.weight_s, 3)),
+    el("td", {}, fmt(d.busy_s, 3)), el("td", {}, fmt(d.idle_s, 3))));
+  return el("div", { class: "card", id: "timeline-summary" },
+    el("div", { class: "muted" }, `${timeline.num_actions} actions: too many to draw; per device over the step (makespan ${fmt(timeline.makespan, 3)} s, bubble ${pct(timeline.bubble_fraction)})`),
+    el("table", {}, el("tr", {}, ...["device", "stages", "forward s", "backward s", "weight s", "busy s", "idle s"].map((h) => el("th", {}, h))), ...rows));
 }
 
 function gantt(timeline) {
@@ -364,7 +376,7 @@ function gantt(timeline) {
     el("button", { onclick: () => { const c = (view.from + view.to) / 2, s = (view.to - view.from) * 0.5; view.from = Math.max(0, c - s / 2); view.to = Math.min(makespan, c + s / 2); draw(); } }, "zoom in"),
     el("button", { onclick: () => { const c = (view.from + view.to) / 2, s = Math.min(makespan, (view.to - view.from) * 2); view.from = Math.max(0, c - s / 2); view.to = Math.min(makespan, view.from + s); draw(); } }, "zoom out"),
     el("button", { onclick: () => { view = { from: 0, to: makespan }; draw(); } }, "whole step"),
-    el("span", { class: "muted" }, `makespan ${fmt(makespan, 3)} s, bubble ${pct(timeline.bubble_fraction)}; ${devices.map((d) => d.actions.length).reduce((a, b) => a + b, 0)} actions`),
+    el("span", { class: "muted" }, `makespan ${fmt(makespan, 3)} s, bubble ${pct(timeline.bubble_fraction)}; ${devices.map((d) => d.actions.length).reduce((a, b) => a + b, 0)} actions` + (timeline.truncated ? ` (the first ${timeline.devices.map((d) => d.actions.length).reduce((a, b) => a + b, 0)} of the step; the rest from ${fmt(timeline.next_start_s, 3)} s on)` : "")),
   );
   const legend = el("div", { class: "legend" }, KINDS.map((k) => el("span", { style: `--c:${COLORS[k]}` }, { F: "forward", B: "backward (input)", W: "backward (weights)", BW: "backward", EVICT: "evict", LOAD: "load", STEP: "optimizer step" }[k])));
   const box = el("div", { class: "card" }, tools, canvas, legend, tip);

@@ -8,25 +8,27 @@ can never both run or both finish the same job.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, defer
 
 from api.store.models import Job, Measurement, PlanRecord, utcnow
 
 __all__ = [
     "ACTIVE",
+    "Admission",
     "Claimed",
+    "QueueFull",
+    "admit_plan",
     "claim_job",
     "count_jobs",
     "count_queued",
     "create_measurement",
-    "create_plan",
-    "find_plan_by_hash",
+    "delete_plan",
     "finish_job",
     "get_plan",
     "plan_status",
@@ -41,13 +43,48 @@ __all__ = [
 ]
 
 ACTIVE = ("queued", "running")
+# Any constant: the same in every process that creates plans (PostgreSQL advisory lock).
+_ADMISSION_LOCK_KEY = 0x5747_5250
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def create_plan(
+class QueueFull(Exception):
+    """The queue holds ``queued`` searches, the server's limit: nothing was stored."""
+
+    def __init__(self, queued: int) -> None:
+        super().__init__(f"{queued} searches are waiting")
+        self.queued = queued
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Where a plan request stands after :func:`admit_plan`: the plan answering it, its
+    status, the job to wait for (None when the plan is done), and whether this call
+    created it."""
+
+    plan_id: str
+    status: str
+    job_id: str | None
+    created: bool
+
+
+def _answering(session: Session, request_hash: str) -> Admission | None:
+    found = session.execute(
+        select(PlanRecord.id, PlanRecord.status).where(PlanRecord.dedup_key == request_hash)
+    ).first()
+    if found is None:
+        return None
+    plan_id, status = found
+    job_id = None
+    if status in ACTIVE:
+        job_id = session.scalar(select(Job.id).where(Job.plan_id == plan_id).limit(1))
+    return Admission(plan_id, str(status), job_id, created=False)
+
+
+def admit_plan(
     *,
     session: Session,
     request: dict[str, Any],
@@ -58,12 +95,31 @@ def create_plan(
     method: str,
     hardware_revision: int,
     warnings: Sequence[str],
-) -> tuple[PlanRecord, Job]:
-    """A queued plan and its job, committed."""
+    created_by: str | None,
+    max_queued: int,
+) -> Admission:
+    """The plan answering ``request_hash``, created with its queued job if there is none
+    (committed). Identical requests arriving together share one plan: the dedup key is
+    unique, and creations are serialized (a PostgreSQL advisory lock; a SQLite write
+    session already holds the write lock), so the queue limit is exact too. Raises
+    QueueFull, storing nothing, when ``max_queued`` searches already wait."""
+    found = _answering(session, request_hash)
+    if found is not None:
+        return found
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_advisory_xact_lock(_ADMISSION_LOCK_KEY)))
+        found = _answering(session, request_hash)  # created while we waited for the lock
+        if found is not None:
+            return found
+    queued = count_queued(session=session)
+    if queued >= max_queued:
+        raise QueueFull(queued)
     now = utcnow()
     plan = PlanRecord(
         id=new_id(),
         request_hash=request_hash,
+        dedup_key=request_hash,
+        created_by=created_by,
         request=request,
         status="queued",
         result=None,
@@ -82,18 +138,23 @@ def create_plan(
         finished_at=None,
     )
     job = Job(
-        id=new_id(),
-        plan_id=plan.id,
-        kind="plan",
-        status="queued",
-        attempts=0,
-        created_at=now,
+        id=new_id(), plan_id=plan.id, kind="plan", status="queued", attempts=0, created_at=now
     )
     session.add(plan)
     session.flush()
     session.add(job)
     session.commit()
-    return plan, job
+    return Admission(plan.id, "queued", job.id, created=True)
+
+
+def delete_plan(*, session: Session, plan_id: str) -> bool:
+    """Delete a plan with its job and measurements (committed); False if there was none.
+    A search still running for it finds its claim gone and drops its result."""
+    session.execute(delete(Job).where(Job.plan_id == plan_id))
+    session.execute(delete(Measurement).where(Measurement.plan_id == plan_id))
+    done = session.execute(delete(PlanRecord).where(PlanRecord.id == plan_id))
+    session.commit()
+    return _rowcount(done) == 1
 
 
 def get_plan(*, session: Session, plan_id: str) -> PlanRecord | None:
@@ -104,21 +165,6 @@ def plan_status(*, session: Session, plan_id: str) -> str | None:
     """The status of a plan alone, without loading its (possibly megabytes of) result."""
     status = session.scalar(select(PlanRecord.status).where(PlanRecord.id == plan_id))
     return None if status is None else str(status)
-
-
-def find_plan_by_hash(*, session: Session, request_hash: str) -> PlanRecord | None:
-    """The plan answering this request: a finished one if any, else one still in progress
-    (newest first); failed plans are not reused."""
-    for status in ("done", "running", "queued"):
-        found = session.scalar(
-            select(PlanRecord)
-            .where(PlanRecord.request_hash == request_hash, PlanRecord.status == status)
-            .order_by(PlanRecord.created_at.desc())
-            .limit(1)
-        )
-        if found is not None:
-            return found
-    return None
 
 
 def list_plans(
@@ -183,10 +229,15 @@ def _set_plan_status(session: Session, plan_id: str, status: str, now: datetime)
 
 @dataclass(frozen=True)
 class Claimed:
+    """A job this process now runs: its plan's request and the profiles to price it with
+    (the snapshot of ``gpu`` at ``revision``)."""
+
     job_id: str
     plan_id: str
     claim: str
     request: dict[str, Any]
+    gpu: str
+    revision: int
 
 
 def claim_job(*, session: Session, job_id: str, worker: str) -> Claimed | None:
@@ -216,7 +267,14 @@ def claim_job(*, session: Session, job_id: str, worker: str) -> Claimed | None:
     assert plan is not None
     _set_plan_status(session, plan.id, "running", now)
     session.commit()
-    return Claimed(job_id=job_id, plan_id=plan.id, claim=claim, request=dict(plan.request))
+    return Claimed(
+        job_id=job_id,
+        plan_id=plan.id,
+        claim=claim,
+        request=dict(plan.request),
+        gpu=plan.gpu,
+        revision=plan.hardware_revision,
+    )
 
 
 def finish_job(
@@ -255,6 +313,8 @@ def finish_job(
             error=error,
             updated_at=now,
             finished_at=now,
+            # A failed plan answers nothing: the same request searches again.
+            **({"dedup_key": None} if error is not None else {}),
         )
         .execution_options(synchronize_session=False)
     )
@@ -309,11 +369,13 @@ def requeue_orphans(
     session: Session,
     lease_s: float,
     max_attempts: int,
+    interrupted: Callable[[str, int], dict[str, Any]],
     dead_workers: Sequence[str] = (),
 ) -> tuple[int, int]:
     """Jobs left 'running' by a process that died (lease expired, or a worker known to be
-    dead on this host) go back to the queue, or fail after ``max_attempts`` runs. Returns
-    (requeued, failed)."""
+    dead on this host) go back to the queue, or fail after ``max_attempts`` runs with the
+    problem ``interrupted(plan_id, attempts)``: bounded attempts, so a request that kills
+    its server cannot do so forever. Returns (requeued, failed)."""
     now = utcnow()
     expired = now - timedelta(seconds=lease_s)
     fresh = {"populate_existing": True}  # rows other sessions changed: read them anew
@@ -334,15 +396,11 @@ def requeue_orphans(
     requeued = failed = 0
     for job in jobs:
         if job.attempts >= max_attempts:
-            detail = (
-                f"the search was interrupted {job.attempts} times (the server stopped or "
-                "crashed while it ran); submit the request again, and if it keeps failing "
-                "ask the operator to look at the server's memory and logs"
-            )
+            error = interrupted(job.plan_id, job.attempts)
             job.status = "failed"
             job.claim = None
             job.finished_at = now
-            job.error = detail
+            job.error = str(error.get("detail", ""))
             session.execute(
                 update(PlanRecord)
                 .where(PlanRecord.id == job.plan_id)
@@ -350,13 +408,8 @@ def requeue_orphans(
                     status="failed",
                     updated_at=now,
                     finished_at=now,
-                    error={
-                        "type": "urn:stagewright:problem:job-interrupted",
-                        "title": "Search interrupted",
-                        "status": 500,
-                        "detail": detail,
-                        "instance": f"/v1/plans/{job.plan_id}",
-                    },
+                    error=error,
+                    dedup_key=None,
                 )
                 .execution_options(synchronize_session=False)
             )

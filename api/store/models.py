@@ -36,6 +36,7 @@ __all__ = [
     "MeasuredRunRecord",
     "Measurement",
     "PlanRecord",
+    "ProfileSnapshot",
     "UTCDateTime",
     "utcnow",
 ]
@@ -161,20 +162,43 @@ class LayerProfile(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class ProfileSnapshot(Base):
+    """The profiles one revision of a hardware profile priced plans with: the hardware (with
+    its links) and every layer point, as the planner reads them. Written the first time a
+    plan is made on that revision and never changed, so a plan can be priced again exactly
+    (its timeline, a re-run) after the profile has moved on."""
+
+    __tablename__ = "profile_snapshots"
+
+    gpu: Mapped[str] = mapped_column(String(64), primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hardware: Mapped[dict[str, Any]] = mapped_column(JSON)
+    layer_points: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class PlanRecord(Base):
     """A plan request and, once its job is done, the Plan (or the problem that stopped it).
 
     ``request_hash`` covers the request, the hardware profile's revision and the planner's
-    version: an identical request is answered from here until one of them changes."""
+    version: an identical request is answered from here until one of them changes.
+    ``dedup_key`` is that hash while the plan can answer it (queued, running or done) and
+    null once it failed; being unique, it lets exactly one of many identical concurrent
+    requests create the plan (the others join it). The plan is priced with the profiles of
+    (``gpu``, ``hardware_revision``), kept in ``profile_snapshots``. ``created_by`` names the
+    token that created it (never the secret)."""
 
     __tablename__ = "plans"
     __table_args__ = (
         Index("ix_plans_request_hash_status", "request_hash", "status"),
         Index("ix_plans_created_at", "created_at"),
+        UniqueConstraint("dedup_key", name="uq_plans_dedup_key"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     request_hash: Mapped[str] = mapped_column(String(64))
+    dedup_key: Mapped[str | None] = mapped_column(String(64))
+    created_by: Mapped[str | None] = mapped_column(String(64))
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), index=True)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)

@@ -2,9 +2,11 @@
 
 :class:`SqlProfileStore` implements ``planner.profiles.ProfileStore`` on these tables: the
 service plans with whatever the database holds. Writes are upserts keyed by hardware name,
-(gpu, link scope) and a layer point's shape; a write that changes nothing bumps nothing, so
-loading the bundled ``profiles/`` twice is a no-op. Every change bumps the hardware's
-``revision``, which is part of a plan's cache key.
+(gpu, link scope) and a layer point's shape (INSERT ... ON CONFLICT DO NOTHING, then the
+existing row locked and updated); a write that changes nothing bumps nothing, so loading
+the bundled ``profiles/`` twice is a no-op. Every change raises the hardware's ``revision``
+once per write, in SQL, and the revision is part of a plan's cache key. A write locks its
+hardware rows first, in name order, so concurrent writers queue instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.store.models import CommProfile, Hardware, LayerProfile, utcnow
@@ -39,10 +43,12 @@ __all__ = [
     "count_layer_points",
     "get_hardware",
     "hardware_profile",
+    "layer_point",
     "list_hardware",
     "list_layer_points",
     "list_links",
     "load_bundled_profiles",
+    "lock_hardware",
     "require_hardware",
     "upsert_hardware",
     "upsert_layer_point",
@@ -113,7 +119,7 @@ class SqlProfileStore:
             rows = session.scalars(
                 select(LayerProfile).where(LayerProfile.gpu == gpu).order_by(LayerProfile.id)
             )
-            return [_point(row) for row in rows]
+            return [layer_point(row) for row in rows]
 
 
 def get_hardware(*, session: Session, name: str) -> Hardware | None:
@@ -195,7 +201,8 @@ def _link(row: CommProfile) -> Link:
     return Link(row.kind, row.bandwidth_gbps, row.latency_us)
 
 
-def _point(row: LayerProfile) -> LayerPoint:
+def layer_point(row: LayerProfile) -> LayerPoint:
+    """The planner's LayerPoint of a stored row."""
     return LayerPoint(
         gpu=row.gpu,
         precision=row.precision,
@@ -217,26 +224,66 @@ def _point(row: LayerProfile) -> LayerPoint:
     )
 
 
+def lock_hardware(*, session: Session, names: Iterable[str]) -> list[str]:
+    """Lock the hardware rows ``names`` for this transaction (in name order, the order every
+    profile write takes them, so two writers cannot deadlock) and return the names that do
+    not exist. Every profile write locks its hardware first: its revision is raised at the
+    end of the same transaction."""
+    wanted = sorted(set(names))
+    found = set(
+        session.scalars(
+            select(Hardware.name)
+            .where(Hardware.name.in_(wanted))
+            .order_by(Hardware.name)
+            .with_for_update()
+        )
+    )
+    return [name for name in wanted if name not in found]
+
+
 def _record(session: Session, gpu: str, outcome: str, report: WriteReport) -> None:
     """Report the revision a write leaves ``gpu`` at: raised once per write if this entry
     changed, else the current one."""
     if outcome != "unchanged":
         _bump(session, gpu, report)
         return
-    hw = session.get(Hardware, gpu)
-    if hw is not None:
-        report.revisions.setdefault(gpu, hw.revision)
+    if gpu not in report.revisions:
+        revision = session.scalar(select(Hardware.revision).where(Hardware.name == gpu))
+        if revision is not None:
+            report.revisions[gpu] = int(revision)
 
 
 def _bump(session: Session, gpu: str, report: WriteReport) -> None:
-    row = session.get(Hardware, gpu)
-    if row is None:  # pragma: no cover - callers check the hardware exists first
+    """Raise the revision of ``gpu`` by one, in SQL (revision = revision + 1 ... RETURNING):
+    twenty concurrent changes give twenty revisions, each reported as stored."""
+    if gpu in report.bumped:
+        return
+    revision = session.scalar(
+        update(Hardware)
+        .where(Hardware.name == gpu)
+        .values(revision=Hardware.revision + 1, updated_at=utcnow())
+        .returning(Hardware.revision)
+        .execution_options(synchronize_session=False)
+    )
+    if revision is None:  # pragma: no cover - callers check the hardware exists first
         raise UnknownHardwareError(f"unknown GPU {gpu!r}")
-    if gpu not in report.bumped:
-        row.revision += 1
-        row.updated_at = utcnow()
-        report.bumped.add(gpu)
-    report.revisions[gpu] = row.revision
+    report.bumped.add(gpu)
+    report.revisions[gpu] = int(revision)
+
+
+def _insert_new(session: Session, model: Any, values: dict[str, Any], key: Sequence[str]) -> bool:
+    """INSERT ... ON CONFLICT (key) DO NOTHING: True if this call created the row. Two
+    writers creating the same entry at once get one 'created' and one existing row, never
+    a unique-constraint error."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
+    statement = (
+        insert(model)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=list(key))
+        .returning(*(getattr(model, k) for k in key))
+    )
+    return session.execute(statement).first() is not None
 
 
 def _assign(row: Any, values: dict[str, Any]) -> bool:
@@ -265,6 +312,11 @@ def _replace(
     return "updated"
 
 
+def _locked(session: Session, stmt: Any) -> Any:
+    """The row of ``stmt``, read anew and locked for this transaction (FOR UPDATE)."""
+    return session.scalar(stmt.with_for_update().execution_options(populate_existing=True))
+
+
 def upsert_hardware(
     *,
     session: Session,
@@ -277,9 +329,10 @@ def upsert_hardware(
 
     Returns 'created', 'updated' or 'unchanged'. With ``keep_api_rows`` (the bundled load)
     a profile posted through the API is left as it is, and a calibrated profile keeps its
-    fitted parameters and calibration record (a release's new peaks still apply)."""
+    fitted parameters and calibration record (a release's new peaks still apply). Creation
+    is an INSERT ... ON CONFLICT DO NOTHING; an existing row is locked, compared and
+    updated, and the revision raised in SQL once for the whole write."""
     now = utcnow()
-    row = session.get(Hardware, profile.name)
     values: dict[str, Any] = {
         "description": profile.description,
         "peak_flops": dict(profile.peak_flops),
@@ -293,23 +346,35 @@ def upsert_hardware(
         if profile.calibration is None
         else profile.calibration.model_dump(mode="json"),
     }
-    if keep_api_rows and row is not None and row.calibration is not None:
-        del values["parameters"], values["calibration"]
-    if row is None:
-        row = Hardware(
-            name=profile.name, origin=origin, revision=1, created_at=now, updated_at=now, **values
-        )
-        session.add(row)
-        session.flush()
+    created = _insert_new(
+        session,
+        Hardware,
+        {
+            "name": profile.name,
+            "origin": origin,
+            "revision": 1,
+            "created_at": now,
+            "updated_at": now,
+            **values,
+        },
+        ("name",),
+    )
+    row = _locked(session, select(Hardware).where(Hardware.name == profile.name))
+    assert row is not None
+    if created:
         outcome = "created"
-        report.revisions[profile.name] = 1
+        report.revisions[profile.name] = row.revision
         report.bumped.add(profile.name)
     elif keep_api_rows and row.origin == "api":
         report.revisions[profile.name] = row.revision
+        report.add("unchanged")
         return "unchanged"
     else:
+        if keep_api_rows and row.calibration is not None:
+            del values["parameters"], values["calibration"]
         changed = _assign(row, values)
         row.origin = origin  # who wrote it last; not a change of the profile
+        session.flush()
         outcome = "updated" if changed else "unchanged"
         if changed:
             _bump(session, profile.name, report)
@@ -342,10 +407,8 @@ def upsert_link(
     report: WriteReport,
     keep_api_rows: bool = False,
 ) -> str:
-    """Create or replace the ``scope`` link of ``gpu`` (whose hardware must exist)."""
-    row = session.scalar(
-        select(CommProfile).where(CommProfile.gpu == gpu, CommProfile.scope == scope)
-    )
+    """Create or replace the ``scope`` link of ``gpu`` (whose hardware must exist and be
+    locked by this transaction: see :func:`lock_hardware`)."""
     values = {
         "kind": link.kind,
         "bandwidth_gbps": link.bandwidth_gbps,
@@ -353,13 +416,21 @@ def upsert_link(
         "source": source,
     }
     now = utcnow()
-    if row is None:
-        session.add(CommProfile(gpu=gpu, scope=scope, origin=origin, updated_at=now, **values))
+    if _insert_new(
+        session,
+        CommProfile,
+        {"gpu": gpu, "scope": scope, "origin": origin, "updated_at": now, **values},
+        ("gpu", "scope"),
+    ):
         outcome = "created"
     else:
+        row = _locked(
+            session,
+            select(CommProfile).where(CommProfile.gpu == gpu, CommProfile.scope == scope),
+        )
         outcome = _replace(row, values, origin, now, keep_api_rows)
-    _record(session, gpu, outcome, report)
     session.flush()
+    _record(session, gpu, outcome, report)
     return outcome
 
 
@@ -371,20 +442,26 @@ def upsert_layer_point(
     report: WriteReport,
     keep_api_rows: bool = False,
 ) -> str:
-    """Create or replace the point of this shape (whose hardware must exist)."""
+    """Create or replace the point of this shape (whose hardware must exist and be locked
+    by this transaction: see :func:`lock_hardware`)."""
     key = {name: getattr(point, name) for name in _POINT_KEY}
     values = {name: getattr(point, name) for name in _POINT_VALUES}
-    row = session.scalar(
-        select(LayerProfile).where(*(getattr(LayerProfile, k) == v for k, v in key.items()))
-    )
     now = utcnow()
-    if row is None:
-        session.add(LayerProfile(origin=origin, created_at=now, updated_at=now, **key, **values))
+    if _insert_new(
+        session,
+        LayerProfile,
+        {"origin": origin, "created_at": now, "updated_at": now, **key, **values},
+        _POINT_KEY,
+    ):
         outcome = "created"
     else:
+        row = _locked(
+            session,
+            select(LayerProfile).where(*(getattr(LayerProfile, k) == v for k, v in key.items())),
+        )
         outcome = _replace(row, values, origin, now, keep_api_rows)
-    _record(session, point.gpu, outcome, report)
     session.flush()
+    _record(session, point.gpu, outcome, report)
     report.add(outcome)
     return outcome
 
@@ -410,7 +487,8 @@ def load_bundled_profiles(*, session: Session, folder: Path = BUNDLED_PROFILES) 
 
     hardware, points = _bundled(folder)
     report = WriteReport()
-    for profile in hardware:
+    lock_hardware(session=session, names=[profile.name for profile in hardware])
+    for profile in sorted(hardware, key=lambda h: h.name):
         upsert_hardware(
             session=session, profile=profile, origin="bundled", report=report, keep_api_rows=True
         )

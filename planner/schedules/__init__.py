@@ -43,6 +43,7 @@ from planner.schedules._registry import (
 )
 from planner.schedules._validate import validate
 from planner.schedules._vshape import block_offsets, building_block
+from planner.schedules._work import generation_work, schedule_actions
 
 __all__ = [
     "BASELINE_SCHEDULE",
@@ -66,8 +67,10 @@ __all__ = [
     "format_grid",
     "format_timeline",
     "generate",
+    "generation_work",
     "looped_placement",
     "plan_transfers",
+    "schedule_actions",
     "schedule_family",
     "schedule_names",
     "v_placement",

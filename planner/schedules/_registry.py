@@ -131,6 +131,10 @@ class ScheduleFamily:
     of memory with the same (t, p, d, micro-batch, recompute). Where the base fits, the
     variant's transfers only cost time (BPipe §4.2 evaluates activation balancing only for
     the configurations Megatron-LM's 1F1B cannot run)."""
+    generation_growth_devices: int | None = None
+    """When set, the generator's time per action grows with the devices beyond about this
+    many (the V warm-up fill is searched device by device): a service bounds a request's
+    work up front with it (:func:`planner.schedules.generation_work`). None: linear."""
 
     # ------------------------------------------------------------------ questions
     @property

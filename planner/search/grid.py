@@ -14,11 +14,11 @@ beat the best found).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from planner._gc import collector_paused
@@ -34,9 +34,9 @@ from planner.costmodel.evaluate import (
 )
 from planner.costmodel.memory import GIB
 from planner.costmodel.timing import time_provenance
-from planner.launch import executor_config, megatron_args, torch_pipelining_csv, torchrun_commands
+from planner.launch import compact_executor_config, megatron_args, torchrun_commands
 from planner.profiles import ProfileStore, default_store
-from planner.schedules import BASELINE_SCHEDULE, Schedule, generate, schedule_family
+from planner.schedules import BASELINE_SCHEDULE, schedule_family
 from planner.specs import (
     DEFAULT_MICRO_BATCH_SIZES,
     Candidate,
@@ -56,11 +56,19 @@ from planner.specs import (
 if TYPE_CHECKING:
     from planner.search.refinement import Refined
 
-__all__ = ["DEFAULT_MICRO_BATCH_SIZES", "plan"]
+__all__ = [
+    "DEFAULT_MICRO_BATCH_SIZES",
+    "SearchPoint",
+    "plan",
+    "schedule_problem",
+    "search_points",
+]
 
 
 @dataclass(frozen=True)
-class _Point:
+class SearchPoint:
+    """(t, p, d, micro-batch size) of the search space."""
+
     t: int
     p: int
     d: int
@@ -68,10 +76,12 @@ class _Point:
 
 
 def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """Divisors of n in increasing order, in O(sqrt n) steps (n may be a cluster's GPUs)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
 
 
-def _points(request: PlanRequest) -> Iterator[tuple[_Point, int]]:
+def search_points(request: PlanRequest) -> Iterator[tuple[SearchPoint, int]]:
     """(t, p, d, mb) that meet the parallelism and batch constraints, with m."""
     model, cluster, training = request.model, request.cluster, request.training
     gpus = cluster.num_gpus
@@ -87,10 +97,11 @@ def _points(request: PlanRequest) -> Iterator[tuple[_Point, int]]:
             for mb in sizes:
                 if batch % (mb * d):
                     continue
-                yield _Point(t, p, d, mb), batch // (mb * d)
+                yield SearchPoint(t, p, d, mb), batch // (mb * d)
 
 
-def _schedule_problem(schedule: str, point: _Point, m: int, layers: int) -> str | None:
+def schedule_problem(schedule: str, point: SearchPoint, m: int, layers: int) -> str | None:
+    """Why ``schedule`` cannot run at this point (a readable reason), or None."""
     p = point.p
     problem = schedule_family(schedule).problem(p, m)
     if problem is not None:
@@ -105,7 +116,7 @@ def _schedule_problem(schedule: str, point: _Point, m: int, layers: int) -> str 
 
 
 def _config(
-    point: _Point, m: int, recompute: str, schedule: str, layers: list[int]
+    point: SearchPoint, m: int, recompute: str, schedule: str, layers: list[int]
 ) -> CandidateConfig:
     return CandidateConfig(
         t=point.t,
@@ -176,10 +187,10 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     over_memory: list[Estimate] = []
     evaluated = 0
     layers_total = request.model.num_layers
-    for point, m in _points(request):
+    for point, m in search_points(request):
         base_fits: dict[tuple[str, str], bool] = {}  # (schedule, recompute) at this point
         for schedule in request.search.schedules:
-            problem = _schedule_problem(schedule, point, m, layers_total)
+            problem = schedule_problem(schedule, point, m, layers_total)
             layers = split_layers(layers_total, num_stages(schedule, point.p)) or []
             base = schedule_family(schedule).memory_fallback_for
             if base not in request.search.schedules:
@@ -340,12 +351,6 @@ def _summaries(
     return out
 
 
-@lru_cache(maxsize=128)
-def _full_schedule(schedule: str, p: int, m: int) -> Schedule:
-    """The schedule a candidate launches with (all its micro-batches)."""
-    return generate(schedule, p, m, check=False)
-
-
 def _candidate(
     ctx: PlanContext, priced: Priced, refinement: RefinementInfo | None = None
 ) -> Candidate:
@@ -366,13 +371,14 @@ def _candidate(
         time_source=source,
         calibration_error=error,
     )
-    schedule = _full_schedule(config.schedule, config.p, config.num_microbatches)
     placement = placement_for(config, request.cluster.gpus_per_node, ctx.placements)
+    # Compact: the schedule by its generator parameters, not its p x m actions (a plan's
+    # size must not grow with them); planner.launch.materialize_launch rebuilds them.
     launch = Launch(
-        executor_config=executor_config(request, config, schedule, placement),
+        executor_config=compact_executor_config(request, config, placement),
         torchrun=torchrun_commands(request, config),
         megatron_args=megatron_args(request, config),
-        torch_pipelining_csv=torch_pipelining_csv(schedule),
+        torch_pipelining_csv=None,
     )
     return Candidate(
         config=config,

@@ -29,7 +29,7 @@ from sqlalchemy.engine import make_url
 from api.app import create_app
 from api.core.config import Settings
 from api.core.db import Database, migrate
-from api.jobs import Planner
+from api.jobs.search import Planner
 from api.store.models import (
     Calibration,
     CommProfile,
@@ -39,6 +39,7 @@ from api.store.models import (
     MeasuredRunRecord,
     Measurement,
     PlanRecord,
+    ProfileSnapshot,
 )
 from api.store.profiles import load_bundled_profiles
 
@@ -125,6 +126,7 @@ def reset(url: str) -> None:
                 Measurement,
                 Job,
                 PlanRecord,
+                ProfileSnapshot,
                 LayerProfile,
                 CommProfile,
                 Hardware,
@@ -138,7 +140,13 @@ def reset(url: str) -> None:
 
 
 def settings_for(url: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {"database_url": url, "job_poll_s": 0.2, "plan_wait_s": 20.0}
+    values: dict[str, Any] = {
+        "database_url": url,
+        "job_poll_s": 0.2,
+        "plan_wait_s": 20.0,
+        # Most tests never search: start a search process only when one does.
+        "search_processes_at_start": False,
+    }
     values.update(overrides)
     return Settings(**values)
 

@@ -9,10 +9,11 @@ import time
 import pytest
 
 from api.store import crud
-from api.store.profiles import SqlProfileStore
 from planner.errors import StagewrightError
+from planner.profiles import JsonProfileStore, hardware_from_dict
+from planner.schedules import generate
 from planner.search import plan as real_plan
-from planner.specs import Plan, PlanRequest
+from planner.specs import CandidateConfig, Plan, PlanRequest
 from tests.integration.conftest import assert_problem, example, tiny, wait_done
 
 PLAN_KEYS = {"id", "request", "best", "candidates", "rejected", "stats"}
@@ -257,8 +258,8 @@ def test_full_queue_is_503_with_retry_after(make_client, database_url):
     client = make_client(max_queued_jobs=1, job_poll_s=3600)
     time.sleep(0.3)  # the poller has made its first round and sleeps
     database = client.app.state.stagewright.database
-    with database.session() as session:
-        crud.create_plan(
+    with database.session(write=True) as session:
+        crud.admit_plan(
             session=session,
             request=example("tiny-cpu"),
             request_hash="f" * 64,
@@ -268,6 +269,8 @@ def test_full_queue_is_503_with_retry_after(make_client, database_url):
             method="grid",
             hardware_revision=1,
             warnings=[],
+            created_by=None,
+            max_queued=1,
         )
     response = client.post("/v1/plans", json=tiny(**{"training.global_batch_size": 20}))
     assert_problem(response, 503, "1 searches are waiting", "retry")
@@ -299,15 +302,50 @@ def test_a_planner_bug_is_500_without_internals(make_client):
     assert "secret" not in json.dumps(body) and body["error_id"] in body["detail"]
 
 
-def test_jobs_use_the_sql_profile_store(make_client):
+def test_a_search_prices_with_the_profiles_its_plan_was_admitted_on(make_client):
+    """A profile edited while a search waits does not leak into it: the job prices with the
+    snapshot of the revision the plan names, and the plan equals one made directly on
+    those profiles."""
+    release = threading.Event()
     stores = []
 
-    def spy(request, store):
+    def slow(request, store):
+        release.wait(30)
         stores.append(store)
         return real_plan(request, store)
 
-    make_client(planner=spy).post("/v1/plans", json=example("tiny-cpu"))
-    assert isinstance(stores[0], SqlProfileStore)
+    client = make_client(planner=slow)
+    pending = client.post("/v1/plans?wait_s=0", json=example("tiny-cpu")).json()
+    before = client.get("/v1/hardware/cpu").json()
+    faster = {k: before[k] for k in HARDWARE_IN}
+    faster["peak_flops"] = {k: 2 * v for k, v in before["peak_flops"].items()}
+    assert client.post("/v1/hardware", json=faster).status_code == 200
+    release.set()
+    done = wait_done(client, pending["id"])
+    assert done["hardware_revision"] == before["revision"] == pending["hardware_revision"]
+    assert stores[0].hardware("cpu").peak_flops == before["peak_flops"]
+    direct = real_plan(PlanRequest.model_validate(example("tiny-cpu")), profiles_with(before))
+    assert done["best"]["predicted"] == json.loads(direct.best.model_dump_json())["predicted"]
+
+
+HARDWARE_IN = (
+    "name",
+    "description",
+    "peak_flops",
+    "memory_gib",
+    "usable_memory_gib",
+    "memory_bandwidth_gbps",
+    "intra_node",
+    "inter_node",
+    "source",
+)
+
+
+def profiles_with(hardware: dict) -> JsonProfileStore:  # noqa: N802
+    """The bundled profiles, with the cpu hardware as ``hardware`` says."""
+    store = JsonProfileStore.load()
+    store.add_hardware(hardware_from_dict(hardware))
+    return store
 
 
 # -- measurements ---------------------------------------------------------------------------
@@ -359,3 +397,47 @@ def test_measurements_error_paths(make_client):
         url, content=b'{"step_time_s": NaN}', headers={"content-type": "application/json"}
     )
     assert_problem(nan, 422, "step_time_s")
+
+
+# -- launch artefacts, timelines, deletion ---------------------------------------------------
+
+
+def test_a_candidates_launch_artefacts_are_materialized_on_demand(client):
+    plan = client.post("/v1/plans", json=example("tiny-cpu")).json()
+    stored = plan["candidates"][1]
+    assert "actions" not in stored["launch"]["executor_config"]["schedule"]
+    response = client.get(f"/v1/plans/{plan['id']}/candidates/1/launch")
+    assert response.status_code == 200, response.text
+    launch = response.json()
+    config = CandidateConfig.model_validate(stored["config"])
+    schedule = generate(config.schedule, config.p, config.num_microbatches)
+    assert launch["executor_config"]["schedule"] == schedule.to_dict()
+    assert len(launch["executor_config"]["placement"]["ranks"]) == config.t * config.p * config.d
+    assert launch["torchrun"] == stored["launch"]["torchrun"]
+    assert_problem(
+        client.get(f"/v1/plans/{plan['id']}/candidates/99/launch"), 404, "ranked candidates"
+    )
+
+
+def test_a_timeline_is_windowed_and_says_where_to_continue(client):
+    plan = client.post("/v1/plans", json=example("tiny-cpu")).json()
+    url = f"/v1/plans/{plan['id']}/timeline"
+    whole = client.get(url).json()
+    assert whole["mode"] == "actions" and not whole["truncated"]
+    every = sorted(a[3] for d in whole["devices"] for a in d["actions"])
+    first = client.get(url, params={"limit": 5}).json()
+    assert first["truncated"] and sum(len(d["actions"]) for d in first["devices"]) == 5
+    assert first["next_start_s"] == every[5]
+    later = client.get(url, params={"start_s": every[-1]}).json()
+    assert all(a[4] >= every[-1] for d in later["devices"] for a in d["actions"])
+    assert whole["profiles"] == {"gpu": "cpu", "revision": plan["hardware_revision"]}
+
+
+def test_a_plan_is_deleted_with_its_measurements(client):
+    plan = client.post("/v1/plans", json=example("tiny-cpu")).json()
+    client.post(f"/v1/plans/{plan['id']}/measurements", json={"step_time_s": 1.0})
+    assert client.delete(f"/v1/plans/{plan['id']}").status_code == 204
+    assert_problem(client.get(f"/v1/plans/{plan['id']}"), 404, "no plan")
+    assert_problem(client.delete(f"/v1/plans/{plan['id']}"), 404, "no plan")
+    # The request is searched again (the deleted plan answered it).
+    assert client.post("/v1/plans", json=example("tiny-cpu")).status_code == 201

@@ -106,7 +106,12 @@ def test_two_server_processes_share_one_store(tmp_path, start_server):
 
     def submit(batch: int) -> tuple[int, str]:
         with httpx.Client(base_url=server.url, timeout=60) as http:
-            response = http.post("/v1/plans", json=tiny(**{"training.global_batch_size": batch}))
+            # Waits long enough for 16 searches on two shared cores (latency is not the point).
+            response = http.post(
+                "/v1/plans",
+                params={"wait_s": 30},
+                json=tiny(**{"training.global_batch_size": batch}),
+            )
             return response.status_code, response.json()["id"]
 
     with ThreadPoolExecutor(8) as pool:

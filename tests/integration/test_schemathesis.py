@@ -2,11 +2,16 @@
 500s, every status and body as documented, invalid input rejected.
 
 Bounded: at most 25 generated cases per operation (plus schemathesis' explicit examples and
-coverage cases). The number of cases run is printed in the test summary.
+coverage cases). The number of cases run is printed in the test summary. The long run (over
+5,000 cases) is the same test with more examples per operation, opt-in:
+
+    STAGEWRIGHT_SCHEMATHESIS_EXAMPLES=300 .venv/bin/python -m pytest \
+        tests/integration/test_schemathesis.py
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterator
 
@@ -22,6 +27,13 @@ from tests.integration.conftest import Server
 
 TOKEN = "schemathesis-token"
 CASES: Counter[str] = Counter()
+EXAMPLES = int(os.environ.get("STAGEWRIGHT_SCHEMATHESIS_EXAMPLES", "25"))
+SERVER_ENV = {
+    "STAGEWRIGHT_API_TOKEN": TOKEN,
+    # Generated plan requests are answered or queued quickly; a few may be searches.
+    "STAGEWRIGHT_PLAN_WAIT_S": "0.5",
+    "STAGEWRIGHT_MAX_GPUS": "512",
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +42,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(
         f"sqlite:///{folder / 'api.db'}",
         folder / "server.log",
-        env={
-            "STAGEWRIGHT_API_TOKEN": TOKEN,
-            # Generated plan requests are answered or queued quickly; a few may be searches.
-            "STAGEWRIGHT_PLAN_WAIT_S": "0.5",
-            "STAGEWRIGHT_MAX_GPUS": "512",
-        },
+        env=SERVER_ENV,
     )
     server.wait_ready()
     yield server
@@ -46,12 +53,15 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 # The schema the application serves, built without a database (nothing connects until a
 # request). Loaded at import: schemathesis' lazy fixture loader needs a pytest internal that
 # pytest 9.2 removed.
-schema = schemathesis.openapi.from_dict(create_app(Settings(database_url="sqlite:///")).openapi())
+# It states the server's limits, so it is built with the server's settings.
+schema = schemathesis.openapi.from_dict(
+    create_app(Settings.from_env(SERVER_ENV, database_url="sqlite:///")).openapi()
+)
 
 
 @schema.parametrize()
 @settings(
-    max_examples=25,
+    max_examples=EXAMPLES,
     deadline=None,
     derandomize=True,
     suppress_health_check=list(HealthCheck),

@@ -11,9 +11,11 @@ from datetime import timedelta
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, select, text, update
 
-from api.core.db import Database, migrate
+from api.core.db import Database, alembic_config, migrate
+from api.problems import search_interrupted_body
 from api.store import crud
 from api.store.models import (
     Base,
@@ -102,7 +104,8 @@ def test_alembic_command_line_upgrades_checks_and_downgrades(empty_database_url)
     current = subprocess.run(
         [*alembic, "current"], cwd=REPO, env=env, capture_output=True, text=True, check=True
     )
-    assert "(head)" in current.stdout
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert f"{head} (head)" in current.stdout
 
 
 def test_loading_the_bundled_profiles_twice_changes_nothing(database):
@@ -195,7 +198,7 @@ def test_store_layer_point_for_command_line_tools(database_url, database):
 
 
 def _queued(session) -> tuple[PlanRecord, Job]:
-    return crud.create_plan(
+    admitted = crud.admit_plan(
         session=session,
         request=example("tiny-cpu"),
         request_hash="0" * 64,
@@ -205,7 +208,12 @@ def _queued(session) -> tuple[PlanRecord, Job]:
         method="grid",
         hardware_revision=1,
         warnings=[],
+        created_by=None,
+        max_queued=10,
     )
+    job = session.get(Job, admitted.job_id)
+    assert job is not None
+    return session.get(PlanRecord, admitted.plan_id), job
 
 
 def test_a_job_is_claimed_once_and_finished_only_by_its_claimer(database):
@@ -217,7 +225,7 @@ def test_a_job_is_claimed_once_and_finished_only_by_its_claimer(database):
     assert first is not None and second is None
     with database.session() as session:
         assert session.get(PlanRecord, first.plan_id).status == "running"
-        stolen = crud.Claimed(job.id, first.plan_id, "f" * 32, first.request)
+        stolen = crud.Claimed(job.id, first.plan_id, "f" * 32, first.request, "cpu", 1)
         assert not crud.finish_job(
             session=session, claimed=stolen, result=None, summary=None, error=None
         )
@@ -235,7 +243,12 @@ def test_orphaned_jobs_are_requeued_then_failed(database):
             assert crud.claim_job(session=session, job_id=job.id, worker="gone:1:x")
             session.execute(update(Job).values(heartbeat_at=utcnow() - timedelta(seconds=60)))
             session.commit()
-            requeued, failed = crud.requeue_orphans(session=session, lease_s=30, max_attempts=2)
+            requeued, failed = crud.requeue_orphans(
+                session=session,
+                lease_s=30,
+                max_attempts=2,
+                interrupted=search_interrupted_body,
+            )
         if attempt == 1:
             assert (requeued, failed) == (1, 0)
         else:
@@ -243,6 +256,7 @@ def test_orphaned_jobs_are_requeued_then_failed(database):
     with database.session() as session:
         record = session.get(PlanRecord, job.plan_id)
         assert record.status == "failed" and "interrupted 2 times" in record.error["detail"]
+        assert record.dedup_key is None  # the same request searches again
 
 
 def test_released_jobs_do_not_count_as_attempts(database):

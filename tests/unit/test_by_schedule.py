@@ -8,7 +8,7 @@ import pytest
 from planner.costmodel import PlanContext, estimate, price
 from planner.profiles import default_store
 from planner.search import plan
-from planner.search.grid import _config, _points, _schedule_problem
+from planner.search.grid import _config, schedule_problem, search_points
 from planner.specs import PlanRequest
 from tests.unit.test_search import ALL_SCHEDULES, example, request
 
@@ -24,9 +24,9 @@ def _every_fitting_time(r: PlanRequest) -> dict[str, float]:
     best: dict[str, float] = {}
     from planner.costmodel.evaluate import num_stages, split_layers
 
-    for point, m in _points(r):
+    for point, m in search_points(r):
         for schedule in r.search.schedules:
-            if _schedule_problem(schedule, point, m, r.model.num_layers):
+            if schedule_problem(schedule, point, m, r.model.num_layers):
                 continue
             layers = split_layers(r.model.num_layers, num_stages(schedule, point.p)) or []
             for recompute in r.search.recompute:

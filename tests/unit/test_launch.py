@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from planner.schedules import ActionKind, Schedule, schedule_family, validate
+from planner.launch import (
+    SCHEDULE_REFERENCE_FORMAT,
+    executor_config,
+    materialize_executor_config,
+    materialize_launch,
+)
+from planner.placement import place
+from planner.schedules import ActionKind, Schedule, generate, schedule_family, validate
 from planner.search import plan
 from planner.specs import Candidate, Plan, PlanRequest
 
@@ -61,17 +68,52 @@ def tiny_plan(schedules: tuple[str, ...] = ALL_SCHEDULES) -> Plan:
     return plan(request(schedules=schedules))
 
 
+@cache
+def launched(schedules: tuple[str, ...] = ALL_SCHEDULES) -> list[Candidate]:
+    """A tiny plan's candidates with their launch artefacts materialized (as `--emit`,
+    `stagewright run` and the service's launch route give them)."""
+    planned = tiny_plan(schedules)
+    return [
+        c.model_copy(update={"launch": materialize_launch(planned.request, c)})
+        for c in planned.candidates
+    ]
+
+
 def candidates(**match: Any) -> list[Candidate]:
     schedule = match.get("schedule")
     # BPipe is searched beside 1F1B only where 1F1B runs out of memory, which the tiny
     # model never does: ask for it on its own.
     alone = schedule is not None and schedule_family(schedule).memory_fallback_for is not None
-    source = tiny_plan((schedule,)) if alone else tiny_plan()
-    found = [
-        c for c in source.candidates if all(getattr(c.config, k) == v for k, v in match.items())
-    ]
+    source = launched((schedule,)) if alone else launched()
+    found = [c for c in source if all(getattr(c.config, k) == v for k, v in match.items())]
     assert found, f"no candidate with {match}"
     return found
+
+
+@pytest.mark.parametrize("stored", tiny_plan().candidates[:40], ids=lambda c: c.config.schedule)
+def test_a_plan_stores_schedules_by_generator_parameters(stored):
+    """A stored candidate's size does not grow with devices x micro-batches: the schedule
+    is its generator's parameters, the placement its rule, no CSV; materializing gives
+    exactly what building the schedule and placement directly gives."""
+    config = stored.config
+    compact = stored.launch.executor_config
+    assert compact["schedule"] == {
+        "format": SCHEDULE_REFERENCE_FORMAT,
+        "name": config.schedule,
+        "num_devices": config.p,
+        "num_microbatches": config.num_microbatches,
+        "parameters": schedule_family(config.schedule).resolve({}),
+    }
+    assert "ranks" not in compact["placement"] and stored.launch.torch_pipelining_csv is None
+    assignment = compact["placement"]["assignment"]
+    direct = executor_config(
+        tiny_plan().request,
+        config,
+        generate(config.schedule, config.p, config.num_microbatches),
+        place(config.t, config.p, config.d, 4, assignment),
+    )
+    assert materialize_executor_config(compact) == direct
+    assert materialize_executor_config(direct) == direct  # a full config is kept as it is
 
 
 def one_per_schedule() -> list[Candidate]:

@@ -5,16 +5,17 @@ then waits a little for the result. Every process also polls the table: it takes
 whose process died (no heartbeat within the lease, or a process id on this host that no
 longer runs) and picks up queued jobs while it has idle threads. A job in progress when a
 server stops is therefore run again at the next start; a clean shutdown puts its jobs back
-in the queue at once, without counting the interrupted run as an attempt.
+in the queue at once, without counting the interrupted run as an attempt; after
+``job_max_attempts`` interrupted runs a job fails for good.
 
-Planning is CPU-bound pure Python, so threads share one core at a time; N stays small (the
-``planner_threads`` setting) and several server processes scale it out. Threads are daemons:
-a stopping server does not wait for a search it has already handed back to the queue.
+Each planner thread (``planner_threads``) hands its search to a search process of its own
+(``api.jobs.search``): CPU-bound planning never holds the server's interpreter, and a search
+over the wall-clock or memory limit fails with the reason instead of taking the server
+down. The search prices with the profile snapshot the plan was admitted on.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -22,28 +23,22 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
+from api import problems
 from api.core.config import Settings
 from api.core.db import Database, is_unavailable
+from api.jobs.search import Searcher, SearchOutcome
 from api.metrics import Metrics
-from api.problems import problem_body
 from api.store import crud
-from api.store.profiles import SqlProfileStore
-from planner.errors import StagewrightError
-from planner.search import plan
-from planner.specs import Plan, PlanRequest
+from api.store.snapshots import find_snapshot
 
-__all__ = ["JobOutcome", "JobRunner", "Planner", "plan_summary", "worker_name"]
+__all__ = ["JobOutcome", "JobRunner", "plan_summary", "worker_name"]
 
 log = logging.getLogger("stagewright.jobs")
 
-Planner = Callable[[PlanRequest, SqlProfileStore], Plan]
 _STOP = ""  # queue sentinel: not a job id
 
 
@@ -88,13 +83,10 @@ def dead_workers_on_this_host(workers: list[str], me: str) -> list[str]:
     return dead
 
 
-def plan_summary(result: Plan) -> dict[str, Any]:
+def plan_summary(result: dict[str, Any]) -> dict[str, Any]:
     """What GET /v1/plans lists of a finished plan (without loading the whole result)."""
-    best = result.best
-    return {
-        "best_config": None if best is None else best.config.model_dump(mode="json"),
-        "best_predicted": None if best is None else best.predicted.model_dump(mode="json"),
-    }
+    best = result.get("best") or {}
+    return {"best_config": best.get("config"), "best_predicted": best.get("predicted")}
 
 
 class JobRunner:
@@ -106,12 +98,12 @@ class JobRunner:
         database: Database,
         settings: Settings,
         metrics: Metrics,
-        planner: Planner = plan,
+        searcher: Searcher,
     ) -> None:
         self._db = database
         self._settings = settings
         self._metrics = metrics
-        self._planner = planner
+        self._searcher = searcher
         self.worker = worker_name()
         self._queue: queue.Queue[str] = queue.Queue()
         self._lock = threading.Lock()
@@ -126,9 +118,10 @@ class JobRunner:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._searcher.start(self._settings.planner_threads)
         for i in range(self._settings.planner_threads):
             thread = threading.Thread(
-                target=self._work, name=f"stagewright-planner-{i}", daemon=True
+                target=self._work, args=(i,), name=f"stagewright-planner-{i}", daemon=True
             )
             thread.start()
             self._threads.append(thread)
@@ -137,18 +130,20 @@ class JobRunner:
         self._threads.append(poller)
 
     def stop(self) -> None:
-        """Stop taking work and hand running jobs back to the queue. Threads idle or between
-        database calls end within a second; one in the middle of a search is abandoned (it
-        is a daemon and touches the database no more)."""
+        """Stop taking work and hand running jobs back to the queue. A search in progress is
+        stopped (its process killed); threads idle or between database calls end within a
+        second. The claims are taken before the threads end: a thread that stops its
+        search forgets its claim, and a job finished meanwhile is no longer 'running', so
+        releasing it changes nothing."""
         self._stop.set()
         self._wake.set()
+        with self._lock:
+            claims = list(self._running.values())
         for _ in range(self._settings.planner_threads):
             self._queue.put(_STOP)  # wakes idle workers at once
         deadline = time.monotonic() + 2.0
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        with self._lock:
-            claims = list(self._running.values())
         if claims:
             try:
                 with self._db.session() as session:
@@ -161,6 +156,7 @@ class JobRunner:
                 if not future.done():
                     future.set_result(None)
             self._futures.clear()
+        self._searcher.close()
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -187,7 +183,7 @@ class JobRunner:
 
     # -- threads ---------------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, slot: int) -> None:
         while not self._stop.is_set():
             try:
                 job_id = self._queue.get(timeout=0.5)
@@ -199,7 +195,7 @@ class JobRunner:
                 self._busy += 1
             outcome: JobOutcome | None = None
             try:
-                outcome = self._run(job_id)
+                outcome = self._run(slot, job_id)
             except Exception as exc:  # a job must never kill its thread
                 log.exception("job %s: unexpected error outside the search: %s", job_id, exc)
             finally:
@@ -209,25 +205,30 @@ class JobRunner:
                 if future is not None and not future.done():
                     future.set_result(outcome)
 
-    def _run(self, job_id: str) -> JobOutcome | None:
+    def _run(self, slot: int, job_id: str) -> JobOutcome | None:
         if self._stop.is_set():
             return None
         with self._db.session() as session:
             claimed = crud.claim_job(session=session, job_id=job_id, worker=self.worker)
+            snapshot = (
+                None
+                if claimed is None
+                else find_snapshot(session=session, gpu=claimed.gpu, revision=claimed.revision)
+            )
         if claimed is None:
             return None
         with self._lock:
             self._running[job_id] = claimed.claim
         started = time.perf_counter()
         try:
-            result, error = self._search(claimed)
+            result, error = self._search(slot, claimed, snapshot)
             if self._stop.is_set():  # stop() has handed the job back to the queue
                 return None
             with self._db.session() as session:
                 stored = crud.finish_job(
                     session=session,
                     claimed=claimed,
-                    result=None if result is None else _as_json(result),
+                    result=result,
                     summary=None if result is None else plan_summary(result),
                     error=error,
                 )
@@ -246,42 +247,30 @@ class JobRunner:
         self._metrics.job_finished(status, time.perf_counter() - started)
         return JobOutcome(plan_id=claimed.plan_id, status=status)
 
-    def _search(self, claimed: crud.Claimed) -> tuple[Plan | None, dict[str, Any] | None]:
+    def _search(
+        self, slot: int, claimed: crud.Claimed, snapshot: Any
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The plan's JSON, or the problem to store on the plan instead."""
         instance = f"/v1/plans/{claimed.plan_id}"
-        try:
-            request = PlanRequest.model_validate(claimed.request)
-            store = SqlProfileStore(self._db.sessions)
-            result = self._planner(request, store)
-        except StagewrightError as exc:
-            return None, problem_body(
-                422, "invalid-input", str(exc), title="Request cannot be planned", instance=instance
+        if snapshot is None:
+            return None, problems.search_refused_body(
+                f"the profiles of revision {claimed.revision} of {claimed.gpu!r} this plan "
+                "was admitted on are gone; submit the request again",
+                instance,
             )
-        except ValidationError as exc:  # a stored request that no longer validates
-            return None, problem_body(
-                422,
-                "invalid-input",
-                f"the stored request is not valid for this version of stagewright: "
-                f"{exc.errors()[0]['msg']}; submit it again",
-                title="Request cannot be planned",
-                instance=instance,
-            )
-        except Exception as exc:
-            if is_unavailable(exc):
-                raise
-            error_id = uuid.uuid4().hex[:12]
-            log.exception(
-                "job %s (plan %s) failed: error id %s", claimed.job_id, claimed.plan_id, error_id
-            )
-            return None, problem_body(
-                500,
-                "internal-error",
-                f"the planner failed on this request; this is a bug, not your input. Report it "
-                f"with error id {error_id} (the server log has the details)",
-                title="Internal server error",
-                instance=instance,
-                error_id=error_id,
-            )
-        return result.model_copy(update={"id": claimed.plan_id}), None
+        outcome: SearchOutcome = self._searcher.search(slot, claimed.request, snapshot, self._stop)
+        if outcome.kind == "done" and outcome.plan is not None:
+            return {**outcome.plan, "id": claimed.plan_id}, None
+        if outcome.kind == "refused":
+            return None, problems.search_refused_body(outcome.detail, instance)
+        if outcome.kind == "limit":
+            log.warning("job %s (plan %s): %s", claimed.job_id, claimed.plan_id, outcome.detail)
+            return None, problems.search_over_limit_body(outcome.detail, instance)
+        if outcome.kind == "stopped":
+            return None, None  # not stored: stop() has put the job back in the queue
+        error_id = uuid.uuid4().hex[:12]
+        log.error("job %s (plan %s) failed: error id %s", claimed.job_id, claimed.plan_id, error_id)
+        return None, problems.search_bug_body(error_id, instance)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -305,6 +294,7 @@ class JobRunner:
                 session=session,
                 lease_s=self._settings.job_lease_s,
                 max_attempts=self._settings.job_max_attempts,
+                interrupted=problems.search_interrupted_body,
                 dead_workers=dead,
             )
             if requeued or failed:
@@ -316,10 +306,3 @@ class JobRunner:
                 return
             for job_id in crud.queued_job_ids(session=session, limit=idle, exclude=mine):
                 self.submit(job_id)
-
-
-def _as_json(result: Plan) -> dict[str, Any]:
-    # Through pydantic's JSON encoder, so non-finite floats become null (valid JSON on every
-    # backend) exactly as any client would see them.
-    data: dict[str, Any] = json.loads(result.model_dump_json())
-    return data

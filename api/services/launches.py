@@ -1,0 +1,40 @@
+"""A candidate's complete launch artefacts, materialized from the plan's compact form."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from api import problems
+from api.services import read_retried
+from api.services.plans import load_done_plan, ranked_candidate
+from planner.launch import materialize_launch
+from planner.schedules import schedule_actions
+from planner.specs import Candidate, PlanRequest
+
+if TYPE_CHECKING:
+    from api.state import AppState
+
+__all__ = ["candidate_launch"]
+
+
+@read_retried
+def candidate_launch(state: AppState, plan_id: str, candidate: int) -> bytes:
+    """The executor config with every action and rank, the torchrun lines, Megatron-LM's
+    arguments and torch.distributed.pipelining's CSV of candidate ``candidate``; refused
+    (413) when its schedule has more actions than this server materializes in one answer.
+    As JSON bytes: encoded on this thread, not the event loop."""
+    with state.database.session() as session:
+        record = load_done_plan(session, plan_id, "ask for its launch artefacts")
+        result = record.result or {}
+    chosen = Candidate.model_validate(ranked_candidate(record, candidate))
+    config = chosen.config
+    actions = schedule_actions(config.schedule, config.p, config.num_microbatches)
+    limit = state.settings.max_launch_actions
+    if actions > limit:
+        raise problems.too_costly(
+            f"candidate {candidate}'s schedule has about {actions:,} actions, more than the "
+            f"{limit:,} this server materializes in one answer; run `stagewright plan "
+            "--emit DIR` on the request to write its launch artefacts locally"
+        )
+    launch = materialize_launch(PlanRequest.model_validate(result["request"]), chosen)
+    return launch.model_dump_json().encode()

@@ -1,0 +1,60 @@
+"""`stagewright simulate` over HTTP: generate one schedule and price it, within limits."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from api.limits import check_simulate_request
+from api.schemas import SimulateRequest, SimulateResult
+from planner.schedules import Schedule, generate, schedule_family
+from planner.simulate import Durations, simulate
+
+if TYPE_CHECKING:
+    from api.state import AppState
+
+__all__ = ["simulate_schedule"]
+
+
+# Request fields that are generator parameters of the families that take them.
+_PARAMETER_FIELDS = ("num_chunks", "num_batches")
+
+
+@lru_cache(maxsize=32)
+def _schedule(
+    name: str, devices: int, microbatches: int, parameters: tuple[tuple[str, float], ...]
+) -> Schedule:
+    """Generated schedules are immutable; the same shape is asked for again and again
+    (the limits keep each one small, so 32 of them are a few megabytes at most)."""
+    return generate(name, devices, microbatches, check=False, **dict(parameters))
+
+
+def _parameters(body: SimulateRequest) -> tuple[tuple[str, float], ...]:
+    """The generator parameters the request sets: those it gives (a family that does not
+    take one refuses it) and the defaults of the schema's fields the family takes."""
+    family = schedule_family(body.schedule)
+    return tuple(
+        (name, getattr(body, name))
+        for name in _PARAMETER_FIELDS
+        if name in body.model_fields_set or family.has_parameter(name)
+    )
+
+
+def _times(value: float | list[float]) -> float | tuple[float, ...]:
+    return value if isinstance(value, float | int) else tuple(value)
+
+
+def simulate_schedule(state: AppState, body: SimulateRequest) -> SimulateResult:
+    """The contract JSON of ``stagewright simulate --json``, after the request's work (the
+    schedule built and simulated) is checked against the server's limits."""
+    check_simulate_request(body, state.settings)
+    schedule = _schedule(body.schedule, body.num_devices, body.num_microbatches, _parameters(body))
+    durations = Durations(
+        forward=_times(body.forward),
+        backward=_times(body.backward),
+        weight=_times(body.weight),
+        comm=body.comm,
+        transfer=body.transfer,
+        overlap_transfers=body.overlap_transfers,
+    )
+    return SimulateResult.model_validate(simulate(schedule, durations).to_contract())

@@ -1,0 +1,147 @@
+"""A candidate's timeline: generated on demand, bounded, cached, priced as the plan was.
+
+The timeline is simulated from the profiles the plan was priced with (its snapshot, not
+today's profiles), drawn action by action only when the schedule is small enough
+(``max_timeline_actions``), else summarised per device; a request can ask for a time window
+and a number of actions, and gets at most ``limit`` of them with where to continue. The
+result is kept per (plan, candidate) in a bounded in-process cache: a plan never changes
+once done, so a second look costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from api import problems
+from api.services.plans import load_done_plan, ranked_candidate
+from api.store.snapshots import find_snapshot
+from planner.search.timeline import candidate_timeline
+from planner.specs import CandidateConfig, PlanRequest
+
+if TYPE_CHECKING:
+    from api.state import AppState
+
+__all__ = ["TimelineCache", "TimelineWindow", "plan_timeline", "plan_timeline_json"]
+
+_CACHE_ACTIONS = 1_000_000  # actions kept over every cached timeline of one process
+
+
+class TimelineCache:
+    """Timelines by (plan id, candidate), least recently used first out, at most
+    ``capacity`` actions in all."""
+
+    def __init__(self, capacity: int = _CACHE_ACTIONS) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[str, int], timeline: dict[str, Any]) -> None:
+        size = _weight(timeline)
+        if size > self.capacity:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = timeline
+            self._size += size
+            while self._size > self.capacity:
+                _, dropped = self._items.popitem(last=False)
+                self._size -= _weight(dropped)
+
+    def forget(self, plan_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._items if k[0] == plan_id]:
+                self._size -= _weight(self._items.pop(key))
+
+
+def _weight(timeline: dict[str, Any]) -> int:
+    return 1 + sum(len(d.get("actions", ())) for d in timeline["devices"])
+
+
+@dataclass(frozen=True)
+class TimelineWindow:
+    """Which part of an action timeline to answer: actions overlapping [start_s, end_s],
+    at most ``limit`` of them (earliest first)."""
+
+    start_s: float = 0.0
+    end_s: float | None = None
+    limit: int = 20_000
+
+
+def plan_timeline(
+    state: AppState, plan_id: str, candidate: int, window: TimelineWindow
+) -> dict[str, Any]:
+    """The timeline of candidate ``candidate`` (0 = best) of a done plan, windowed."""
+    key = (plan_id, candidate)
+    timeline = state.timelines.get(key)
+    if timeline is None:
+        timeline = _compute(state, plan_id, candidate)
+        state.timelines.put(key, timeline)
+    return _windowed(timeline, window)
+
+
+def plan_timeline_json(
+    state: AppState, plan_id: str, candidate: int, window: TimelineWindow
+) -> bytes:
+    """:func:`plan_timeline` as JSON bytes (encoded on this thread, not the event loop)."""
+    return json.dumps(plan_timeline(state, plan_id, candidate, window)).encode()
+
+
+def _compute(state: AppState, plan_id: str, candidate: int) -> dict[str, Any]:
+    with state.database.session() as session:
+        record = load_done_plan(session, plan_id, "ask for its timeline")
+        chosen = ranked_candidate(record, candidate)
+        snapshot = find_snapshot(session=session, gpu=record.gpu, revision=record.hardware_revision)
+        request = PlanRequest.model_validate(record.result["request"])  # type: ignore[index]
+        config = CandidateConfig.model_validate(chosen["config"])
+    if snapshot is None:
+        raise problems.ApiProblem(
+            410,
+            "profiles-gone",
+            f"plan {plan_id} was priced with revision {record.hardware_revision} of "
+            f"{record.gpu!r}, made before this server kept the profiles of each revision, "
+            "and the profile has changed since; submit the request again for a timeline",
+            title="Profiles no longer available",
+        )
+    timeline = candidate_timeline(
+        request, config, snapshot.store(), max_work=state.settings.max_timeline_actions
+    )
+    timeline["profiles"] = {"gpu": snapshot.gpu, "revision": snapshot.revision}
+    return timeline
+
+
+def _windowed(timeline: dict[str, Any], window: TimelineWindow) -> dict[str, Any]:
+    if timeline["mode"] != "actions":
+        return timeline
+    end = math.inf if window.end_s is None else window.end_s
+    selected: list[tuple[float, int, list[Any]]] = []
+    for device in timeline["devices"]:
+        for action in device["actions"]:
+            if action[4] >= window.start_s and action[3] <= end:
+                selected.append((action[3], device["device"], action))
+    selected.sort(key=lambda item: (item[0], item[1]))
+    kept = selected[: window.limit]
+    devices: list[dict[str, Any]] = [
+        {"device": d["device"], "actions": []} for d in timeline["devices"]
+    ]
+    for _, device, action in kept:
+        devices[device]["actions"].append(action)
+    answer = {key: value for key, value in timeline.items() if key != "devices"}
+    answer["devices"] = devices
+    answer["window"] = {"start_s": window.start_s, "end_s": window.end_s}
+    answer["truncated"] = len(selected) > len(kept)
+    answer["next_start_s"] = selected[len(kept)][0] if answer["truncated"] else None
+    return answer

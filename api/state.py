@@ -1,0 +1,61 @@
+"""What one application instance owns, and how routes hand blocking work to threads.
+
+Routes are ``async def`` and do no blocking work themselves: every use case in
+``api/services/`` that touches the database or computes runs through :func:`offload`, on a
+bounded pool of threads, and is given up on (503) after ``request_timeout_s``. So the event
+loop stays free for ``/healthz`` and every other request, whatever the database does.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from api.core.config import Settings
+from api.core.db import Database
+from api.jobs.runner import JobRunner
+from api.metrics import Metrics
+from api.problems import server_busy
+from api.services.health import HealthProbe
+from api.services.timelines import TimelineCache
+
+__all__ = ["AppState", "offload"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass
+class AppState:
+    """One application's settings, database, metrics, job runner, caches and threads."""
+
+    settings: Settings
+    database: Database
+    metrics: Metrics
+    runner: JobRunner
+    health: HealthProbe
+    timelines: TimelineCache = field(default_factory=TimelineCache)
+    threads: anyio.CapacityLimiter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.threads = anyio.CapacityLimiter(self.settings.request_threads)
+
+
+async def offload(state: AppState, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``fn`` on one of the state's threads; 503 if it has not answered within
+    ``request_timeout_s`` (the thread is abandoned: the database watchdog frees it)."""
+    limit = state.settings.request_timeout_s
+    try:
+        with anyio.fail_after(limit):
+            return await anyio.to_thread.run_sync(
+                functools.partial(fn, *args, **kwargs),
+                limiter=state.threads,
+                abandon_on_cancel=True,
+            )
+    except TimeoutError:
+        raise server_busy(limit) from None
