@@ -9,7 +9,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from api.core.config import Settings
-from api.core.db import Database
+from api.core.db import Database, migration_connection
 from api.store.models import Base
 
 config = context.config
@@ -51,7 +51,7 @@ def run_migrations_online() -> None:
         return
     database = Database(Settings.from_env().database_url)
     try:
-        with database.engine.connect() as conn:
+        with migration_connection(database) as conn:
             _configure(conn)
             with context.begin_transaction():
                 context.run_migrations()

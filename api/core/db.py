@@ -43,6 +43,7 @@ __all__ = [
     "describe_url",
     "is_unavailable",
     "migrate",
+    "migration_connection",
     "normalize_url",
     "wait_for_database",
 ]
@@ -344,13 +345,37 @@ def alembic_config() -> Any:
     return config
 
 
+@contextmanager
+def migration_connection(database: Database) -> Iterator[Connection]:
+    """A connection to run migrations on. On SQLite, foreign keys are off while it is
+    open: a batch migration rebuilds a table (copy, drop, rename), and with them on,
+    dropping a parent table would delete its children's rows on the way (links and layer
+    points of ``hardware``, jobs and measurements of ``plans``). They are checked after."""
+    with database.engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        raw: Any = conn.connection.driver_connection
+        if sqlite:  # outside any transaction, where the pragma takes effect
+            raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            yield conn
+        finally:
+            if sqlite:
+                broken = raw.execute("PRAGMA foreign_key_check").fetchall()
+                raw.execute("PRAGMA foreign_keys=ON")
+                if broken:
+                    raise SettingsError(
+                        f"the migration left {len(broken)} row(s) whose parent is missing "
+                        f"(first: {tuple(broken[0])}); restore the database from a backup"
+                    )
+
+
 def migrate(database: Database, revision: str = "head") -> None:
     """Upgrade the schema to ``revision``. On PostgreSQL an advisory lock makes concurrent
     starts (several replicas) migrate one after the other instead of colliding."""
     from alembic import command
 
     config = alembic_config()
-    with database.engine.begin() as conn:
+    with migration_connection(database) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             conn.execute(select(func.pg_advisory_xact_lock(_MIGRATION_LOCK_KEY)))
         config.attributes["connection"] = conn

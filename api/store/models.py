@@ -192,7 +192,7 @@ class PlanRecord(Base):
     __table_args__ = (
         Index("ix_plans_request_hash_status", "request_hash", "status"),
         Index("ix_plans_created_at", "created_at"),
-        UniqueConstraint("dedup_key", name="uq_plans_dedup_key"),
+        Index("uq_plans_dedup_key", "dedup_key", unique=True),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)

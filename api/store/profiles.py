@@ -22,6 +22,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from api.store.models import CommProfile, Hardware, LayerProfile, utcnow
 from planner.profiles import (
@@ -267,6 +269,9 @@ def _bump(session: Session, gpu: str, report: WriteReport) -> None:
     )
     if revision is None:  # pragma: no cover - callers check the hardware exists first
         raise UnknownHardwareError(f"unknown GPU {gpu!r}")
+    loaded = session.identity_map.get(identity_key(Hardware, gpu))
+    if loaded is not None:  # the row this session holds shows the stored revision
+        set_committed_value(loaded, "revision", int(revision))
     report.bumped.add(gpu)
     report.revisions[gpu] = int(revision)
 

@@ -36,10 +36,9 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("gpu", "revision"),
     )
-    with op.batch_alter_table("plans") as batch:
-        batch.add_column(sa.Column("dedup_key", sa.String(length=64), nullable=True))
-        batch.add_column(sa.Column("created_by", sa.String(length=64), nullable=True))
-        batch.create_unique_constraint("uq_plans_dedup_key", ["dedup_key"])
+    # Nullable columns and an index: ALTER TABLE on both backends, no table rebuild.
+    op.add_column("plans", sa.Column("dedup_key", sa.String(length=64), nullable=True))
+    op.add_column("plans", sa.Column("created_by", sa.String(length=64), nullable=True))
     plans = sa.table(
         "plans",
         sa.column("id", sa.String),
@@ -61,11 +60,12 @@ def upgrade() -> None:
             chosen[digest] = (rank, plan_id)
     for digest, (_, plan_id) in chosen.items():
         conn.execute(sa.update(plans).where(plans.c.id == plan_id).values(dedup_key=digest))
+    op.create_index("uq_plans_dedup_key", "plans", ["dedup_key"], unique=True)
 
 
 def downgrade() -> None:
+    op.drop_index("uq_plans_dedup_key", table_name="plans")
     with op.batch_alter_table("plans") as batch:
-        batch.drop_constraint("uq_plans_dedup_key", type_="unique")
         batch.drop_column("created_by")
         batch.drop_column("dedup_key")
     op.drop_table("profile_snapshots")

@@ -3,6 +3,7 @@ load idempotently, the SQL profile store plans like the JSON one, and jobs are c
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import column as sa_column
 from sqlalchemy import create_engine, inspect, select, text, update
+from sqlalchemy import table as sa_table
 
 from api.core.db import Database, alembic_config, migrate
 from api.problems import search_interrupted_body
@@ -323,29 +326,82 @@ def test_migrating_copies_plan_measurements_into_measured_runs(empty_database_ur
                 origin="bundled",
                 report=WriteReport(),
             )
-            record, _ = crud.create_plan(
-                session=session,
-                request=request.model_dump(mode="json"),
-                request_hash="h",
-                model_name="tiny",
-                gpu="cpu",
-                num_gpus=request.cluster.num_gpus,
-                method="grid",
-                hardware_revision=1,
-                warnings=[],
-            )
-            record.status, record.result = "done", result.model_dump(mode="json")
             session.commit()
-            measurement = crud.create_measurement(
-                session=session,
-                plan_id=record.id,
-                candidate=1,
-                step_time_s=0.25,
-                peak_activation_bytes=[],
-                predicted_iteration_time_s=None,
-                data={},
+        # Rows as that revision's schema has them (the models describe the newest).
+        plans = sa_table(
+            "plans",
+            *(
+                sa_column(name)
+                for name in (
+                    "id",
+                    "request_hash",
+                    "request",
+                    "status",
+                    "result",
+                    "summary",
+                    "error",
+                    "warnings",
+                    "model_name",
+                    "gpu",
+                    "num_gpus",
+                    "method",
+                    "hardware_revision",
+                    "created_at",
+                    "updated_at",
+                    "finished_at",
+                )
+            ),
+        )
+        measurements = sa_table(
+            "measurements",
+            *(
+                sa_column(name)
+                for name in (
+                    "plan_id",
+                    "candidate",
+                    "step_time_s",
+                    "peak_activation_bytes",
+                    "predicted_iteration_time_s",
+                    "data",
+                    "created_at",
+                )
+            ),
+        )
+        plan_id, now = "a" * 32, utcnow().replace(tzinfo=None)
+        with database.engine.begin() as conn:
+            conn.execute(
+                plans.insert().values(
+                    id=plan_id,
+                    request_hash="h",
+                    request=json.dumps(request.model_dump(mode="json")),
+                    status="done",
+                    result=result.model_dump_json(),
+                    summary="null",
+                    error="null",
+                    warnings="[]",
+                    model_name="tiny",
+                    gpu="cpu",
+                    num_gpus=request.cluster.num_gpus,
+                    method="grid",
+                    hardware_revision=1,
+                    created_at=now,
+                    updated_at=now,
+                    finished_at=now,
+                )
             )
-            plan_id, measurement_id = record.id, measurement.id
+            measurement_id = conn.execute(
+                measurements.insert()
+                .values(
+                    plan_id=plan_id,
+                    candidate=1,
+                    step_time_s=0.25,
+                    peak_activation_bytes="[]",
+                    predicted_iteration_time_s=None,
+                    data="{}",
+                    created_at=now,
+                )
+                .returning(sa_column("id"))
+            ).scalar_one()
         migrate(database, "head")
         with database.session() as session:
             (row,) = session.scalars(select(MeasuredRunRecord))
@@ -357,5 +413,74 @@ def test_migrating_copies_plan_measurements_into_measured_runs(empty_database_ur
         assert candidate_config(run) == result.candidates[1].config
         assert run.source == f"executor run of plan {plan_id}, candidate 1"
         assert row.fingerprint == fingerprint(run)
+    finally:
+        database.dispose()
+
+
+def test_upgrading_a_filled_database_loses_no_row(empty_database_url):
+    """A store with profiles, a plan, its job and a measurement, upgraded from the first
+    revision to the newest: every row is still there (SQLite's batch migrations rebuild
+    tables; with foreign keys on, dropping a parent would delete its children)."""
+    database = Database(empty_database_url)
+    tables = ("hardware", "comm_profiles", "layer_profiles", "plans", "jobs", "measurements")
+    try:
+        migrate(database, "0001")
+        now = utcnow().replace(tzinfo=None)
+        with database.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO hardware VALUES ('gpu-x', '', '{\"bf16\": 1e14}', 80, 76, 2000, "
+                    "'', 'api', 3, :now, :now)"
+                ),
+                {"now": now},
+            )
+            for scope in ("intra_node", "inter_node"):
+                conn.execute(
+                    text(
+                        "INSERT INTO comm_profiles (gpu, scope, kind, bandwidth_gbps, latency_us,"
+                        " source, origin, updated_at) VALUES ('gpu-x', :s, 'k', 1, 1, '', 'api',"
+                        " :now)"
+                    ),
+                    {"s": scope, "now": now},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO layer_profiles (gpu, precision, hidden_size, num_attention_heads,"
+                    " ffn_hidden_size, seq_length, micro_batch_size, t, recompute,"
+                    " sequence_parallel, flash_attention, forward_ms, backward_ms, weight_ms,"
+                    " activation_bytes, includes_tp_comm, source, origin, created_at, updated_at)"
+                    " VALUES ('gpu-x', 'bf16', 64, 2, 256, 16, 1, 1, 'none', false, false, 1, 2,"
+                    " NULL, NULL, true, '', 'api', :now, :now)"
+                ),
+                {"now": now},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO plans VALUES ('p1', 'h', '{}', 'done', NULL, NULL, NULL, '[]',"
+                    " 'm', 'gpu-x', 8, 'grid', 3, :now, :now, :now)"
+                ),
+                {"now": now},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, plan_id, kind, status, attempts, created_at)"
+                    " VALUES ('j1', 'p1', 'plan', 'done', 1, :now)"
+                ),
+                {"now": now},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO measurements (plan_id, candidate, step_time_s,"
+                    " peak_activation_bytes, predicted_iteration_time_s, data, created_at)"
+                    " VALUES ('p1', 0, 1.5, '[]', NULL, '{}', :now)"
+                ),
+                {"now": now},
+            )
+        migrate(database, "head")
+        with database.engine.connect() as conn:
+            counts = {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar() for t in tables}
+            dedup = conn.execute(text("SELECT dedup_key FROM plans")).scalar()
+        assert counts == dict.fromkeys(tables, 1) | {"comm_profiles": 2}
+        assert dedup == "h"  # the done plan keeps answering its request
     finally:
         database.dispose()
