@@ -35,6 +35,8 @@ __all__ = [
     "compute_from_dict",
     "default_store",
     "extra_profile_dirs",
+    "hardware_from_dict",
+    "hardware_to_dict",
     "point_to_dict",
     "save_point",
 ]
@@ -312,6 +314,36 @@ def hardware_from_dict(entry: dict[str, object]) -> HardwareProfile:
         else CalibrationRecord.from_dict(entry["calibration"]),
         compute=compute_from_dict(entry.get("compute")),
     )
+
+
+def hardware_to_dict(profile: HardwareProfile) -> dict[str, object]:
+    """A hardware profile as one entry of a ``hardware.json`` file: what
+    :func:`hardware_from_dict` reads back into an equal profile (a test checks every field
+    round-trips, so a field added to the profile must be added here)."""
+
+    def link(value: Link) -> dict[str, object]:
+        return {
+            "kind": value.kind,
+            "bandwidth_gbps": value.bandwidth_gbps,
+            "latency_us": value.latency_us,
+        }
+
+    return {
+        "name": profile.name,
+        "description": profile.description,
+        "peak_flops": dict(profile.peak_flops),
+        "memory_gib": profile.memory_gib,
+        "usable_memory_gib": profile.usable_memory_gib,
+        "memory_bandwidth_gbps": profile.memory_bandwidth_gbps,
+        "intra_node": link(profile.intra_node),
+        "inter_node": link(profile.inter_node),
+        "source": profile.source,
+        "parameters": dict(profile.parameters),
+        "calibration": None
+        if profile.calibration is None
+        else profile.calibration.model_dump(mode="json"),
+        "compute": None if profile.compute is None else profile.compute.to_dict(),
+    }
 
 
 def compute_from_dict(value: object) -> ComputeUnits | None:

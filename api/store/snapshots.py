@@ -9,7 +9,6 @@ profile moved on, and a profile edited while a search waits cannot leak into it.
 
 from __future__ import annotations
 
-import dataclasses
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -19,7 +18,7 @@ from sqlalchemy.orm import Session
 from api.profile_snapshot import Snapshot
 from api.store.models import Hardware, LayerProfile, ProfileSnapshot, utcnow
 from api.store.profiles import hardware_profile, layer_point, require_hardware
-from planner.profiles import point_to_dict
+from planner.profiles import hardware_to_dict, point_to_dict
 
 __all__ = ["Snapshot", "find_snapshot", "snapshot_current"]
 
@@ -79,6 +78,6 @@ def _current(session: Session, row: Hardware) -> Snapshot:
     return Snapshot(
         gpu=row.name,
         revision=row.revision,
-        hardware=dataclasses.asdict(hardware_profile(row, session)),
+        hardware=hardware_to_dict(hardware_profile(row, session)),
         layer_points=[point_to_dict(layer_point(p)) for p in points],
     )

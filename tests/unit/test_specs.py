@@ -215,3 +215,18 @@ def test_the_contract_example_request_parses():
     assert request.model.name == "gpt3-96b"
     assert request.cluster.num_gpus == 32
     assert request.search.schedules == ["1f1b", "bpipe"]
+
+
+def test_every_hardware_profile_field_round_trips_through_its_dict():
+    """What a plan's profile snapshot stores is the whole profile: hardware_to_dict writes
+    every field, and hardware_from_dict reads back an equal profile."""
+    import dataclasses
+
+    from planner.profiles import default_store, hardware_from_dict, hardware_to_dict
+
+    store = default_store()
+    for name in store.hardware_names():
+        profile = store.hardware(name)
+        written = hardware_to_dict(profile)
+        assert set(written) == {f.name for f in dataclasses.fields(profile)}
+        assert hardware_from_dict(written) == profile
