@@ -9,7 +9,6 @@ profile moved on, and a profile edited while a search waits cannot leak into it.
 
 from __future__ import annotations
 
-
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
