@@ -32,7 +32,8 @@ from planner.specs import (  # noqa: E402
     TrainingSpec,
 )
 
-DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "shared" / "papers" / "bpipe_table7.json"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TABLE = ROOT.parent / "shared" / "papers" / "bpipe_table7.json"
 GPU = "a100-sxm-80g"
 GPUS_PER_NODE = 8
 SEQ_LENGTH = 2048

@@ -32,6 +32,7 @@ from planner.costmodel.evaluate import (
     price,
     split_layers,
 )
+from planner.costmodel.layer_ops import fused_softmax_available
 from planner.costmodel.memory import GIB
 from planner.costmodel.timing import time_provenance
 from planner.launch import compact_executor_config, megatron_args, torchrun_commands
@@ -385,7 +386,7 @@ def _candidate(
         predicted=predicted,
         launch=launch,
         breakdown=_breakdown(priced),
-        notes=_notes(priced),
+        notes=_notes(ctx, priced),
         refinement=refinement,
     )
 
@@ -442,11 +443,32 @@ def _transfer_note(transfer: float, forward: float, backward: float) -> str:
     return f"{head}: longer than (F + B) / 2 as well, so it stretches the step (Appendix B)"
 
 
-def _notes(priced: Priced) -> list[str]:
+def _softmax_fallback_note(ctx: PlanContext, config: CandidateConfig) -> str | None:
+    """Megatron's fused softmax needs b x a/t attention batches in multiples of 4 (and
+    16 < s <= 4096, 16-bit); elsewhere its fp32 fallback makes five passes over the scores
+    each way: why BPipe Table 7's 1F1B rows with selective recompute ran at 36-40% MFU."""
+    r = ctx.request
+    if r.training.flash_attention or fused_softmax_available(
+        r.model, r.training, config.micro_batch_size, config.t
+    ):
+        return None
+    batches = config.micro_batch_size * r.model.num_attention_heads // config.t
+    return (
+        f"Megatron's fused softmax cannot run here ({batches} attention batches per rank, "
+        "not a multiple of 4, or a sequence or precision it does not take): its fp32 "
+        "fallback is priced; a micro-batch or tensor-parallel degree that makes "
+        "b x heads / t a multiple of 4, or flash attention, avoids it"
+    )
+
+
+def _notes(ctx: PlanContext, priced: Priced) -> list[str]:
     est = priced.estimate
     config = est.config
     costs = est.costs
     notes = [f"layer times: {costs.layer.source}"]
+    fallback = _softmax_fallback_note(ctx, config)
+    if fallback:
+        notes.append(fallback)
     if schedule_family(config.schedule).transfers:
         notes.append(_transfer_note(costs.transfer_s, costs.forward[0], costs.backward[0]))
     if priced.data_parallel_s > 0:

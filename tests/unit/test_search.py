@@ -414,3 +414,29 @@ def test_bpipe_transfer_notes_follow_appendix_b():
     relaxed = _transfer_note(0.025, 0.020, 0.040)
     assert "(F + B) / 2 = 30.00 ms" in relaxed and "Eqs. 10-12" in relaxed
     assert "stretches the step" in _transfer_note(0.035, 0.020, 0.040)
+
+
+def test_a_candidate_says_when_megatrons_fused_softmax_cannot_run():
+    from planner.costmodel import PlanContext
+    from planner.search.grid import _softmax_fallback_note
+
+    r = example("gpt3-96b-32xa100.json")  # 104 heads
+    ctx = PlanContext.from_store(r, default_store())
+
+    def config(t: int, mb: int) -> CandidateConfig:
+        p = 32 // t
+        return CandidateConfig(
+            t=t,
+            p=p,
+            d=1,
+            micro_batch_size=mb,
+            num_microbatches=128 // mb,
+            recompute="selective",
+            schedule="1f1b",
+            layers_per_stage=[80 // p] * p,
+        )
+
+    note = _softmax_fallback_note(ctx, config(8, 1))  # 13 attention batches per rank
+    assert note is not None and "13 attention batches" in note
+    assert _softmax_fallback_note(ctx, config(8, 4)) is None  # 52
+    assert _softmax_fallback_note(ctx, config(4, 2)) is None  # 52
