@@ -20,7 +20,13 @@ from api.cli_measurements import add_measurement_commands
 from api.cli_regress import add_regress_command
 from api.render import render_plan
 from planner.errors import StagewrightError, validation_problems
-from planner.schedules import SCHEDULE_NAMES, format_timeline, generate, schedule_family
+from planner.schedules import (
+    SCHEDULE_NAMES,
+    PassTimes,
+    format_timeline,
+    generate,
+    schedule_family,
+)
 from planner.search import plan
 from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import PlanRequest
@@ -28,7 +34,11 @@ from planner.specs import PlanRequest
 __all__ = ["main"]
 
 # ``stagewright simulate`` flags that set a schedule family's generator parameter.
-_PARAMETER_FLAGS = {"chunks": "num_chunks", "batches": "num_batches"}
+_PARAMETER_FLAGS = {
+    "chunks": "num_chunks",
+    "batches": "num_batches",
+    "memory_limit": "memory_limit",
+}
 
 
 def _times(text: str) -> float | list[float]:
@@ -103,6 +113,14 @@ def _build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="batches run without a flush, for schedules that take num_batches (2bw; default 2)",
+    )
+    sim.add_argument(
+        "--memory-limit",
+        type=float,
+        default=None,
+        metavar="X",
+        help="activation memory limit as a fraction of 1F1B's peak, for schedules that take "
+        "one (v-adaptive, zb-adaptive; zb-adaptive at 1 is ZB-1P, at 2 ZB-2P)",
     )
     sim.add_argument("--width", type=int, default=100, help="columns of the text timeline")
     sim.add_argument("--json", action="store_true", help="print the contract's JSON")
@@ -190,13 +208,28 @@ def _simulate(args: argparse.Namespace) -> int:
     family = schedule_family(args.schedule)
     for flag, parameter in _PARAMETER_FLAGS.items():
         if parameter in given and not family.has_parameter(parameter):
-            takes = [f"--{f}" for f, p in _PARAMETER_FLAGS.items() if family.has_parameter(p)]
+            takes = [_flag(f) for f, p in _PARAMETER_FLAGS.items() if family.has_parameter(p)]
             raise StagewrightError(
-                f"--{flag} does not apply to {args.schedule}"
+                f"{_flag(flag)} does not apply to {args.schedule}"
                 + (f" (it takes {', '.join(takes)})" if takes else " (it takes no parameter)")
                 + "; leave it out"
             )
-    schedule = generate(args.schedule, args.devices, args.microbatches, check=False, **given)
+    for flag, parameter in _PARAMETER_FLAGS.items():
+        needed = [p for p in family.parameters if p.name == parameter and p.default is None]
+        if needed and parameter not in given:
+            raise StagewrightError(
+                f"{args.schedule} needs {_flag(flag)}: {needed[0].description[0].lower()}"
+                f"{needed[0].description[1:]}"
+            )
+    times = PassTimes(
+        forward=_stage_times(args.f),
+        backward=_stage_times(args.b),
+        weight=_stage_times(args.w),
+        comm=args.comm,
+    )
+    schedule = generate(
+        args.schedule, args.devices, args.microbatches, check=False, times=times, **given
+    )
     durations = Durations(
         forward=args.f,
         backward=args.b,
@@ -211,6 +244,14 @@ def _simulate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_describe(result, args.width) + "\n")
     return 0
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _stage_times(value: float | list[float]) -> float | tuple[float, ...]:
+    return value if isinstance(value, float | int) else tuple(value)
 
 
 def _describe(result: SimulationResult, width: int) -> str:

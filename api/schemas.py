@@ -411,6 +411,13 @@ class SimulateRequest(_ApiModel):
     num_batches: int = Field(
         default=2, ge=1, le=16, description="Batches a 2bw schedule runs without a flush."
     )
+    memory_limit: float | None = Field(
+        default=None,
+        gt=0,
+        le=64,
+        description="Activation memory limit as a fraction of 1F1B's peak, for schedules that "
+        "take one (v-adaptive, zb-adaptive: ZB-1P at 1, ZB-2P at 2).",
+    )
 
 
 class DeviceTiming(_ApiModel):
@@ -468,4 +475,7 @@ class ScheduleFamilyPublic(_ApiModel):
         default=None,
         description="The family this one saves memory for: the search considers it only "
         "where that family runs out of memory with the same configuration.",
+    )
+    uses_pass_times: bool = Field(
+        description="The generator searches for the fastest order under the pass times given."
     )

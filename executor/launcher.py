@@ -88,6 +88,7 @@ def _request_and_config(data: dict[str, Any]) -> tuple[PlanRequest, CandidateCon
         num_microbatches=m,
         recompute=data.get("recompute", "none"),
         schedule=data["schedule"]["name"],
+        memory_limit=data["schedule"].get("meta", {}).get("memory_limit"),
         layers_per_stage=[b - a for a, b in data["stage_layers"]],
     )
     return request, config

@@ -12,10 +12,11 @@ IR that was simulated.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from planner.placement import Placement, place
-from planner.schedules import ActionKind, Schedule, generate, schedule_family
+from planner.schedules import MEMORY_LIMIT, ActionKind, Schedule, generate, schedule_family
 from planner.specs import Candidate, CandidateConfig, Launch, PlanRequest
 
 __all__ = [
@@ -75,17 +76,24 @@ def _placement_json(placement: Placement) -> dict[str, Any]:
     }
 
 
-def schedule_reference(config: CandidateConfig) -> dict[str, Any]:
+def schedule_reference(
+    config: CandidateConfig, choice: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The generator parameters of a candidate's schedule (its family's, as the planner
     built it): what a plan stores instead of its actions; ``generate`` rebuilds them
-    exactly."""
-    return {
+    exactly. A family that searches (the adaptive ones) also stores the ``choice`` its
+    search made, which its ``rebuild`` repeats without searching again."""
+    given = {} if config.memory_limit is None else {MEMORY_LIMIT.name: config.memory_limit}
+    reference: dict[str, Any] = {
         "format": SCHEDULE_REFERENCE_FORMAT,
         "name": config.schedule,
         "num_devices": config.p,
         "num_microbatches": config.num_microbatches,
-        "parameters": schedule_family(config.schedule).resolve({}),
+        "parameters": schedule_family(config.schedule).resolve(given),
     }
+    if choice is not None:
+        reference["choice"] = dict(choice)
+    return reference
 
 
 def placement_reference(placement: Placement) -> dict[str, Any]:
@@ -101,13 +109,16 @@ def placement_reference(placement: Placement) -> dict[str, Any]:
 
 
 def compact_executor_config(
-    request: PlanRequest, config: CandidateConfig, placement: Placement
+    request: PlanRequest,
+    config: CandidateConfig,
+    placement: Placement,
+    choice: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The executor config a plan stores: everything but the schedule's actions and the
     placement's ranks, which :func:`materialize_executor_config` adds back."""
     full = _config_fields(request, config)
     full["placement"] = placement_reference(placement)
-    full["schedule"] = schedule_reference(config)
+    full["schedule"] = schedule_reference(config, choice)
     return full
 
 
@@ -122,6 +133,13 @@ def _rebuilt_placement(data: dict[str, Any]) -> Placement:
 
 
 def _rebuilt_schedule(reference: dict[str, Any]) -> Schedule:
+    family = schedule_family(str(reference["name"]))
+    if family.rebuild is not None and "choice" in reference:
+        return family.rebuild(
+            reference["choice"],
+            int(reference["num_devices"]),
+            int(reference["num_microbatches"]),
+        )
     return generate(
         str(reference["name"]),
         int(reference["num_devices"]),

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from planner.schedules import BASELINE_SCHEDULE, SCHEDULE_NAMES, schedule_family
+from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, SCHEDULE_NAMES, schedule_family
 
 __all__ = [
     "DEFAULT_MICRO_BATCH_SIZES",
@@ -251,6 +251,21 @@ class CandidateConfig(_Spec):
         "refinement chooses); null means every layer uses ``recompute``, which otherwise "
         "names the heaviest mode used.",
     )
+    memory_limit: float | None = Field(
+        default=None,
+        gt=0,
+        description="For a schedule built for a memory limit (v-adaptive, zb-adaptive): the "
+        "activation memory each device could still hold, as a fraction of 1F1B's peak, that "
+        "the schedule was built for; null for the others (and for a point rejected before "
+        "its limit was known).",
+    )
+
+    @model_validator(mode="after")
+    def _limit_where_the_schedule_takes_one(self) -> CandidateConfig:
+        takes = schedule_family(self.schedule).has_parameter(MEMORY_LIMIT.name)
+        if not takes and self.memory_limit is not None:
+            raise ValueError(f"{self.schedule} takes no memory limit; leave memory_limit out")
+        return self
 
     @model_validator(mode="after")
     def _split_matches_layers(self) -> CandidateConfig:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from api.limits import check_simulate_request
 from api.schemas import SimulateRequest, SimulateResult
-from planner.schedules import Schedule, generate, schedule_family
+from planner.schedules import PassTimes, Schedule, generate, schedule_family
 from planner.simulate import Durations, simulate
 
 if TYPE_CHECKING:
@@ -17,16 +17,21 @@ __all__ = ["simulate_schedule"]
 
 
 # Request fields that are generator parameters of the families that take them.
-_PARAMETER_FIELDS = ("num_chunks", "num_batches")
+_PARAMETER_FIELDS = ("num_chunks", "num_batches", "memory_limit")
 
 
 @lru_cache(maxsize=32)
 def _schedule(
-    name: str, devices: int, microbatches: int, parameters: tuple[tuple[str, float], ...]
+    name: str,
+    devices: int,
+    microbatches: int,
+    parameters: tuple[tuple[str, float], ...],
+    times: PassTimes | None,
 ) -> Schedule:
     """Generated schedules are immutable; the same shape is asked for again and again
     (the limits keep each one small, so 32 of them are a few megabytes at most)."""
-    return generate(name, devices, microbatches, check=False, **dict(parameters))
+    given: dict[str, Any] = dict(parameters)
+    return generate(name, devices, microbatches, check=False, times=times, **given)
 
 
 def _parameters(body: SimulateRequest) -> tuple[tuple[str, float], ...]:
@@ -36,7 +41,8 @@ def _parameters(body: SimulateRequest) -> tuple[tuple[str, float], ...]:
     return tuple(
         (name, getattr(body, name))
         for name in _PARAMETER_FIELDS
-        if name in body.model_fields_set or family.has_parameter(name)
+        if name in body.model_fields_set
+        or (family.has_parameter(name) and getattr(body, name) is not None)
     )
 
 
@@ -48,7 +54,15 @@ def simulate_schedule(state: AppState, body: SimulateRequest) -> SimulateResult:
     """The contract JSON of ``stagewright simulate --json``, after the request's work (the
     schedule built and simulated) is checked against the server's limits."""
     check_simulate_request(body, state.settings)
-    schedule = _schedule(body.schedule, body.num_devices, body.num_microbatches, _parameters(body))
+    # A family that searches (the adaptive ones) searches under the request's own times.
+    times = (
+        PassTimes(_times(body.forward), _times(body.backward), _times(body.weight), body.comm)
+        if schedule_family(body.schedule).uses_pass_times
+        else None
+    )
+    schedule = _schedule(
+        body.schedule, body.num_devices, body.num_microbatches, _parameters(body), times
+    )
     durations = Durations(
         forward=_times(body.forward),
         backward=_times(body.backward),

@@ -13,10 +13,16 @@ Two depths:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
 
+from planner.costmodel.adaptive import (
+    bounded_shape,
+    built_for_a_limit,
+    memory_limit_for,
+    searched_schedule,
+)
 from planner.costmodel.flops import model_flops_per_step
 from planner.costmodel.memory import (
     GIB,
@@ -29,6 +35,14 @@ from planner.costmodel.memory import (
     stored_bytes_per_parameter,
 )
 from planner.costmodel.parameters import ALLOCATOR_FRAGMENTATION, WORKSPACE_GIB
+from planner.costmodel.shapes import (
+    Shape,
+    inflight_microbatches,
+    schedule_shape,
+    shape_of,
+    shape_profile,
+    stages_by_device,
+)
 from planner.costmodel.timing import (
     EndStageTimes,
     LayerTimes,
@@ -41,7 +55,7 @@ from planner.placement import Assignment, Placement, pair_order, place
 from planner.profiles import HardwareProfile, LayerPoint, Link, ProfileStore
 from planner.schedules import generate, schedule_family
 from planner.schedules._engine import CompiledSchedule, compile_schedule
-from planner.schedules._inflight import InflightProfile, inflight_profile, peak_from_profile
+from planner.schedules._inflight import peak_from_profile
 from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import CandidateConfig, PlanRequest, Recompute
 
@@ -285,75 +299,12 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
 def _crosses_nodes(placement: Placement, schedule: str) -> bool:
     """Whether any hop between consecutive stages of the pipeline crosses a node boundary
     (the simulator takes one p2p time, so the slowest hop sets it)."""
-    stage_device = _stage_devices(schedule, placement.p)
+    stage_device = schedule_family(schedule).stage_devices(placement.p)
     return any(
         not placement.same_node(a, b)
         for a, b in zip(stage_device, stage_device[1:], strict=False)
         if a != b
     )
-
-
-def _stage_devices(schedule: str, p: int) -> tuple[int, ...]:
-    """Stage -> device of a schedule, by its family's placement rule."""
-    return schedule_family(schedule).stage_devices(p)
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """What every candidate of one (schedule, p, simulated micro-batches) shares."""
-
-    profile: InflightProfile
-    in_flight: tuple[float, ...]  # peak saved micro-batches per device, per stage it holds
-
-
-@lru_cache(maxsize=256)
-def _built_shape(schedule: str, p: int, m: int) -> _Shape:
-    """The in-flight profile of the schedule built with ``m`` micro-batches."""
-    built = generate(schedule, p, m, check=False)
-    profile = inflight_profile(built)
-    n = built.num_stages
-    units = peak_from_profile(profile, [1.0] * n)
-    by_device = tuple(built.stages_of(device) for device in range(p))
-    return _Shape(
-        profile,
-        tuple(units[d] / len(by_device[d]) for d in range(p)),
-    )
-
-
-def _shape(schedule: str, p: int, m: int) -> _Shape:
-    """The in-flight profile of ``schedule`` on p devices with m micro-batches, shared by
-    every candidate of that shape: built with ``inflight_microbatches`` micro-batches, which
-    gives the same profile, and for GPipe scaled from one micro-batch to m (every device
-    holds all of them at its peak)."""
-    cap = inflight_microbatches(schedule, p, m)
-    if schedule_family(schedule).inflight_grows_with_microbatches and cap != m:
-        return _scaled_shape(schedule, p, cap, m)
-    return _built_shape(schedule, p, cap)
-
-
-@lru_cache(maxsize=256)
-def _scaled_shape(schedule: str, p: int, cap: int, m: int) -> _Shape:
-    built = _built_shape(schedule, p, cap)
-    scale = m // cap
-    return _Shape(
-        [
-            [{s: c * scale for s, c in moment.items()} for moment in moments]
-            for moments in built.profile
-        ],
-        tuple(c * scale for c in built.in_flight),
-    )
-
-
-def inflight_microbatches(schedule: str, p: int, m: int) -> int:
-    """Micro-batches a schedule is built with to count the in-flight micro-batches of a run
-    of m.
-
-    Past its warm-up a schedule repeats one pattern, so its in-flight profile stops changing
-    once m reaches a saturation point, which the family's registry entry gives
-    (:attr:`ScheduleFamily.inflight_saturation`; the tests check each against building every
-    micro-batch, up to p = 32, BPipe up to 64). GPipe runs every forward before any backward,
-    so its peak grows with m: it is built with one micro-batch and scaled (``_shape``)."""
-    return schedule_family(schedule).inflight_microbatches(p, m)
 
 
 class DeviceMemory(NamedTuple):
@@ -372,11 +323,6 @@ class DeviceMemory(NamedTuple):
         return self.parameters + self.gradients + self.optimizer + self.activations + self.allowance
 
 
-def shape_profile(schedule: str, p: int, m: int) -> InflightProfile:
-    """In-flight profile (per device, Pareto peak moments) of ``schedule`` with m micro-batches."""
-    return _shape(schedule, p, m).profile
-
-
 def memory_allowance(hw: HardwareProfile) -> tuple[float, float]:
     """(workspace bytes, fragmentation fraction) every device adds on top of the tensors the
     memory model counts: a device needs tensors x (1 + fraction) + workspace. Both are the
@@ -388,22 +334,20 @@ def memory_allowance(hw: HardwareProfile) -> tuple[float, float]:
     )
 
 
-@lru_cache(maxsize=1024)
-def stages_by_device(schedule: str, p: int) -> tuple[tuple[int, ...], ...]:
-    """Stages of each device, from the placement rule alone (no schedule needed)."""
-    by_device: list[list[int]] = [[] for _ in range(p)]
-    for stage, device in enumerate(_stage_devices(schedule, p)):
-        by_device[device].append(stage)
-    return tuple(tuple(stages) for stages in by_device)
-
-
 def device_memory(
-    ctx: PlanContext, config: CandidateConfig, costs: StageCosts, *, capacity: float = math.inf
+    ctx: PlanContext,
+    config: CandidateConfig,
+    costs: StageCosts,
+    *,
+    capacity: float = math.inf,
+    shape: Shape | None = None,
 ) -> tuple[list[DeviceMemory], bool]:
     """Bytes per pipeline device (the worst tensor/data-parallel rank is identical), and
     whether activations were counted. When the weights, gradients and optimizer states of
     some device already exceed ``capacity`` the schedule is not built: activations are left
-    at zero (the numbers are then a lower bound) and the flag is False."""
+    at zero (the numbers are then a lower bound) and the flag is False. ``shape`` gives
+    the in-flight counts of a schedule already built (else they come from the schedule's
+    shape, or for one built for a memory limit from the limit itself)."""
     r = ctx.request
     weight_b, grad_b, opt_b = stored_bytes_per_parameter(r.training, config.d, config.schedule)
     per_param = weight_b + grad_b + opt_b
@@ -413,7 +357,12 @@ def device_memory(
     workspace, fragmentation = memory_allowance(ctx.hardware)
     counted = static * (1 + fragmentation) + workspace <= capacity
     if counted:
-        shape = _shape(config.schedule, config.p, config.num_microbatches)
+        if shape is None:
+            shape = (
+                bounded_shape(config)
+                if built_for_a_limit(config.schedule)
+                else schedule_shape(config.schedule, config.p, config.num_microbatches)
+            )
         peaks = peak_from_profile(shape.profile, costs.activation_bytes)
         in_flight = list(shape.in_flight)
     else:
@@ -436,6 +385,25 @@ def device_memory(
             )
         )
     return out, counted
+
+
+def adaptive_limit(ctx: PlanContext, config: CandidateConfig, costs: StageCosts) -> float:
+    """For a schedule built for a memory limit: the limit that uses what each device has
+    left for activations on this hardware (see :mod:`planner.costmodel.adaptive`)."""
+    weight_b, grad_b, opt_b = stored_bytes_per_parameter(
+        ctx.request.training, config.d, config.schedule
+    )
+    workspace, fragmentation = memory_allowance(ctx.hardware)
+    return memory_limit_for(
+        config,
+        costs.parameters,
+        costs.activation_bytes,
+        costs.working_bytes,
+        capacity=ctx.hardware.usable_memory_gib * GIB,
+        workspace=workspace,
+        fragmentation=fragmentation,
+        bytes_per_parameter=weight_b + grad_b + opt_b,
+    )
 
 
 def _device_sums(values: list[float], by_device: tuple[tuple[int, ...], ...]) -> list[float]:
@@ -550,7 +518,7 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
     busy = m * max(per_device)
     stage_time = sum(per_device) / config.p
     idle = (
-        schedule_family(config.schedule).idle_vs_1f1b
+        schedule_family(config.schedule).idle_estimate(config.memory_limit)
         * (config.p - 1)
         * (stage_time + 2 * costs.p2p_s)
     )
@@ -589,8 +557,9 @@ def _durations(costs: StageCosts) -> Durations:
 def _timing_schedule(schedule: str, p: int, m: int, batches: int | None = None) -> CompiledSchedule:
     """The schedule ``price`` simulates, compiled once: every candidate of the shape reuses it.
     ``batches`` is given for families without a flush between batches (2BW)."""
-    extra = {} if batches is None else {"num_batches": batches}
-    return compile_schedule(generate(schedule, p, m, check=False, **extra))
+    if batches is None:
+        return compile_schedule(generate(schedule, p, m, check=False))
+    return compile_schedule(generate(schedule, p, m, check=False, num_batches=batches))
 
 
 def timing_microbatches(schedule: str, p: int, m: int) -> int:
@@ -617,7 +586,17 @@ def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
     simulated = timing_microbatches(config.schedule, config.p, m)
     family = schedule_family(config.schedule)
     batches = None if family.flush_per_batch else 2
-    schedule = _timing_schedule(config.schedule, config.p, simulated, batches)
+    if family.uses_pass_times:
+        # Searched under this candidate's own pass times; its memory is then counted from
+        # the schedule it chose rather than from the limit.
+        built = searched_schedule(
+            config, costs.forward, costs.backward, costs.weight, costs.p2p_s, simulated
+        )
+        memory, _ = device_memory(ctx, config, costs, shape=shape_of(built))
+        est = replace(est, memory=memory)
+        schedule = compile_schedule(built)
+    else:
+        schedule = _timing_schedule(config.schedule, config.p, simulated, batches)
     result = simulate(schedule, durations, track_memory=False)
     makespan = result.makespan
     if batches is not None:
@@ -627,7 +606,11 @@ def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
         makespan = per_batch * m / simulated
     elif m > simulated:
         step = config.p
-        shorter = _timing_schedule(config.schedule, config.p, simulated - step)
+        if family.rebuild is not None:  # the same choice, p micro-batches fewer
+            choice = schedule.schedule.meta["choice"]
+            shorter = compile_schedule(family.rebuild(choice, config.p, simulated - step))
+        else:
+            shorter = _timing_schedule(config.schedule, config.p, simulated - step)
         slope = (makespan - simulate(shorter, durations, track_memory=False).makespan) / step
         # Past the warm-up every micro-batch costs the busiest device its whole work; with
         # uneven stages the last p simulated micro-batches can still be filling bubbles and

@@ -13,6 +13,8 @@ from planner.schedules import _basic  # noqa: F401  gpipe, 1f1b, interleaved
 from planner.schedules import _bpipe  # noqa: F401  bpipe
 from planner.schedules import _vshape  # noqa: F401  v-min, v-half, v-zb
 from planner.schedules import _pipedream_2bw  # noqa: F401  2bw
+from planner.schedules import _vadaptive  # noqa: F401  v-adaptive
+from planner.schedules import _zbadaptive  # noqa: F401  zb-adaptive
 
 # isort: on
 from planner.schedules._bpipe import bpipe_mu_opt, plan_transfers
@@ -34,6 +36,7 @@ from planner.schedules._registry import (
     NUM_CHUNKS,
     RUNTIMES,
     Parameter,
+    PassTimes,
     Runtime,
     ScheduleFamily,
     Semantics,
@@ -56,6 +59,7 @@ __all__ = [
     "Action",
     "ActionKind",
     "Parameter",
+    "PassTimes",
     "Runtime",
     "Schedule",
     "ScheduleFamily",
@@ -89,6 +93,7 @@ def generate(
     num_microbatches: int,
     *,
     check: bool = True,
+    times: PassTimes | None = None,
     **parameters: float,
 ) -> Schedule:
     """Build the registered schedule ``name`` for ``num_devices`` devices and
@@ -99,8 +104,10 @@ def generate(
     take is an error, a missing one takes its default. Raises :class:`ScheduleConfigError`
     with what to change for an invalid combination. With ``check`` the result is validated
     (always true for our generators; the tests rely on it, production callers may skip the
-    cost).
+    cost). ``times`` are the pass times a family that searches by time (the adaptive ones)
+    builds for; the others do not depend on them.
     """
     family = schedule_family(name)
-    schedule = family.build(num_devices, num_microbatches, family.resolve(parameters))
+    resolved = family.resolve(parameters)
+    schedule = family.build(num_devices, num_microbatches, resolved, times or PassTimes())
     return validate(schedule) if check else schedule

@@ -145,7 +145,7 @@ register(
         name="gpipe",
         title="GPipe",
         citation="Huang et al., GPipe, NeurIPS 2019",
-        build=lambda p, m, _: gpipe(p, m),
+        build=lambda p, m, _, __: gpipe(p, m),
         runtimes=frozenset({"stagewright", "torch"}),
         inflight_grows_with_microbatches=True,
         memory_rule="every device holds all m micro-batches of its stage at its peak",
@@ -156,7 +156,7 @@ register(
         name="1f1b",
         title="1F1B (PipeDream-Flush)",
         citation="Narayanan et al., PipeDream-2BW/Flush, ICML 2021; Megatron-LM's default",
-        build=lambda p, m, _: one_f_one_b(p, m),
+        build=lambda p, m, _, __: one_f_one_b(p, m),
         runtimes=frozenset({"stagewright", "torch", "megatron"}),
         # Device s warms up with min(p - s, m) forwards.
         inflight_saturation=lambda p: p,
@@ -169,7 +169,7 @@ register(
         title="Interleaved 1F1B",
         citation="Narayanan et al., Efficient Large-Scale Language Model Training on GPU "
         "Clusters Using Megatron-LM, SC 2021",
-        build=lambda p, m, params: interleaved(p, m, int(params[NUM_CHUNKS.name])),
+        build=lambda p, m, params, _: interleaved(p, m, int(params[NUM_CHUNKS.name])),
         parameters=(NUM_CHUNKS,),
         runtimes=frozenset({"stagewright", "torch", "megatron"}),
         min_devices=2,

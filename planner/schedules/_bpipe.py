@@ -213,7 +213,7 @@ register(
         title="BPipe",
         citation="Kim et al., BPipe: Memory-Balanced Pipeline Parallelism for Training Large "
         "Language Models, ICML 2023",
-        build=lambda p, m, _: bpipe(p, m),
+        build=lambda p, m, _, __: bpipe(p, m),
         transfers=True,
         min_devices=2,
         inflight_saturation=lambda p: (3 * p + 1) // 2,

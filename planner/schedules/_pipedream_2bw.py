@@ -67,7 +67,7 @@ register(
         name="2bw",
         title="PipeDream-2BW",
         citation="Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training, ICML 2021",
-        build=lambda p, m, params: pipedream_2bw(p, m, int(params[NUM_BATCHES.name])),
+        build=lambda p, m, params, _: pipedream_2bw(p, m, int(params[NUM_BATCHES.name])),
         parameters=(NUM_BATCHES,),
         weight_versions=2,
         semantics="stale",

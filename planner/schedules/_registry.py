@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._ir import Schedule, looped_placement, v_placement
@@ -25,6 +25,7 @@ __all__ = [
     "NUM_CHUNKS",
     "RUNTIMES",
     "Parameter",
+    "PassTimes",
     "Runtime",
     "ScheduleFamily",
     "Semantics",
@@ -76,7 +77,38 @@ MEMORY_LIMIT = Parameter(
     integer=False,
 )
 
-Builder = Callable[[int, int, Mapping[str, float]], Schedule]
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Pass times a family that searches by time (the adaptive ones) builds for: F, B and W
+    of every stage (one number for all stages, or one per stage) and the time of one hop
+    between devices. The default is the papers' unit cell: F = B = W = 1, no communication."""
+
+    forward: float | tuple[float, ...] = 1.0
+    backward: float | tuple[float, ...] = 1.0
+    weight: float | tuple[float, ...] = 1.0
+    comm: float = 0.0
+
+    def per_stage(self, num_stages: int) -> tuple[list[float], list[float], list[float]]:
+        """F, B and W of each stage; a list of the wrong length is an error."""
+        out = []
+        for label, value in (
+            ("forward", self.forward),
+            ("backward", self.backward),
+            ("weight", self.weight),
+        ):
+            values = [float(value)] * num_stages if isinstance(value, int | float) else list(value)
+            if len(values) != num_stages:
+                raise ScheduleConfigError(
+                    f"{label} times: got {len(values)} values for {num_stages} stages"
+                )
+            if any(not v >= 0 for v in values):
+                raise ScheduleConfigError(f"{label} times must be >= 0, got {values}")
+            out.append([float(v) for v in values])
+        return out[0], out[1], out[2]
+
+
+Builder = Callable[[int, int, Mapping[str, float], PassTimes], Schedule]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +167,25 @@ class ScheduleFamily:
     """When set, the generator's time per action grows with the devices beyond about this
     many (the V warm-up fill is searched device by device): a service bounds a request's
     work up front with it (:func:`planner.schedules.generation_work`). None: linear."""
+    uses_pass_times: bool = False
+    """The generator searches for the fastest schedule under the pass times it is given
+    (:class:`PassTimes`), so the same (p, m, parameters) can give different orders."""
+    rebuild: Callable[[Mapping[str, Any], int, int], Schedule] | None = None
+    """For a family that searches: ``rebuild(choice, p, m)`` builds the choice its search
+    made (``schedule.meta["choice"]``: the limit and the block, or the pass times) for p
+    devices and m micro-batches without searching again."""
+    smallest_memory_limit: Callable[[int, int], float] | None = None
+    """For a family with a memory limit: the smallest one any of its schedules on (p, m)
+    meets; a smaller limit is refused with this number."""
+    search_work: Callable[[int, int], int] | None = None
+    """For a family that searches: the work of the search on (p, m) besides building the
+    result, in actions built (what a service bounds a request by)."""
+    largest_memory_limit: Callable[[int, int], float] | None = None
+    """For a family with a memory limit: the limit beyond which its schedules on (p, m)
+    no longer change (more memory buys nothing)."""
+    idle_at_limit: Callable[[float], float] | None = None
+    """For a family with a memory limit: :attr:`idle_vs_1f1b` as a function of the limit
+    (ranking only; the simulator prices the real schedule)."""
 
     # ------------------------------------------------------------------ questions
     @property
@@ -196,6 +247,12 @@ class ScheduleFamily:
             return f"{self.name} needs at least p = {p} micro-batches per batch, got {m}"
         return None
 
+    def idle_estimate(self, memory_limit: float | None = None) -> float:
+        """Idle time relative to 1F1B's, for ranking candidates before simulating them."""
+        if self.idle_at_limit is not None and memory_limit is not None:
+            return self.idle_at_limit(memory_limit)
+        return self.idle_vs_1f1b
+
     def inflight_microbatches(self, num_devices: int, num_microbatches: int) -> int:
         """Micro-batches to build the schedule with to count the in-flight micro-batches of
         a run of m (see :attr:`inflight_saturation`)."""
@@ -231,6 +288,7 @@ class ScheduleFamily:
             "min_devices": self.min_devices,
             "memory_rule": self.memory_rule,
             "memory_fallback_for": self.memory_fallback_for,
+            "uses_pass_times": self.uses_pass_times,
         }
 
 

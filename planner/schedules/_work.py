@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
-from planner.schedules._registry import schedule_family
+from planner.schedules._registry import MEMORY_LIMIT, schedule_family
 
 __all__ = ["generation_work", "schedule_actions"]
 
@@ -33,13 +34,22 @@ def _actions_per_cell(name: str, parameters: tuple[tuple[str, float], ...]) -> t
     batches the schedule runs (2BW runs ``num_batches``, the others one)."""
     from planner.schedules import generate  # the package imports this module
 
-    built = generate(name, _SAMPLE_DEVICES, _SAMPLE_MICROBATCHES, check=False, **dict(parameters))
+    given: dict[str, Any] = dict(parameters)
+    built = generate(name, _SAMPLE_DEVICES, _SAMPLE_MICROBATCHES, check=False, **given)
     cells = _SAMPLE_DEVICES * _SAMPLE_MICROBATCHES * built.num_batches
     return sum(len(actions) for actions in built.actions) / cells, built.num_batches
 
 
 def _key(name: str, parameters: dict[str, float]) -> tuple[tuple[str, float], ...]:
     family = schedule_family(name)
+    if family.has_parameter(MEMORY_LIMIT.name):
+        # Any limit builds the same actions per cell (six passes a micro-batch and device,
+        # or three): the small instance takes one every block meets.
+        assert family.largest_memory_limit is not None
+        parameters = dict(parameters)
+        parameters[MEMORY_LIMIT.name] = family.largest_memory_limit(
+            _SAMPLE_DEVICES, _SAMPLE_MICROBATCHES
+        )
     return tuple(sorted(family.resolve(parameters).items()))
 
 
@@ -58,7 +68,10 @@ def generation_work(name: str, num_devices: int, num_microbatches: int, **parame
     """An upper bound of the work of building that schedule, in actions of a generator
     whose time per action does not grow with the devices (see the module docstring)."""
     actions = schedule_actions(name, num_devices, num_microbatches, **parameters)
-    growth = schedule_family(name).generation_growth_devices
+    family = schedule_family(name)
+    growth = family.generation_growth_devices
     if growth:
-        return math.ceil(actions * (1 + (num_devices / growth) ** 2))
+        actions = math.ceil(actions * (1 + (num_devices / growth) ** 2))
+    if family.search_work is not None:
+        actions += family.search_work(num_devices, num_microbatches)
     return actions

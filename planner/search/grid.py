@@ -26,18 +26,21 @@ from planner.costmodel.evaluate import (
     Estimate,
     PlanContext,
     Priced,
+    adaptive_limit,
     estimate,
     num_stages,
     placement_for,
     price,
     split_layers,
+    stage_costs,
 )
 from planner.costmodel.layer_ops import fused_softmax_available
 from planner.costmodel.memory import GIB
 from planner.costmodel.timing import time_provenance
 from planner.launch import compact_executor_config, megatron_args, torchrun_commands
 from planner.profiles import ProfileStore, default_store
-from planner.schedules import BASELINE_SCHEDULE, schedule_family
+from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, schedule_family
+from planner.search.gains import limit_note
 from planner.specs import (
     DEFAULT_MICRO_BATCH_SIZES,
     Candidate,
@@ -131,6 +134,26 @@ def _config(
     )
 
 
+def _with_memory_limit(
+    ctx: PlanContext, config: CandidateConfig
+) -> tuple[CandidateConfig, str | None]:
+    """``config`` with the memory limit its schedule is built for: all that its devices can
+    still hold for activations, or the largest limit that changes the schedule if that is
+    less. A limit below what the family can reach is a rejection that says so."""
+    limit = adaptive_limit(ctx, config, stage_costs(ctx, config))
+    family = schedule_family(config.schedule)
+    assert family.smallest_memory_limit is not None and family.largest_memory_limit is not None
+    smallest = family.smallest_memory_limit(config.p, config.num_microbatches)
+    # Beyond the largest useful limit the schedule is the same: record that one.
+    limit = min(limit, family.largest_memory_limit(config.p, config.num_microbatches))
+    if limit < smallest:
+        return config, (
+            f"{config.schedule}: the memory left for activations allows {limit:.3g} of "
+            f"1F1B's peak, below the smallest limit it can reach ({smallest:.3g})"
+        )
+    return config.model_copy(update={"memory_limit": limit}), None
+
+
 def _predicted_from_estimate(ctx: PlanContext, est: Estimate) -> Predicted:
     request = ctx.request
     samples = request.training.global_batch_size / est.iteration_time_s
@@ -199,10 +222,13 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
             for recompute in request.search.recompute:
                 config = _config(point, m, recompute, schedule, layers)
                 evaluated += 1
-                if problem is None and base is not None:
-                    problem = _fallback_problem(ctx, config, base, capacity, base_fits)
-                if problem is not None:
-                    rejected.append(Rejected(config=config, reason=problem))
+                refused = problem
+                if refused is None and base is not None:
+                    refused = _fallback_problem(ctx, config, base, capacity, base_fits)
+                if refused is None and schedule_family(schedule).has_parameter(MEMORY_LIMIT.name):
+                    config, refused = _with_memory_limit(ctx, config)
+                if refused is not None:
+                    rejected.append(Rejected(config=config, reason=refused))
                     continue
                 est = estimate(ctx, config, capacity)
                 if est.peak_memory > capacity:
@@ -232,7 +258,9 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     pool: list[tuple[Priced, RefinementInfo | None]] = [(pr, None) for pr in simulated.values()]
     pool += [(r.priced, r.info) for r in refined]
     pool.sort(key=lambda item: item[0].iteration_time_s)
-    candidates = [_candidate(ctx, pr, info) for pr, info in pool[:top_k]]
+    candidates = [
+        _candidate(ctx, pr, info, limit_note(ctx, pr, feasible)) for pr, info in pool[:top_k]
+    ]
     if candidates and refine_notes:
         candidates[0] = candidates[0].model_copy(
             update={"notes": candidates[0].notes + refine_notes}
@@ -353,7 +381,10 @@ def _summaries(
 
 
 def _candidate(
-    ctx: PlanContext, priced: Priced, refinement: RefinementInfo | None = None
+    ctx: PlanContext,
+    priced: Priced,
+    refinement: RefinementInfo | None = None,
+    note: str | None = None,
 ) -> Candidate:
     request = ctx.request
     est = priced.estimate
@@ -376,7 +407,9 @@ def _candidate(
     # Compact: the schedule by its generator parameters, not its p x m actions (a plan's
     # size must not grow with them); planner.launch.materialize_launch rebuilds them.
     launch = Launch(
-        executor_config=compact_executor_config(request, config, placement),
+        executor_config=compact_executor_config(
+            request, config, placement, priced.simulation.schedule.meta.get("choice")
+        ),
         torchrun=torchrun_commands(request, config),
         megatron_args=megatron_args(request, config),
         torch_pipelining_csv=None,
@@ -386,7 +419,7 @@ def _candidate(
         predicted=predicted,
         launch=launch,
         breakdown=_breakdown(priced),
-        notes=_notes(ctx, priced),
+        notes=_notes(ctx, priced) + ([note] if note else []),
         refinement=refinement,
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.schedules import SCHEDULE_NAMES, generate
+from planner.schedules import SCHEDULE_NAMES, PassTimes, generate
 from planner.simulate import Durations, simulate
 from tests.integration.conftest import assert_problem, example
 
@@ -92,6 +92,34 @@ def test_simulate_passes_the_parameters_a_family_takes(client):
     assert response.status_code == 200, response.text
     expected = simulate(generate("interleaved", 2, 4, num_chunks=3), Durations(1, 1))
     assert response.json() == expected.to_contract()
+
+
+def test_simulate_adaptive_schedules_with_a_memory_limit(client):
+    body = {"schedule": "v-adaptive", "num_devices": 4, "num_microbatches": 8, "forward": 1}
+    body |= {"backward": 1.2, "weight": 0.8, "comm": 0.1, "memory_limit": 0.75}
+    response = client.post("/v1/simulate", json=body)
+    assert response.status_code == 200, response.text
+    times = PassTimes(1.0, 1.2, 0.8, 0.1)
+    schedule = generate("v-adaptive", 4, 8, memory_limit=0.75, times=times)
+    expected = simulate(schedule, Durations(1.0, 1.2, 0.8, comm=0.1))
+    assert response.json() == expected.to_contract()
+    assert max(response.json()["peak_activation_fraction"]) <= 0.75
+    zb = body | {"schedule": "zb-adaptive", "memory_limit": 1}
+    assert max(client.post("/v1/simulate", json=zb).json()["peak_activation_fraction"]) <= 1
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"schedule": "v-adaptive", "memory_limit": 0.2}, "smallest feasible memory_limit is"),
+        ({"schedule": "zb-adaptive", "memory_limit": 0.1}, "memory_limit is 0.25"),
+        ({"schedule": "v-adaptive"}, "v-adaptive needs memory_limit"),
+        ({"schedule": "v-half", "memory_limit": 0.5}, "v-half has no parameter memory_limit"),
+    ],
+)
+def test_simulate_memory_limit_errors(client, change, needle):
+    body = {"num_devices": 4, "num_microbatches": 8, "forward": 1, "backward": 1} | change
+    assert_problem(client.post("/v1/simulate", json=body), 422, needle)
 
 
 def test_schedules_lists_the_registry(client):

@@ -63,3 +63,17 @@ def assert_dependencies_hold(result: SimulationResult, comm: float = 0.0) -> Non
         spans.sort()
         for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False):
             assert s2 + eps >= e1, "a device runs two compute actions at once"
+
+
+def generate_any(
+    name: str, num_devices: int, num_microbatches: int, **parameters: float
+) -> Schedule:
+    """``generate`` for tests that run every registered schedule: a family that needs a
+    memory limit gets the largest one that still changes its schedule (always feasible)."""
+    from planner.schedules import MEMORY_LIMIT, generate, schedule_family
+
+    family = schedule_family(name)
+    if family.has_parameter(MEMORY_LIMIT.name) and MEMORY_LIMIT.name not in parameters:
+        assert family.largest_memory_limit is not None
+        parameters[MEMORY_LIMIT.name] = family.largest_memory_limit(num_devices, num_microbatches)
+    return generate(name, num_devices, num_microbatches, **parameters)

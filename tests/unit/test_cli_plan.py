@@ -26,6 +26,8 @@ CONFIG_KEYS = {
     "layers_per_stage",
     # Extension: per-stage recompute counts chosen by CP-SAT (null from the grid).
     "recompute_per_stage",
+    # Contract addition: the memory limit an adaptive schedule was built for (else null).
+    "memory_limit",
 }
 PREDICTED_KEYS = {
     "iteration_time_s",

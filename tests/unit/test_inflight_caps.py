@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.costmodel.evaluate import (
+from planner.costmodel.shapes import (
     _built_shape,
-    _shape,
     inflight_microbatches,
+    schedule_shape,
     shape_profile,
 )
 from planner.schedules import families, generate, schedule_family
@@ -46,7 +46,7 @@ def test_the_profile_stops_changing_at_the_cap(schedule, p):
         assert inflight_microbatches(schedule, p, m) < m
         assert _normal(shape_profile(schedule, p, m)) == _normal(_whole(schedule, p, m)), m
         # ... and the same peak micro-batches per device that the memory breakdown reports.
-        assert _shape(schedule, p, m).in_flight == _built_shape(schedule, p, m).in_flight
+        assert schedule_shape(schedule, p, m).in_flight == _built_shape(schedule, p, m).in_flight
 
 
 @pytest.mark.parametrize("p", DEVICES)
@@ -54,5 +54,5 @@ def test_gpipe_holds_every_micro_batch_on_every_device(p):
     for m in (1, 2, p, 3 * p + 1):
         expected = [[{device: m}] for device in range(p)]  # one stage per device, all m saved
         assert shape_profile("gpipe", p, m) == expected
-        assert _shape("gpipe", p, m).in_flight == (m,) * p
+        assert schedule_shape("gpipe", p, m).in_flight == (m,) * p
         assert _whole("gpipe", p, m) == expected

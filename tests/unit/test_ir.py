@@ -16,6 +16,7 @@ from planner.schedules import (
     validate,
     with_communication,
 )
+from tests.unit.helpers import generate_any
 
 K = ActionKind
 
@@ -52,7 +53,7 @@ def test_actions_are_immutable_and_hashable():
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)
 def test_json_round_trip_is_exact(name):
-    schedule = generate(name, 4, 8)
+    schedule = generate_any(name, 4, 8)
     again = Schedule.from_json(schedule.to_json())
     assert again.actions == schedule.actions
     assert again.stage_devices == schedule.stage_devices
@@ -185,7 +186,7 @@ def test_wrong_chunk_is_rejected():
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)
 def test_explicit_communication_pairs_every_send_with_a_receive(name):
-    schedule = with_communication(generate(name, 4, 8))
+    schedule = with_communication(generate_any(name, 4, 8))
     validate(schedule)
     sends = schedule.count(K.SEND_F, K.SEND_B)
     assert sends == schedule.count(K.RECV_F, K.RECV_B)

@@ -17,6 +17,7 @@ from planner.schedules import (
     schedule_family,
 )
 from planner.simulate import Durations, simulate
+from tests.unit.helpers import generate_any
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_NAMES = ("gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw")
@@ -35,7 +36,7 @@ def test_the_contract_names_come_first_in_their_order():
 def test_the_entry_describes_what_its_generator_builds(name):
     family = schedule_family(name)
     p = 8
-    schedule = generate(name, p, _microbatches(name, p))
+    schedule = generate_any(name, p, _microbatches(name, p))
     assert schedule.name == name
     assert schedule.stage_devices == family.stage_devices(p)
     assert schedule.num_stages == family.num_stages(p)
@@ -59,7 +60,7 @@ def test_the_search_never_offers_what_the_generator_refuses(name):
         for m in (1, 2, 3, 4, 6, 8):
             problem = family.problem(p, m)
             if problem is None:
-                generate(name, p, m)
+                generate_any(name, p, m)
             else:
                 assert name in problem
 

@@ -136,17 +136,33 @@ def test_reordering_never_raises_the_peak():
 @pytest.mark.parametrize("name", ["v-min", "v-half", "v-zb"])
 @pytest.mark.parametrize("d, m", [(2, 1), (3, 5), (4, 8), (7, 3), (8, 20)])
 def test_the_generators_squeeze_times_like_the_engine(name, d, m):
-    """The squeeze (step 3) has its own unit-time loop for speed; it must give the engine's
-    times for unit durations, on the repeated block and on the reordered schedule."""
+    """The squeeze (step 3) and the adaptive search's timing have their own loop for speed;
+    it must give the engine's times, for unit durations and for real ones with
+    communication, on the repeated block and on the reordered schedule."""
     from planner.schedules._engine import compile_schedule, run_timing
-    from planner.schedules._vshape import _unit_times, vshape
+    from planner.schedules._vframe import time_orders
+    from planner.schedules._vshape import vshape
 
+    code = {(K.F, 0): 0, (K.F, 1): 1, (K.B, 1): 2, (K.B, 0): 3, (K.W, 0): 4, (K.W, 1): 5}
+    pass_time = [1.0, 1.3, 0.9, 1.1, 0.4, 0.7]  # per pass code, on every device
     for schedule in (vshape(name, d, m, reorder=False), vshape(name, d, m)):
-        orders = [[a for a in row if a.kind is not K.OPTIMIZER_STEP] for row in schedule.actions]
-        compiled = compile_schedule(schedule)
-        engine = run_timing(compiled, [1.0] * len(compiled.action_of)).start
-        expected = [
-            [round(engine[compiled.offsets[dev] + k]) for k in range(len(orders[dev]))]
-            for dev in range(d)
+        rows = [[a for a in row if a.kind is not K.OPTIMIZER_STEP] for row in schedule.actions]
+        orders = [
+            [(dev * m + a.microbatch) * 6 + code[(a.kind, a.chunk)] for a in row]
+            for dev, row in enumerate(rows)
         ]
-        assert _unit_times(orders, 2 * d, m).times == expected
+        compiled = compile_schedule(schedule)
+        for durations, comm in ((None, 0.0), (pass_time * d, 0.25)):
+            per_action = [
+                0.0
+                if a.kind is K.OPTIMIZER_STEP
+                else 1.0
+                if durations is None
+                else pass_time[code[(a.kind, a.chunk)]]
+                for a in compiled.action_of
+            ]
+            engine = run_timing(compiled, per_action, comm=comm).start
+            ours, _ = time_orders(orders, m, durations, comm)
+            for dev in range(d):
+                for k, g in enumerate(orders[dev]):
+                    assert ours[g] == pytest.approx(engine[compiled.offsets[dev] + k])

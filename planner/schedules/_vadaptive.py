@@ -1,0 +1,340 @@
+"""v-adaptive: the V-shape paper's adaptive scheduler (Qi et al., "Pipeline Parallelism with
+Controllable Memory", 2024, Appendix A), for any activation memory limit.
+
+The limit is a fraction of 1F1B's peak activation (1F1B's device 0 holds p micro-batches of
+its stage, one micro-batch of the whole model). Each of the 2d V stages holds 1/2d of the
+model, so a limit X allows floor(2dX) stage activations on every device.
+
+Search space (Appendix A, Eq. 3, with the ranges of the authors' implementation,
+``v_schedule.py`` in sail-sg/zero-bubble-pipeline-parallelism): uniform offsets split at
+row K, delta^0 = delta_{<K}^0 on the first K rows and delta_{>=K}^0 <= delta_{<K}^0 below,
+both in 1..5, delta^1 = 1 throughout; the first device's permutation, i.e. the three turns
+delta(F_d^0, F_d^1), delta(F_1^1, B_1^1), delta(B_d^1, B_d^0), each in 1..5; W passes
+greedily after their B. Every block is repeated, checked for collisions, squeezed and
+reordered (§2, Appendix C, :mod:`planner.schedules._vframe`), and the schedule with the
+fewest bubbles under the real F/B/W and communication times whose peak is within the limit
+on every device wins.
+
+Evaluating every block in full takes about 0.1 s each at 32 devices x 128 micro-batches,
+and hundreds fit a typical limit. So the search narrows in two steps, both checked against
+the exhaustive search in the tests:
+1. memory levels: blocks are grouped by their exact peak; the fewest bubbles come with the
+   most memory (Appendix B, Figure 9; Appendix E.2's bound 6n + 6d - 3k - 1 falls with the
+   peak k), so only the ``SCREEN_LEVELS`` highest levels within the limit are considered;
+2. screening: each of those is built and timed with ``SCREEN_MICROBATCHES`` micro-batches
+   (warm-up and cool-down, where blocks of one level differ, are all there), and the
+   ``FINALISTS`` fastest are built and timed with all m micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import product
+from typing import Any
+
+import numpy as np
+
+from planner.errors import ScheduleConfigError
+from planner.schedules._basic import require
+from planner.schedules._ir import Schedule
+from planner.schedules._registry import MEMORY_LIMIT, PassTimes, ScheduleFamily, register
+from planner.schedules._vframe import (
+    REPEAT_INTERVAL,
+    VBlock,
+    build_orders,
+    order_peaks,
+    time_orders,
+    to_schedule,
+)
+
+__all__ = [
+    "AdaptiveChoice",
+    "largest_v_limit",
+    "smallest_v_limit",
+    "v_adaptive",
+    "v_adaptive_choice",
+]
+
+SCREEN_LEVELS = 2
+SCREEN_MICROBATCHES = 16
+FINALISTS = 3
+_OFFSETS = range(1, REPEAT_INTERVAL)  # 1..5 cells
+
+
+MAX_SPLIT_ROWS = 32  # distinct split rows K searched (all of them up to 34 devices)
+
+
+@dataclass(frozen=True)
+class _Space:
+    """Every collision-free block of the search space on d devices, with its cells."""
+
+    blocks: list[VBlock]
+    cells: np.ndarray  # (blocks, devices, 6): cell of each pass code of micro-batch 0
+
+
+def _split_rows(num_devices: int) -> list[int]:
+    """The split rows K of mixed blocks: every one from 1 to d - 2, or on large pipelines
+    ``MAX_SPLIT_ROWS`` spread evenly (neighbouring K differ by a fraction of one stage
+    activation in peak memory, far finer than a limit needs)."""
+    rows = range(1, num_devices - 1)
+    if len(rows) <= MAX_SPLIT_ROWS:
+        return list(rows)
+    step = (len(rows) - 1) / (MAX_SPLIT_ROWS - 1)
+    return sorted({rows[round(i * step)] for i in range(MAX_SPLIT_ROWS)})
+
+
+@lru_cache(maxsize=32)
+def _space(num_devices: int) -> _Space:
+    d = num_devices
+    downs: list[tuple[int, ...]] = [(hi,) * (d - 1) for hi in _OFFSETS]
+    for hi in _OFFSETS:
+        for lo in range(1, hi):
+            # K = d - 1 puts hi on every row: the uniform block above.
+            downs += [(hi,) * k + (lo,) * (d - 1 - k) for k in _split_rows(d)]
+    down = np.array(downs, dtype=np.int32).reshape(len(downs), d - 1)
+    start = np.concatenate([np.zeros((len(downs), 1), np.int32), np.cumsum(down, axis=1)], 1)
+    back = np.arange(d - 1, -1, -1, dtype=np.int32)  # hops up from device i to 0 (delta^1 = 1)
+    blocks: list[VBlock] = []
+    parts: list[np.ndarray] = []
+    # One turn triple at a time keeps the arrays at (blocks, devices).
+    for turns in product(_OFFSETS, repeat=3):
+        tf, tl, tb = turns
+        f0 = start
+        f1 = f0[:, -1:] + tf + back
+        b1 = f1[:, :1] + tl + f0
+        b0 = b1[:, -1:] + tb + back
+        r = [x % REPEAT_INTERVAL for x in (f0, f1, b1, b0)]
+        distinct = np.ones(f0.shape, bool)
+        for a in range(4):
+            for b in range(a + 1, 4):
+                distinct &= r[a] != r[b]
+        ok = distinct.all(axis=1)
+        if not ok.any():
+            continue
+        f0, f1, b1, b0 = (x[ok] for x in (f0, f1, b1, b0))
+        used = np.zeros(f0.shape, np.int32)
+        for x in (f0, f1, b1, b0):
+            used |= np.left_shift(1, x % REPEAT_INTERVAL)
+        w1 = _first_free_after(b1, used)  # B1 always comes before B0 on a device
+        w0 = _first_free_after(b0, used | np.left_shift(1, w1 % REPEAT_INTERVAL))
+        parts.append(np.stack([f0, f1, b1, b0, w0, w1], axis=2))
+        blocks += [VBlock(downs[i], (1,) * (d - 1), *turns) for i in np.flatnonzero(ok)]
+    return _Space(blocks, np.concatenate(parts) if parts else np.zeros((0, d, 6), np.int32))
+
+
+def _first_free_after(cell: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """The first cell after ``cell`` whose residue is not set in the bit mask ``used``."""
+    out = cell + REPEAT_INTERVAL  # placeholder: a block always has a free residue
+    for offset in reversed(_OFFSETS):  # the smallest free offset is written last
+        candidate = cell + offset
+        free = (np.right_shift(used, candidate % REPEAT_INTERVAL) & 1) == 0
+        out = np.where(free, candidate, out)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _peaks(num_devices: int, num_microbatches: int) -> np.ndarray:
+    """Each block's peak: the most (chunk, micro-batch) activations a device holds at once
+    in the repeated block (lifespans from F to W overlapping, at most m per chunk), the
+    exact form of Eq. 1; squeezing keeps it and the reordering never raises it."""
+    cells = _space(num_devices).cells
+    m = num_microbatches
+    worst = np.zeros(cells.shape[0], np.int64)
+    for t in range(REPEAT_INTERVAL):
+        level = np.zeros(cells.shape[:2], np.int64)
+        for f, w in ((0, 4), (1, 5)):
+            length = cells[:, :, w] - cells[:, :, f] + 1
+            extra = (t - cells[:, :, f]) % REPEAT_INTERVAL < length % REPEAT_INTERVAL
+            level += np.minimum(m, length // REPEAT_INTERVAL + extra)
+        worst = np.maximum(worst, level.max(axis=1))
+    return worst
+
+
+def _units(limit: float, num_devices: int) -> int:
+    """Stage activations a device may hold under ``limit`` (fraction of 1F1B's peak)."""
+    return math.floor(limit * 2 * num_devices + 1e-9)
+
+
+def smallest_v_limit(num_devices: int, num_microbatches: int) -> float:
+    """The smallest memory limit any block of the search space meets."""
+    return float(_peaks(num_devices, num_microbatches).min()) / (2 * num_devices)
+
+
+def largest_v_limit(num_devices: int, num_microbatches: int) -> float:
+    """The limit every block of the search space meets (a larger one changes nothing)."""
+    return float(_peaks(num_devices, num_microbatches).max()) / (2 * num_devices)
+
+
+def _pass_durations(times: PassTimes, num_devices: int) -> list[float]:
+    """Per device, the time of each pass code (device i runs stages i and 2d - 1 - i)."""
+    d = num_devices
+    forward, backward, weight = times.per_stage(2 * d)
+    out = []
+    for i in range(d):
+        up = 2 * d - 1 - i
+        out += [forward[i], forward[up], backward[up], backward[i], weight[i], weight[up]]
+    return out
+
+
+@dataclass(frozen=True)
+class AdaptiveChoice:
+    """The block the search chose, its orders, and what it measured."""
+
+    block: VBlock
+    orders: list[list[int]]
+    peak_units: int  # stage activations on the fullest device
+    makespan: float  # under the pass times searched with
+    candidates: int  # blocks within the limit
+    evaluated: int  # blocks built and timed
+
+
+def v_adaptive_choice(
+    num_devices: int, num_microbatches: int, memory_limit: float, times: PassTimes
+) -> AdaptiveChoice:
+    """Appendix A's search (see the module docstring). Raises ScheduleConfigError naming
+    the smallest feasible limit when no block fits ``memory_limit``."""
+    d, m = num_devices, num_microbatches
+    space = _space(d)
+    peaks = _peaks(d, m)
+    allowed = _units(memory_limit, d)
+    within = np.flatnonzero(peaks <= allowed)
+    if len(within) == 0:
+        smallest = smallest_v_limit(d, m)
+        raise ScheduleConfigError(
+            f"v-adaptive: no V schedule on {d} devices with {m} micro-batches keeps its "
+            f"activations within {memory_limit:g} of 1F1B's peak; the smallest feasible "
+            f"memory_limit is {smallest:.4g} ({int(peaks.min())} of {2 * d} stage activations)"
+        )
+    levels = sorted(set(peaks[within].tolist()), reverse=True)[:SCREEN_LEVELS]
+    shortlist = [int(i) for i in within if peaks[i] >= levels[-1]]
+    durations = _pass_durations(times, d)
+    screen_m = min(m, SCREEN_MICROBATCHES)
+    scored = []
+    for index in shortlist:
+        cells = space.cells[index].tolist()
+        orders = build_orders(cells, screen_m)
+        _, finish = time_orders(orders, screen_m, durations, times.comm)
+        # Fewest bubbles first; then the least memory; then the search order (stable).
+        scored.append((max(finish), int(peaks[index]), index, orders))
+    scored.sort(key=lambda s: s[:3])
+    if screen_m < m:
+        finals = []
+        for _, peak, index, _ in scored[:FINALISTS]:
+            orders = build_orders(space.cells[index].tolist(), m)
+            _, finish = time_orders(orders, m, durations, times.comm)
+            finals.append((max(finish), peak, index, orders))
+        scored = sorted(finals, key=lambda s: s[:3])
+    makespan, _, index, orders = scored[0]
+    peak = max(order_peaks(orders))
+    assert peak <= allowed, (peak, allowed)  # reordering never raises the peak
+    evaluated = len(shortlist) + (min(FINALISTS, len(shortlist)) if screen_m < m else 0)
+    return AdaptiveChoice(space.blocks[index], orders, peak, makespan, len(within), evaluated)
+
+
+def v_adaptive(
+    num_devices: int, num_microbatches: int, memory_limit: float, times: PassTimes
+) -> Schedule:
+    """The v-adaptive schedule for d devices, m micro-batches and ``memory_limit`` (a
+    fraction of 1F1B's peak activation), searched under ``times``."""
+    d, m = num_devices, num_microbatches
+    require(d >= 2, f"v-adaptive: needs at least 2 devices (2 stages each), got {d}")
+    require(m >= 1, f"v-adaptive: the number of micro-batches must be at least 1, got {m}")
+    choice = v_adaptive_choice(d, m, memory_limit, times)
+    block = choice.block
+    block_spec = {
+        "down": list(block.down),
+        "up": list(block.up),
+        "turn_forward": block.turn_forward,
+        "turn_loss": block.turn_loss,
+        "turn_backward": block.turn_backward,
+    }
+    meta = {
+        "memory_limit": memory_limit,
+        "peak_stage_activations": choice.peak_units,
+        "peak_activation_fraction": choice.peak_units / (2 * d),
+        "choice": {"memory_limit": memory_limit, "block": block_spec},
+        "searched": {"within_limit": choice.candidates, "evaluated": choice.evaluated},
+        "repeat_interval": REPEAT_INTERVAL,
+    }
+    return to_schedule("v-adaptive", choice.orders, m, meta)
+
+
+def _build(p: int, m: int, params: Mapping[str, float], times: PassTimes) -> Schedule:
+    return v_adaptive(p, m, float(params[MEMORY_LIMIT.name]), times)
+
+
+def _rebuild(choice: Mapping[str, Any], num_devices: int, num_microbatches: int) -> Schedule:
+    """The block a search chose (``choice``), repeated for ``num_microbatches``."""
+    spec = choice["block"]
+    block = VBlock(
+        tuple(spec["down"]),
+        tuple(spec["up"]),
+        spec["turn_forward"],
+        spec["turn_loss"],
+        spec["turn_backward"],
+    )
+    cells = block.cells()
+    assert cells is not None, "a chosen block never collides"
+    require(
+        len(block.down) == num_devices - 1,
+        f"v-adaptive: the chosen block is for {len(block.down) + 1} devices, not {num_devices}",
+    )
+    orders = build_orders(cells, num_microbatches)
+    peak = max(order_peaks(orders))
+    meta = {
+        "memory_limit": choice["memory_limit"],
+        "peak_stage_activations": peak,
+        "peak_activation_fraction": peak / (2 * num_devices),
+        "choice": dict(choice),
+        "repeat_interval": REPEAT_INTERVAL,
+    }
+    return to_schedule("v-adaptive", orders, num_microbatches, meta)
+
+
+def _search_work(num_devices: int, num_microbatches: int) -> int:
+    """Actions the search builds: its shortlist (two memory levels of at most about 60
+    blocks each on any pipeline) with ``SCREEN_MICROBATCHES``, and the finalists with all
+    micro-batches, each built twice (squeeze and reorder) and timed."""
+    d, m = num_devices, num_microbatches
+    per_microbatch = 3 * 6 * d
+    screened = 120 * min(m, SCREEN_MICROBATCHES) * per_microbatch
+    return screened + FINALISTS * m * per_microbatch
+
+
+def _idle_at_limit(limit: float) -> float:
+    """Ranking estimate of the idle time relative to 1F1B's: through Table 1's V-Min (1/3 of
+    1F1B's memory, 4/6 of its bubble), V-Half (1/2, 3/6) and V-ZB (1, about 0, counted as
+    one stage time in six), linear in between."""
+    points = ((1 / 3, 4 / 6), (1 / 2, 3 / 6), (1.0, 1 / 6))
+    if limit <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if limit <= x1:
+            return y0 + (y1 - y0) * (limit - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+register(
+    ScheduleFamily(
+        name="v-adaptive",
+        title="V-shape adaptive (any memory limit)",
+        citation='Qi et al., "Pipeline Parallelism with Controllable Memory", 2024, Appendix A',
+        build=_build,
+        parameters=(MEMORY_LIMIT,),
+        placement="v",
+        split_backward=True,
+        runtimes=frozenset({"stagewright", "torch"}),
+        min_devices=2,
+        idle_vs_1f1b=1 / 6,  # at its limit it searches the fewest bubbles; V-ZB's at 1
+        memory_rule="at most the memory limit (a fraction of 1F1B's peak) on every device",
+        uses_pass_times=True,
+        rebuild=_rebuild,
+        smallest_memory_limit=smallest_v_limit,
+        search_work=_search_work,
+        largest_memory_limit=largest_v_limit,
+        idle_at_limit=_idle_at_limit,
+    )
+)

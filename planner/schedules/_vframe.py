@@ -1,0 +1,400 @@
+"""The V-shape paper's framework on integers: building block, repeat, squeeze, reorder, time.
+
+Qi et al., "Pipeline Parallelism with Controllable Memory" (2024), §2 and Appendices A and C.
+The fixed V schedules (V-Min, V-Half, V-ZB) and the adaptive search both go through here; a
+search builds hundreds of candidate schedules, so everything works on small integers and
+plain lists, and :class:`~planner.schedules.Action` objects are made only for the result.
+
+Passes. Device i (0-indexed) holds stage i (chunk 0, on the way down) and stage 2d - 1 - i
+(chunk 1, on the way back). Its six passes per micro-batch have codes
+``F0 F1 B1 B0 W0 W1`` = 0..5 (F1 is the forward of chunk 1, B1 its input-gradient backward,
+and so on). Pass j of micro-batch k on device i has the id ``(i * m + k) * 6 + j``.
+
+Dependencies (the V): F0(i) needs F0(i-1); F1(i) needs F1(i+1), and F1(d-1) needs F0(d-1)
+on the same device; B1(0) needs F1(0) (the last stage computes the loss), B1(i) needs
+B1(i-1); B0(i) needs B0(i+1), and B0(d-1) needs B1(d-1); W needs its own B.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right, insort
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.errors import ScheduleConfigError
+from planner.schedules._ir import Action, ActionKind, Schedule, v_placement
+
+__all__ = [
+    "PASSES",
+    "REPEAT_INTERVAL",
+    "VBlock",
+    "build_orders",
+    "dependencies",
+    "order_peaks",
+    "require_block",
+    "stable_peak",
+    "time_orders",
+    "to_schedule",
+]
+
+REPEAT_INTERVAL = 6  # cells per micro-batch per device: 2 F + 2 B + 2 W, one unit each
+PASSES = 6
+F0, F1, B1, B0, W0, W1 = range(PASSES)
+CHUNK = (0, 1, 1, 0, 0, 1)  # chunk of each pass code
+_B_OF_W = {W0: B0, W1: B1}
+
+
+@dataclass(frozen=True)
+class VBlock:
+    """A V building block in Appendix A's terms, as offsets between adjacent passes.
+
+    ``down[i]`` is the offset from device i to device i + 1 of the forward of chunk 0 and of
+    the backward of chunk 1 (delta F_i^0 = delta B_i^1); ``up[i]`` the offset from device
+    i + 1 to device i of the forward of chunk 1 and of the backward of chunk 0 (delta
+    F_{i+1}^1 = delta B_{i+1}^0): §3.1's pairing, which balances memory across devices.
+    The turns are delta(F_d^0, F_d^1), delta(F_1^1, B_1^1) and delta(B_d^1, B_d^0). W passes
+    take the first free cells (mod the repeating interval) after their B, earliest B first
+    (Appendix F)."""
+
+    down: tuple[int, ...]
+    up: tuple[int, ...]
+    turn_forward: int
+    turn_loss: int
+    turn_backward: int
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.down) + 1
+
+    def cells(self) -> list[list[int]] | None:
+        """Per device, the cell of each pass code of micro-batch 0; None when the block
+        collides with itself once repeated (two passes of a device in the same cell mod T)."""
+        d = self.num_devices
+        f0, f1, b1, b0 = [0] * d, [0] * d, [0] * d, [0] * d
+        for i in range(d - 1):
+            f0[i + 1] = f0[i] + self.down[i]
+        f1[d - 1] = f0[d - 1] + self.turn_forward
+        for i in range(d - 2, -1, -1):
+            f1[i] = f1[i + 1] + self.up[i]
+        b1[0] = f1[0] + self.turn_loss
+        for i in range(d - 1):
+            b1[i + 1] = b1[i] + self.down[i]
+        b0[d - 1] = b1[d - 1] + self.turn_backward
+        for i in range(d - 2, -1, -1):
+            b0[i] = b0[i + 1] + self.up[i]
+        out = []
+        for i in range(d):
+            row = [f0[i], f1[i], b1[i], b0[i], 0, 0]
+            used = {c % REPEAT_INTERVAL for c in row[:4]}
+            if len(used) < 4:
+                return None
+            for w, b in sorted(((W0, b0[i]), (W1, b1[i])), key=lambda wb: wb[1]):
+                cell = b + 1
+                while cell % REPEAT_INTERVAL in used:
+                    cell += 1
+                row[w] = cell
+                used.add(cell % REPEAT_INTERVAL)
+            out.append(row)
+        return out
+
+
+def stable_peak(cells: list[list[int]], num_microbatches: int) -> int:
+    """The largest number of (chunk, micro-batch) activations a device holds at once in the
+    repeated block: the most lifespans (F start to W end) that overlap, at most m per
+    chunk (Eq. 1 of §2.2 counted exactly rather than bounded)."""
+    worst = 0
+    for row in cells:
+        spans = [(row[F0], row[W0]), (row[F1], row[W1])]
+        for t in range(REPEAT_INTERVAL):
+            level = 0
+            for first, last in spans:
+                # k with first + T k <= t' <= last + T k for some t' = t (mod T) in the stable
+                # phase: the number of residues hit, ceil over the span.
+                length = last - first + 1
+                full, rest = divmod(length, REPEAT_INTERVAL)
+                extra = 1 if (t - first) % REPEAT_INTERVAL < rest else 0
+                level += min(num_microbatches, full + extra)
+            worst = max(worst, level)
+    return worst
+
+
+@lru_cache(maxsize=64)
+def dependencies(num_devices: int, num_microbatches: int) -> tuple[list[int], list[bool]]:
+    """Per pass id: the id of the pass it waits for (-1: none) and whether that pass runs
+    on another device (communication time applies)."""
+    d, m = num_devices, num_microbatches
+    dep = [-1] * (d * m * PASSES)
+    cross = [False] * len(dep)
+    row = m * PASSES
+    for i in range(d):
+        for k in range(m):
+            g = (i * m + k) * PASSES
+            if i > 0:
+                dep[g + F0] = g + F0 - row
+                cross[g + F0] = True
+                dep[g + B1] = g + B1 - row
+                cross[g + B1] = True
+            else:
+                dep[g + B1] = g + F1
+            if i < d - 1:
+                dep[g + F1] = g + F1 + row
+                cross[g + F1] = True
+                dep[g + B0] = g + B0 + row
+                cross[g + B0] = True
+            else:
+                dep[g + F1] = g + F0
+                dep[g + B0] = g + B1
+            dep[g + W0] = g + B0
+            dep[g + W1] = g + B1
+    return dep, cross
+
+
+def repeat(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
+    """Step 2: each device's passes of m micro-batches, micro-batch k's block T k cells
+    later, in cell order (cells of a device are distinct mod T, so the order is total)."""
+    m = num_microbatches
+    orders = []
+    for i, row in enumerate(cells):
+        base = i * m * PASSES
+        by_residue = sorted(range(PASSES), key=lambda j: row[j] % REPEAT_INTERVAL)
+        rounds = [row[j] // REPEAT_INTERVAL for j in range(PASSES)]
+        order = []
+        for r in range(min(rounds), max(rounds) + m):
+            for j in by_residue:
+                k = r - rounds[j]
+                if 0 <= k < m:
+                    order.append(base + k * PASSES + j)
+        orders.append(order)
+    return orders
+
+
+def time_orders(
+    orders: Sequence[Sequence[int]],
+    num_microbatches: int,
+    duration: Sequence[float] | None = None,
+    comm: float = 0.0,
+) -> tuple[list[float], list[float]]:
+    """Start of every pass id (-1 for ids not in ``orders``) when each device runs its order
+    as early as its inputs allow, and each device's finishing time. ``duration[i * 6 + j]``
+    is pass code j's time on device i (default 1: the squeeze of step 3, in cells).
+    Raises ScheduleConfigError if the orders deadlock (a bug in a generator)."""
+    d = len(orders)
+    m = num_microbatches
+    dep, cross = dependencies(d, m)
+    n = len(dep)
+    end = [-1.0] * n
+    start = [-1.0] * n
+    waiting = [-1] * n  # the device blocked on this pass, if any
+    position = [0] * d
+    free = [0.0] * d
+    unit = duration is None
+    work = list(range(d))
+    while work:
+        device = work.pop()
+        order = orders[device]
+        i, t, stop = position[device], free[device], len(order)
+        base = device * PASSES
+        while i < stop:
+            g = order[i]
+            j = dep[g]
+            if j >= 0:
+                ready = end[j]
+                if ready < 0:
+                    waiting[j] = device
+                    break
+                if cross[g]:
+                    ready += comm
+                if ready > t:
+                    t = ready
+            start[g] = t
+            t += 1.0 if unit else duration[base + g % PASSES]  # type: ignore[index]
+            end[g] = t
+            woken = waiting[g]
+            if woken >= 0:
+                work.append(woken)
+            i += 1
+        position[device], free[device] = i, t
+    if any(p < len(o) for p, o in zip(position, orders, strict=True)):
+        raise ScheduleConfigError("V-shape: the device orders deadlock")  # a generator bug
+    return start, free
+
+
+def order_peaks(orders: Sequence[Sequence[int]]) -> list[int]:
+    """Per device, the most activations saved at once by its order: a forward allocates at
+    its start, a W frees at its end (so a pass sees everything started before and itself)."""
+    peaks = []
+    for order in orders:
+        level = peak = 0
+        freed = 0
+        for g in order:
+            j = g % PASSES
+            if j <= F1:
+                level += 1 - freed
+                freed = 0
+                if level > peak:
+                    peak = level
+            else:
+                level -= freed
+                freed = 1 if j >= W0 else 0
+        peaks.append(peak)
+    return peaks
+
+
+def build_orders(
+    cells: list[list[int]], num_microbatches: int, reorder: bool = True
+) -> list[list[int]]:
+    """Steps 2-4 of §2 for a collision-free block: repeat, squeeze (implicit: the orders are
+    what squeezing keeps) and reorder the warm-up and cool-down (Appendix C)."""
+    orders = repeat(cells, num_microbatches)
+    if reorder:
+        orders = _fill_warmup(orders, num_microbatches)
+        orders = _reorder_cooldown(orders, num_microbatches)
+    return orders
+
+
+def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
+    """Appendix C, warm-up: scan the squeezed cells left to right; a vacant cell before the
+    device's first B is filled with the first later forward of that device whose input is
+    ready by then, leaving every other pass where it is. A move is taken only if the
+    device's saved activations stay within the peak the squeezed schedule already has: the
+    warm-up reorder buys throughput, never memory (the paper: "the peak of memory happens
+    in the stable phase")."""
+    start, _ = time_orders(orders, m)
+    dep, _ = dependencies(len(orders), m)
+    at = [int(s) for s in start]  # cell of every pass (moved forwards are updated)
+    cell_of: list[dict[int, int]] = []
+    alive: list[list[int]] = []
+    first_b: list[int] = []
+    for order in orders:
+        cells = {at[g]: g for g in order}
+        cell_of.append(cells)
+        horizon = at[order[-1]] + 1 if order else 0
+        level = [0] * (horizon + 1)
+        first = horizon
+        for g in order:
+            j = g % PASSES
+            if j <= F1:
+                level[at[g]] += 1
+                level[at[g - j + (W0 if j == F0 else W1)] + 1] -= 1
+            elif j <= B0 and at[g] < first:
+                first = at[g]
+        running = 0
+        for t in range(horizon + 1):
+            running += level[t]
+            level[t] = running
+        alive.append(level)
+        first_b.append(first)
+    peak = [max(level) if level else 0 for level in alive]
+    # Per device and chunk, the cells of its forwards, in order.
+    forwards = [
+        [sorted(at[g] for g in order if g % PASSES == chunk) for chunk in (F0, F1)]
+        for order in orders
+    ]
+    # The vacant cells before each device's first B, by cell: the scan visits only those
+    # (cells left by a forward that moves earlier join when they are before the first B).
+    horizon = max(first_b, default=0)
+    vacant: list[list[int]] = [[] for _ in range(horizon)]
+    for device, cells in enumerate(cell_of):
+        for t in range(first_b[device]):
+            if t not in cells:
+                vacant[t].append(device)
+    for t in range(horizon):
+        devices = vacant[t]
+        if len(devices) > 1:
+            devices.sort()
+        for device in devices:
+            cells = cell_of[device]
+            # A chunk's forwards run in micro-batch order: only its first forward after t
+            # can be ready. The earliest ready one (in cell order) moves here, if the
+            # device's level stays below its peak over the cells it jumps.
+            best = -1
+            for chunk_cells in forwards[device]:
+                index = bisect_right(chunk_cells, t)
+                if index < len(chunk_cells):
+                    later = chunk_cells[index]
+                    producer = dep[cells[later]]
+                    if (producer < 0 or at[producer] + 1 <= t) and (best < 0 or later < best):
+                        best = later
+            if best < 0:
+                continue
+            level = alive[device]
+            full = peak[device]
+            if any(level[c] >= full for c in range(t, best)):
+                continue
+            for c in range(t, best):
+                level[c] += 1
+            g = cells.pop(best)
+            cells[t] = g
+            chunk_cells = forwards[device][g % PASSES]
+            del chunk_cells[bisect_right(chunk_cells, best) - 1]
+            insort(chunk_cells, t)
+            at[g] = t
+            if best < first_b[device]:
+                vacant[best].append(device)
+    return [[cells[t] for t in sorted(cells)] for cells in cell_of]
+
+
+def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:
+    """Appendix C, cool-down: drop the W passes after each device's last F, squeeze, put the
+    dropped Ws into the idle cells that remain (each after its B), the rest at the end."""
+    kept: list[list[int]] = []
+    dropped: list[list[int]] = []
+    for order in orders:
+        last_f = max(k for k, g in enumerate(order) if g % PASSES <= F1)
+        tail = order[last_f + 1 :]
+        kept.append(order[: last_f + 1] + [g for g in tail if g % PASSES < W0])
+        dropped.append([g for g in tail if g % PASSES >= W0])
+    start, _ = time_orders(kept, m)
+    result = []
+    for order, ws in zip(kept, dropped, strict=True):
+        cells = {int(start[g]): g for g in order}
+        # Each W after its B (the W's id minus the code offset gives its B's id).
+        b_cell = {g: int(start[g - g % PASSES + _B_OF_W[g % PASSES]]) for g in ws}
+        waiting = sorted(ws, key=b_cell.__getitem__)
+        horizon = max(cells) if cells else 0
+        for t in range(horizon):
+            if not waiting:
+                break
+            if t not in cells and b_cell[waiting[0]] + 1 <= t:
+                cells[t] = waiting.pop(0)
+        result.append([cells[t] for t in sorted(cells)] + waiting)
+    return result
+
+
+def block_problem(block: VBlock) -> str | None:
+    """Why ``block`` cannot be used, or None."""
+    if any(o < 1 for o in (*block.down, *block.up)):
+        return "offsets between devices must be at least 1 cell"
+    if min(block.turn_forward, block.turn_loss, block.turn_backward) < 1:
+        return "turn offsets must be at least 1 cell"
+    return None
+
+
+def require_block(block: VBlock, name: str) -> list[list[int]]:
+    problem = block_problem(block)
+    cells = None if problem else block.cells()
+    if cells is None:
+        raise ScheduleConfigError(
+            f"{name}: {problem or 'the building block collides with itself when repeated'}"
+        )
+    return cells
+
+
+def to_schedule(
+    name: str, orders: Sequence[Sequence[int]], num_microbatches: int, meta: dict[str, object]
+) -> Schedule:
+    """The IR of V orders: each device's passes, then its two optimizer steps."""
+    d, m = len(orders), num_microbatches
+    kinds = (ActionKind.F, ActionKind.F, ActionKind.B, ActionKind.B, ActionKind.W, ActionKind.W)
+    rows = []
+    for i, order in enumerate(orders):
+        stages = (i, 2 * d - 1 - i)
+        made = [(kinds[j], stages[CHUNK[j]], CHUNK[j]) for j in range(PASSES)]
+        row = []
+        for g in order:
+            kind, stage, chunk = made[g % PASSES]
+            row.append(Action(kind, stage, (g // PASSES) % m, chunk))
+        row += [Action(ActionKind.OPTIMIZER_STEP, stages[c], m - 1, c) for c in (0, 1)]
+        rows.append(tuple(row))
+    return Schedule(name, d, m, v_placement(d), tuple(rows), split_backward=True, meta=meta)

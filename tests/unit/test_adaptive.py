@@ -1,0 +1,178 @@
+"""v-adaptive and zb-adaptive against the V-shape paper's statements (Appendices A and B,
+Figures 9 and 10) and the zero bubble paper's ZB-1P / ZB-2P."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.errors import ScheduleConfigError
+from planner.schedules import PassTimes, generate
+from planner.schedules._vadaptive import (
+    _pass_durations,
+    _peaks,
+    _space,
+    _units,
+    smallest_v_limit,
+    v_adaptive_choice,
+)
+from planner.schedules._vframe import build_orders, time_orders
+from planner.simulate import Durations, simulate
+
+# Table 5 (Appendix D.2): F, B and W of one V stage, in ms.
+TABLE_5 = {
+    "9.6B mb4": (12.96, 13.22, 9.76),
+    "21B mb2": (9.30, 9.47, 7.19),
+    "38.5B mb1": (6.72, 6.89, 5.06),
+}
+SWEEP = [0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9, 1.0, 1.1]
+
+
+def _v(d: int, m: int, limit: float, times: tuple[float, float, float]):
+    schedule = generate("v-adaptive", d, m, memory_limit=limit, times=PassTimes(*times))
+    return simulate(schedule, Durations(*times))
+
+
+def _zb(d: int, m: int, limit: float, times: tuple[float, float, float]):
+    """zb-adaptive has one stage a device: twice a V stage's layers, twice its times."""
+    doubled = tuple(2 * t for t in times)
+    schedule = generate("zb-adaptive", d, m, memory_limit=limit, times=PassTimes(*doubled))
+    return simulate(schedule, Durations(*doubled))
+
+
+def _sweep(d: int, m: int, times: tuple[float, float, float]) -> list[tuple[float, float]]:
+    return [
+        (limit, _v(d, m, limit, times).bubble_fraction)
+        for limit in SWEEP
+        if limit >= smallest_v_limit(d, m)
+    ]
+
+
+@pytest.mark.parametrize("times", list(TABLE_5.values()), ids=list(TABLE_5))
+def test_the_bubble_never_rises_as_the_limit_grows_and_drops_just_above_one_half(times):
+    """Appendix B / Figure 9: the bubble rate falls as the limit rises, with a sudden drop
+    just above about 1/2 of 1F1B's memory, where V-Min's repeating bubble disappears."""
+    d, m = 8, 32
+    sweep = _sweep(d, m, times)
+    bubbles = [b for _, b in sweep]
+    assert all(b2 <= b1 + 1e-12 for b1, b2 in zip(bubbles, bubbles[1:], strict=False))
+    drops = [(b1 - b2, hi) for (_, b1), (hi, b2) in zip(sweep, sweep[1:], strict=False)]
+    biggest, at = max(drops)
+    assert 0.5 < at <= 0.7
+    assert biggest > 0.5 * (bubbles[0] - bubbles[-1])  # one drop is most of the whole fall
+
+
+def test_below_the_drop_the_bubble_repeats_every_micro_batch_and_above_it_does_not():
+    """Figure 5(a): with the least memory the idle time grows with the micro-batches (a
+    bubble every repeating interval); above about 1/2 it stays the same."""
+    d, times = 8, TABLE_5["9.6B mb4"]
+
+    def idle(limit: float, m: int) -> float:
+        result = _v(d, m, limit, times)
+        return result.makespan - max(x.busy for x in result.devices)
+
+    assert idle(0.5, 64) - idle(0.5, 32) > 8 * times[0]
+    assert idle(0.7, 64) == pytest.approx(idle(0.7, 32), rel=1e-9)
+
+
+@pytest.mark.parametrize("times", list(TABLE_5.values()), ids=list(TABLE_5))
+@pytest.mark.parametrize("d", [8, 16])
+def test_no_worse_than_v_half_and_v_zb_at_their_memory(times, d):
+    """Appendix A's search covers V-Half's and V-ZB's memory: at V-Half's peak it is no
+    worse than V-Half, and at 1F1B's (V-ZB's) no worse than V-ZB."""
+    m = 4 * d
+    for name in ("v-half", "v-zb"):
+        fixed = simulate(generate(name, d, m), Durations(*times))
+        limit = max(fixed.peak_activation)
+        adaptive = _v(d, m, limit, times)
+        assert max(adaptive.peak_activation) <= limit + 1e-9
+        assert adaptive.bubble_fraction <= fixed.bubble_fraction + 1e-9, name
+
+
+@pytest.mark.parametrize("times", list(TABLE_5.values()), ids=list(TABLE_5))
+def test_v_adaptive_has_fewer_bubbles_than_zb_adaptive_at_equal_memory(times):
+    """Figure 10: the V scheduler below the zero bubble scheduler at every memory limit
+    both reach, with 1F1B as the reference above both."""
+    d, m = 8, 32
+    reference = simulate(generate("1f1b", d, m), Durations(*(2 * t for t in times)))
+    for limit in (0.75, 1.0, 1.5, 2.0):
+        v = _v(d, m, limit, times)
+        zb = _zb(d, m, limit, times)
+        assert max(zb.peak_activation) <= limit + 1e-9
+        assert v.bubble_fraction < zb.bubble_fraction, limit
+    assert _zb(d, m, 1.0, times).bubble_fraction < reference.bubble_fraction
+
+
+def test_zb_1p_and_2p_keep_their_memory_and_2p_has_fewer_bubbles():
+    """Qi et al. 2023: ZB-1P holds 1F1B's activation memory, ZB-2P twice it, with fewer
+    bubbles; both far below 1F1B's."""
+    d, m, times = 8, 32, (2 * 12.96, 2 * 13.22, 2 * 9.76)
+    one = simulate(
+        generate("zb-adaptive", d, m, memory_limit=1, times=PassTimes(*times)), Durations(*times)
+    )
+    two = simulate(
+        generate("zb-adaptive", d, m, memory_limit=2, times=PassTimes(*times)), Durations(*times)
+    )
+    plain = simulate(generate("1f1b", d, m), Durations(*times))
+    assert max(one.peak_activation) <= 1.0 + 1e-9 < max(two.peak_activation) <= 2.0 + 1e-9
+    assert two.bubble_fraction < one.bubble_fraction < plain.bubble_fraction / 1.5
+
+
+@pytest.mark.parametrize(
+    "d, m, times",
+    [
+        (4, 16, (12.96, 13.22, 9.76)),
+        (6, 24, (1.0, 1.0, 1.0)),
+        (8, 32, (1.0, 1.5, 0.5)),
+        (8, 32, (1.0, 1.0, 0.2)),
+    ],
+)
+def test_the_narrowed_search_finds_what_the_exhaustive_search_finds(d, m, times):
+    """The search builds in full only the fastest few of its two highest memory levels
+    (module docstring); building and timing every block within the limit gives the same
+    step time."""
+    pass_times = PassTimes(*times)
+    durations = _pass_durations(pass_times, d)
+    space, peaks = _space(d), _peaks(d, m)
+    for limit in (0.45, 0.55, 0.7, 0.9, 1.0):
+        if limit < smallest_v_limit(d, m):
+            continue
+        best = min(
+            max(time_orders(build_orders(space.cells[i].tolist(), m), m, durations)[1])
+            for i in np.flatnonzero(peaks <= _units(limit, d))
+        )
+        chosen = v_adaptive_choice(d, m, limit, pass_times)
+        assert chosen.makespan == pytest.approx(best, rel=1e-12), limit
+
+
+def test_the_limit_holds_on_every_device_for_any_times():
+    rng = np.random.default_rng(7)
+    d, m = 6, 20
+    for _ in range(6):
+        f = rng.uniform(0.5, 2.0, 2 * d).round(3)
+        times = PassTimes(tuple(f), tuple(f * rng.uniform(0.8, 1.3)), tuple(f * 0.7), 0.1)
+        limit = float(rng.uniform(0.45, 1.2))
+        schedule = generate("v-adaptive", d, m, memory_limit=limit, times=times)
+        result = simulate(schedule, Durations(times.forward, times.backward, times.weight))
+        assert max(result.peak_activation) <= limit + 1e-9
+
+
+def test_a_limit_no_schedule_reaches_names_the_smallest():
+    smallest = smallest_v_limit(8, 32)
+    with pytest.raises(
+        ScheduleConfigError, match=f"smallest feasible memory_limit is {smallest:.4g}"
+    ):
+        generate("v-adaptive", 8, 32, memory_limit=smallest - 0.01)
+    generate("v-adaptive", 8, 32, memory_limit=smallest)  # exactly it is fine
+    with pytest.raises(ScheduleConfigError, match="smallest feasible memory_limit is 0.125"):
+        generate("zb-adaptive", 8, 32, memory_limit=0.1)
+    with pytest.raises(ScheduleConfigError, match="v-half has no parameter memory_limit"):
+        generate("v-half", 8, 32, memory_limit=0.5)
+    with pytest.raises(ScheduleConfigError, match="v-adaptive needs memory_limit"):
+        generate("v-adaptive", 8, 32)
+
+
+def test_the_smallest_limit_is_about_a_third_of_1f1b():
+    """V-Min's memory (Table 1): the least the V family reaches, about M/3 plus a constant."""
+    for d in (8, 16, 32):
+        assert 1 / 3 <= smallest_v_limit(d, 4 * d) <= 1 / 3 + 2.5 / d
