@@ -1,5 +1,6 @@
-"""Price one candidate: per-stage times and activation sizes, memory per device, and the
-iteration time from the schedule itself.
+"""Price one candidate: memory per device and the iteration time from the schedule itself,
+from the per-stage times and activation sizes of :mod:`planner.costmodel.stages` (whose
+names this module re-exports, so callers import the cost model from one place).
 
 Two depths:
 - :func:`estimate` (every candidate of a search): memory is exact (in-flight counts from the
@@ -13,7 +14,7 @@ Two depths:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -26,12 +27,7 @@ from planner.costmodel.adaptive import (
 from planner.costmodel.flops import model_flops_per_step
 from planner.costmodel.memory import (
     GIB,
-    activation_bytes_per_layer,
     bytes_per_parameter,
-    embedding_parameters,
-    layer_parameters,
-    output_activation_bytes,
-    recompute_working_bytes,
     stored_bytes_per_parameter,
 )
 from planner.costmodel.parameters import ALLOCATOR_FRAGMENTATION, WORKSPACE_GIB
@@ -43,21 +39,20 @@ from planner.costmodel.shapes import (
     shape_profile,
     stages_by_device,
 )
-from planner.costmodel.timing import (
-    EndStageTimes,
-    LayerTimes,
-    end_stage_times,
-    layer_collective_seconds,
-    layer_times,
-    p2p_bytes,
+from planner.costmodel.stages import (
+    PlanContext,
+    StageCosts,
+    num_stages,
+    placement_for,
+    split_layers,
+    stage_costs,
 )
-from planner.placement import Assignment, Placement, pair_order, place
-from planner.profiles import HardwareProfile, LayerPoint, Link, ProfileStore
+from planner.profiles import HardwareProfile
 from planner.schedules import generate, schedule_family
 from planner.schedules._engine import CompiledSchedule, compile_schedule
 from planner.schedules._inflight import peak_from_profile
 from planner.simulate import Durations, SimulationResult, simulate
-from planner.specs import CandidateConfig, PlanRequest, Recompute
+from planner.specs import CandidateConfig
 
 __all__ = [
     "DeviceMemory",
@@ -80,231 +75,6 @@ __all__ = [
 
 # Schedules are priced with their family's default parameters (interleaved: 2 chunks a
 # device; 2BW: the steady state of batches without a flush).
-
-
-def num_stages(schedule: str, p: int) -> int:
-    """Pipeline stages of ``schedule`` on p devices (its registry entry's placement)."""
-    return schedule_family(schedule).num_stages(p)
-
-
-def split_layers(num_layers: int, stages: int) -> list[int] | None:
-    """Spread layers over stages as evenly as possible; when they do not divide, the first
-    and last stages get fewer (they also run the embedding and the output layer, as the
-    V-shape paper arranges, §4.1). None when a middle stage would get no layer."""
-    counts = _split_layers(num_layers, stages)
-    return None if counts is None else list(counts)
-
-
-@lru_cache(maxsize=1024)
-def _split_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
-    base, extra = divmod(num_layers, stages)
-    if extra == 0:
-        return (base,) * stages
-    # ``stages - extra`` stages get ``base``: the first and last first, then from the ends in
-    # (the same 0, n-1, 1, n-2, ... order that pairs BPipe's stages).
-    light = stages - extra
-    counts = [base + 1] * stages
-    for stage in pair_order(stages)[:light]:
-        counts[stage] = base
-    if base == 0 and any(c == 0 for c in counts[1:-1]):
-        return None
-    return tuple(counts)
-
-
-@dataclass
-class PlanContext:
-    """Everything one request's pricing shares, with caches of what repeats."""
-
-    request: PlanRequest
-    hardware: HardwareProfile
-    points: list[LayerPoint]
-    placements: dict[tuple[int, int, int, str], Placement] = field(default_factory=dict)
-    _layers: dict[tuple[int, int, str], LayerTimes] = field(default_factory=dict)
-    _ends: dict[tuple[int, int], EndStageTimes] = field(default_factory=dict)
-    _collectives: dict[tuple[int, int, str], float] = field(default_factory=dict)
-
-    @classmethod
-    def from_store(cls, request: PlanRequest, store: ProfileStore) -> PlanContext:
-        """The context of ``request`` with the hardware and layer points ``store`` holds."""
-        hardware = store.hardware(request.cluster.gpu)
-        return cls(request, hardware, list(store.layer_points(hardware.name)))
-
-    def layer(self, micro_batch: int, t: int, recompute: Recompute) -> LayerTimes:
-        key = (micro_batch, t, recompute)
-        found = self._layers.get(key)
-        if found is None:
-            r = self.request
-            found = layer_times(
-                self.points, self.hardware, r.model, r.training, micro_batch, t, recompute
-            )
-            self._layers[key] = found
-        return found
-
-    def end_stages(self, micro_batch: int, t: int) -> EndStageTimes:
-        """Embedding and output-layer times of this request's model."""
-        key = (micro_batch, t)
-        found = self._ends.get(key)
-        if found is None:
-            r = self.request
-            found = end_stage_times(self.hardware, r.model, r.training, micro_batch, t)
-            self._ends[key] = found
-        return found
-
-    def layer_collectives(self, micro_batch: int, t: int, recompute: Recompute) -> float:
-        """Tensor-parallel collectives inside one layer's F + B."""
-        key = (micro_batch, t, recompute)
-        found = self._collectives.get(key)
-        if found is None:
-            r = self.request
-            found = layer_collective_seconds(
-                self.hardware, r.model, r.training, micro_batch, t, recompute
-            )
-            self._collectives[key] = found
-        return found
-
-
-@dataclass(frozen=True)
-class StageCosts:
-    """Per stage, per micro-batch, on one tensor-parallel rank."""
-
-    forward: list[float]
-    backward: list[float]
-    weight: list[float]
-    activation_bytes: list[float]
-    parameters: list[float]
-    tp_comm: list[float]  # tensor-parallel collectives inside forward + backward
-    p2p_s: float  # one activation/gradient hop between stages (slowest link in the pipeline)
-    transfer_s: float  # one BPipe EVICT or LOAD of one stage's micro-batch
-    working_bytes: list[float]  # per stage: transient bytes of a recomputed layer in its backward
-    layer: LayerTimes
-
-
-def placement_for(
-    config: CandidateConfig,
-    gpus_per_node: int,
-    overrides: dict[tuple[int, int, int, str], Placement] | None = None,
-) -> Placement:
-    """An optimized placement when one was computed for this (t, p, d, schedule) (CP-SAT
-    plans), else BPipe's pair-adjacent assignment (§3.5) for BPipe and Megatron's for the
-    rest."""
-    if overrides:
-        found = overrides.get((config.t, config.p, config.d, config.schedule))
-        if found is not None:
-            return found
-    transfers = schedule_family(config.schedule).transfers
-    assignment: Assignment = "pair-adjacent" if transfers else "standard"
-    return place(config.t, config.p, config.d, gpus_per_node, assignment)
-
-
-def _link(hw: HardwareProfile, same_node: bool) -> Link:
-    return hw.intra_node if same_node else hw.inter_node
-
-
-def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
-    """Durations and sizes of every stage of ``config`` (layers from
-    ``config.layers_per_stage``, each with its recompute mode; the first stage adds the
-    embedding, the last the output layer and loss)."""
-    r = ctx.request
-    model, training, hw = r.model, r.training, ctx.hardware
-    mb, t = config.micro_batch_size, config.t
-    modes = config.stage_modes()
-    count = len(modes)
-    per_layer_params = layer_parameters(model) / t
-    # Per layer of each mode: (F, B, W, saved bytes, TP collectives, recompute working set).
-    per_mode: dict[Recompute, tuple[float, float, float, float, float, float]] = {}
-    for stage_modes in modes:
-        for mode in stage_modes:
-            if mode not in per_mode:
-                layer = ctx.layer(mb, t, mode)
-                measured = layer.activation_bytes
-                per_mode[mode] = (
-                    layer.forward,
-                    layer.backward,
-                    layer.weight,
-                    measured
-                    if measured is not None
-                    else activation_bytes_per_layer(model, training, mb, t, mode),
-                    ctx.layer_collectives(mb, t, mode),
-                    recompute_working_bytes(model, training, mb, t, mode),
-                )
-    forward, backward, weight, activation, params, tp_comm, working = [], [], [], [], [], [], []
-    # Stages mostly repeat a few compositions (n layers of one mode): price each once.
-    seen: dict[tuple[tuple[Recompute, int], ...], tuple[float, ...]] = {}
-    for stage_modes in modes:
-        composition = tuple(stage_modes.items())
-        row = seen.get(composition)
-        if row is None:
-            f = b = w = act = comm = work = 0.0
-            for mode, n in composition:
-                lf, lb, lw, lact, lcomm, lwork = per_mode[mode]
-                f += n * lf
-                b += n * lb
-                w += n * lw
-                act += n * lact
-                comm += n * lcomm
-                work = max(work, lwork)
-            row = seen[composition] = (f, b, w, act, comm, work)
-        f, b, w, act, comm, work = row
-        forward.append(f)
-        backward.append(b)
-        weight.append(w)
-        activation.append(act)
-        params.append(sum(stage_modes.values()) * per_layer_params)
-        tp_comm.append(comm)
-        working.append(work)
-    # The embedding on the first stage; the final layer norm, output layer and loss on the
-    # last (a one-stage pipeline has both).
-    ends = ctx.end_stages(mb, t)
-    for stage, (f, b, w) in ((0, ends.first), (count - 1, ends.last)):
-        forward[stage] += f
-        backward[stage] += b
-        weight[stage] += w
-    probe = ctx.layer(mb, t, config.recompute)
-    activation[-1] += (
-        probe.last_stage_extra_bytes
-        if probe.last_stage_extra_bytes is not None
-        else output_activation_bytes(model, training, mb, t)
-    )
-    if probe.first_stage_extra_bytes is not None:
-        activation[0] += probe.first_stage_extra_bytes
-    params[0] += embedding_parameters(model) / t
-    # The output layer reuses the word embedding (tied weights): the last stage keeps its own
-    # copy unless it is also the first stage. Plus the final layer norm.
-    tied_copy = model.vocab_size * model.hidden_size if count > 1 else 0
-    params[-1] += (tied_copy + 2 * model.hidden_size) / t
-    placement = placement_for(config, r.cluster.gpus_per_node, ctx.placements)
-    devices = config.p
-    hop_bytes = p2p_bytes(model, training, mb, t)
-    crosses = _crosses_nodes(placement, config.schedule)
-    worst = 0.0 if count == 1 else _link(hw, not crosses).seconds(hop_bytes)
-    transfer = 0.0
-    if schedule_family(config.schedule).transfers and devices >= 2:
-        pair_link = _link(hw, placement.same_node(0, devices - 1))
-        transfer = pair_link.seconds(max(activation[: max(1, devices // 2)]))
-    return StageCosts(
-        forward,
-        backward,
-        weight,
-        activation,
-        params,
-        tp_comm,
-        worst,
-        transfer,
-        working,
-        ctx.layer(mb, t, config.recompute),
-    )
-
-
-@lru_cache(maxsize=1024)
-def _crosses_nodes(placement: Placement, schedule: str) -> bool:
-    """Whether any hop between consecutive stages of the pipeline crosses a node boundary
-    (the simulator takes one p2p time, so the slowest hop sets it)."""
-    stage_device = schedule_family(schedule).stage_devices(placement.p)
-    return any(
-        not placement.same_node(a, b)
-        for a, b in zip(stage_device, stage_device[1:], strict=False)
-        if a != b
-    )
 
 
 class DeviceMemory(NamedTuple):
