@@ -51,5 +51,7 @@ def validation_problems(exc: ValidationError, whole: str = "request") -> str:
     ``dotted.location: message``, joined by '; ' (``whole`` names a problem of the whole
     object)."""
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}" for err in exc.errors()
+        f"{'.'.join(str(p) for p in err['loc']) or whole}: "
+        f"{err['msg'].removeprefix('Value error, ')}"
+        for err in exc.errors()
     )

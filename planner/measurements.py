@@ -26,12 +26,13 @@ import json
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.costmodel.evaluate import num_stages, split_layers
 from planner.costmodel.flops import model_flops_per_step
+from planner.errors import validation_problems
 from planner.profiles import LayerPoint
-from planner.schedules import BASELINE_SCHEDULE
+from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, schedule_family
 from planner.specs import (
     CandidateConfig,
     ClusterSpec,
@@ -82,6 +83,12 @@ class RunConfig(_Spec):
         default=None,
         description="Per stage, layers per recompute mode (a CP-SAT plan); null: all "
         "``recompute``.",
+    )
+    memory_limit: float | None = Field(
+        default=None,
+        gt=0,
+        description="For a schedule built for a memory limit (v-adaptive, zb-adaptive): the "
+        "limit, as a fraction of 1F1B's peak, as in a plan candidate's config.",
     )
 
 
@@ -193,6 +200,15 @@ class MeasuredRun(_Spec):
                 f"config.layers_per_stage {layers} must have {stages} entries ({c.schedule}, "
                 f"p = {c.p}) adding up to the model's {self.model.num_layers} layers"
             )
+        if c.memory_limit is None and schedule_family(c.schedule).has_parameter(MEMORY_LIMIT.name):
+            raise ValueError(
+                f"{c.schedule} is built for a memory limit: give config.memory_limit (as in "
+                "the plan candidate that ran)"
+            )
+        try:
+            candidate_config(self)  # the candidate's own rules (recompute split, limit, ...)
+        except ValidationError as exc:
+            raise ValueError(validation_problems(exc, "config")) from None
         memory = getattr(self.measured, "peak_memory_gib", None)
         if memory is not None and len(memory) != c.p:
             raise ValueError(
@@ -224,6 +240,7 @@ def candidate_config(run: MeasuredRun) -> CandidateConfig:
         schedule=c.schedule,
         layers_per_stage=list(layers),
         recompute_per_stage=c.recompute_per_stage,
+        memory_limit=c.memory_limit,
     )
 
 

@@ -298,6 +298,7 @@ _RUN_CONFIG_FIELDS = {
     "schedule",
     "layers_per_stage",
     "recompute_per_stage",
+    "memory_limit",
 }
 
 

@@ -81,6 +81,7 @@ def test_post_and_list_measured_runs(client):
         **RUN["config"],
         "layers_per_stage": None,
         "recompute_per_stage": None,
+        "memory_limit": None,
     }
     assert (first["model"]["name"], first["cluster"], first["source"]) == (
         "tiny",

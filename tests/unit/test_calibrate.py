@@ -195,6 +195,12 @@ def test_a_pass_is_predicted_as_its_layers_times_the_layer_model():
     assert predict(split, A100, []) == pytest.approx(sum(one.values()), rel=1e-12)
 
 
+def test_a_run_of_an_adaptive_schedule_carries_its_limit_to_the_candidate():
+    r = run({"kind": "step", "step_time_s": 1.0}, schedule="v-adaptive", memory_limit=0.5)
+    assert candidate_config(r).memory_limit == 0.5
+    assert predict(r, A100, []) > 0
+
+
 def test_a_run_names_its_configuration_and_fingerprints_stably():
     r = run({"kind": "step", "step_time_s": 2.0}, t=1, p=8)
     config = candidate_config(r)
@@ -232,6 +238,16 @@ def test_a_run_names_its_configuration_and_fingerprints_stably():
             "adding up to the model's 8 layers",
         ),
         ({"kind": "walk"}, {}, "does not match any of the expected tags: 'step', 'pass'"),
+        (
+            {"kind": "step", "step_time_s": 1.0},
+            {"schedule": "v-adaptive"},
+            "v-adaptive is built for a memory limit: give config.memory_limit",
+        ),
+        (
+            {"kind": "step", "step_time_s": 1.0},
+            {"memory_limit": 0.5},
+            "config: 1f1b takes no memory limit",
+        ),
     ],
 )
 def test_bad_runs_are_refused_saying_what_to_change(measured, config, message):
