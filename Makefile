@@ -32,7 +32,7 @@ lint: $(STAMP)  ## ruff (lint + format check)
 	$(BIN)/ruff check planner api executor tests benchmarks
 	$(BIN)/ruff format --check planner api executor tests benchmarks
 
-typecheck: $(STAMP)  ## mypy --strict on planner and api
+typecheck: $(STAMP)  ## mypy --strict on planner, api and executor
 	$(BIN)/mypy
 
 unit: $(STAMP)  ## the pytest suite only

@@ -20,6 +20,7 @@ from api.cli_measurements import add_measurement_commands
 from api.cli_regress import add_regress_command
 from api.render import render_plan
 from planner.errors import StagewrightError, validation_problems
+from planner.launch.files import launch_files
 from planner.schedules import (
     SCHEDULE_NAMES,
     PassTimes,
@@ -29,7 +30,7 @@ from planner.schedules import (
 )
 from planner.search import plan
 from planner.simulate import Durations, SimulationResult, simulate
-from planner.specs import PlanRequest
+from planner.specs import Plan, PlanRequest
 
 __all__ = ["main"]
 
@@ -144,6 +145,14 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="plan with the profiles of this store (e.g. after `stagewright calibrate`) "
         "instead of the bundled ones",
+    )
+    planner.add_argument(
+        "--emit",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="write each ranked candidate's launch artefacts into DIR (a new or empty folder): "
+        "executor config, a torchrun script per node, Megatron-LM arguments, torch CSV",
     )
     planner.set_defaults(handler=_plan)
 
@@ -293,6 +302,8 @@ def _read_request(path: str) -> PlanRequest:
 
 def _plan(args: argparse.Namespace) -> int:
     request = _read_request(args.request)
+    if args.emit is not None:
+        _check_emit_folder(args.emit)
     if args.database_url is None:
         result = plan(request)
     else:
@@ -300,6 +311,9 @@ def _plan(args: argparse.Namespace) -> int:
 
         with stored_profiles(args.database_url) as store:
             result = plan(request, store)
+    if args.emit is not None:
+        written = _emit(result, args.emit)
+        sys.stderr.write(f"stagewright plan: wrote {written} files into {args.emit}\n")
     if args.json:
         data = result.model_dump(mode="json")
         if not args.all:
@@ -309,6 +323,33 @@ def _plan(args: argparse.Namespace) -> int:
     console = Console(width=160)
     render_plan(console, result, show_rejected=args.all)
     return 0 if result.best is not None else 1
+
+
+def _check_emit_folder(folder: Path) -> None:
+    """--emit writes into a new or empty folder, so that nothing there is overwritten."""
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise StagewrightError(
+            f"--emit {folder}: the folder exists and is not empty; choose a new folder "
+            f"(nothing is overwritten)"
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StagewrightError(f"--emit {folder}: cannot create it ({exc.strerror})") from exc
+
+
+def _emit(result: Plan, folder: Path) -> int:
+    files = launch_files(result)
+    try:
+        for item in files:
+            path = folder / item.path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(item.content, encoding="utf-8")
+            if item.executable:
+                path.chmod(0o755)
+    except OSError as exc:
+        raise StagewrightError(f"--emit {folder}: cannot write ({exc.strerror})") from exc
+    return len(files)
 
 
 def _serve(args: argparse.Namespace) -> int:

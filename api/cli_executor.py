@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from planner.errors import StagewrightError
+from planner.specs import ModelSpec
 
 __all__ = ["add_executor_commands"]
 
@@ -21,9 +24,10 @@ def add_executor_commands(commands: Any) -> None:
         "run",
         help="run a plan's executor config under torchrun on this machine",
         description=(
-            "Launch CONFIG.json (a candidate's launch.executor_config) with one process per "
-            "rank (gloo on CPU, nccl on GPUs) and print each rank's measured figures next to "
-            "the planner's prediction."
+            "Launch CONFIG.json (a candidate's executor config, as stagewright plan --emit "
+            "writes it) with one process per rank (gloo on CPU, nccl on GPUs) and print the "
+            "measured step time and each rank's saved activations next to the planner's "
+            "prediction."
         ),
     )
     run.add_argument("config", metavar="CONFIG.json", type=Path)
@@ -33,11 +37,18 @@ def add_executor_commands(commands: Any) -> None:
         default=None,
         help="ranks to start (must equal t x p x d of the config)",
     )
-    run.add_argument("--steps", type=int, default=1, help="optimizer steps (default 1)")
+    run.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3)")
     run.add_argument(
         "--verify",
         action="store_true",
-        help="compare losses and gradients with a single-process reference",
+        help="compare with a single-process fp32 reference; exit 1 on any mismatch, "
+        "naming rank, stage and tensor",
+    )
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for run-report.json (default: a new temporary folder)",
     )
     run.add_argument("--json", action="store_true", help="print the per-rank report as JSON")
     run.add_argument(
@@ -76,6 +87,12 @@ def add_executor_commands(commands: Any) -> None:
     profile.add_argument("--gpu", default="cpu", help="hardware profile name (default cpu)")
     profile.add_argument("--repeats", type=int, default=5)
     profile.add_argument(
+        "--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="default fp32"
+    )
+    profile.add_argument(
+        "--recompute", choices=["none", "selective", "full"], default="none", help="default none"
+    )
+    profile.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -91,11 +108,12 @@ def add_executor_commands(commands: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     try:
         from executor.launcher import run
+        from executor.reporting import describe
     except ImportError as exc:  # pragma: no cover - torch missing
         raise StagewrightError(
             "the executor needs torch: install it with pip install 'stagewright[executor]'"
         ) from exc
-    result = run(
+    outcome = run(
         args.config,
         nproc=args.nproc,
         steps=args.steps,
@@ -104,38 +122,21 @@ def _run(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every if args.checkpoint_dir else 0,
         lr=args.lr,
+        out_dir=args.out,
     )
-    rows = result.summary()
     if args.json:
-        sys.stdout.write(
-            json.dumps({"world_size": result.world_size, "ranks": rows}, indent=2) + "\n"
-        )
-        return 0
-    lines = [
-        f"{result.world_size} ranks; last step per rank (saved activations: measured / planner)",
-        "rank  dp pp tp  stages    step s    busy s  bubble s   measured B   predicted B  sent B",
-    ]
-    for row in rows:
-        sent = sum(int(v) for v in row["bytes_sent"].values())
-        lines.append(
-            f"{row['rank']:>4} {row['dp']:>3} {row['pp']:>2} {row['tp']:>2}  "
-            f"{','.join(map(str, row['stages'])):<8} {row['step_s']:>8.3f} {row['busy_s']:>9.3f} "
-            f"{row['bubble_s']:>9.3f} {row['peak_activation_bytes']:>12} "
-            f"{row['predicted_activation_bytes']:>13.0f} {sent:>7}"
-        )
-        if "verify" in row:
-            v = row["verify"]
-            lines.append(
-                f"      verify: max gradient error {v['max_grad_error']:.2e}, "
-                f"max loss error {v['max_loss_error']:.2e} ({v['what']})"
-            )
-    sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.write(outcome.report.model_dump_json(indent=2) + "\n")
+    else:
+        sys.stdout.write(describe(outcome.report) + "\n")
+        sys.stdout.write(f"report: {outcome.out_dir / 'run-report.json'}\n")
+    if not outcome.verified:
+        sys.stderr.write("stagewright run: verification failed (see the mismatches above)\n")
+        return 1
     return 0
 
 
 def _profile(args: argparse.Namespace) -> int:
     try:
-        from executor.model import GPTShape
         from executor.profiler import profile_layer
     except ImportError as exc:  # pragma: no cover - torch missing
         raise StagewrightError(
@@ -149,17 +150,25 @@ def _profile(args: argparse.Namespace) -> int:
         raise StagewrightError(f"cannot read {args.model}: {exc}") from exc
     spec = data.get("model", data) if isinstance(data, dict) else None
     try:
-        shape = GPTShape.from_model_spec(spec)  # type: ignore[arg-type]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        model = ModelSpec.model_validate(spec)
+    except ValidationError as exc:
         raise StagewrightError(
             f"{args.model} needs a model with num_layers, hidden_size, num_attention_heads, "
-            f"seq_length and vocab_size ({exc})"
-        ) from exc
+            f"seq_length and vocab_size ({exc.errors()[0]['msg']})"
+        ) from None
     if args.micro_batch_size < 1 or args.t < 1 or args.repeats < 1:
         raise StagewrightError("--micro-batch-size, --t and --repeats must be at least 1")
-    if shape.num_heads % args.t or shape.ffn_hidden_size % args.t:
+    if model.num_attention_heads % args.t or model.ffn % args.t:
         raise StagewrightError(f"--t {args.t} must divide the heads and the MLP size")
-    point = profile_layer(shape, args.micro_batch_size, args.t, gpu=args.gpu, repeats=args.repeats)
+    point = profile_layer(
+        model,
+        args.micro_batch_size,
+        args.t,
+        gpu=args.gpu,
+        repeats=args.repeats,
+        precision=args.precision,
+        recompute=args.recompute,
+    )
     if args.database_url:
         from api.store.profiles_io import store_layer_point  # the service's SQL store
 

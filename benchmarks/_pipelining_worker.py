@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from executor.runtime import ExecConfig, batch_for, load_config  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.distributed.pipelining import (  # noqa: E402
     PipelineStage,
@@ -42,7 +43,6 @@ from torch.distributed.pipelining import (  # noqa: E402
 )
 
 from executor.model import Stage, build_stage, init_full_weights  # noqa: E402
-from executor.runtime import ExecConfig, batch_for, load_config  # noqa: E402
 
 
 class LastStage(nn.Module):

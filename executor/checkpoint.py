@@ -1,63 +1,78 @@
-"""Checkpoints with torch.distributed.checkpoint: every rank's weights (each weight version for
-2BW) and optimizer state, one folder per step, and resume from the newest complete one."""
+"""Checkpoints with torch.distributed.checkpoint, and resuming from the newest complete one.
+
+Every rank writes its stages' fp32 master weights and optimizer state (keys carry the rank's
+coordinates, so no two ranks write the same key). A checkpoint is written into
+``step_N.incomplete`` and renamed to ``step_N`` by rank 0 only after every rank has finished
+writing: a job that dies while saving leaves no folder that looks complete, and the next start
+removes the leftovers. The folder must be shared by all nodes (as DCP requires).
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed.checkpoint as dcp
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-if TYPE_CHECKING:
-    from executor.runtime import Runtime
+from executor.interpreter import RankRunner
 
-__all__ = ["latest_step", "load_checkpoint", "save_checkpoint"]
+__all__ = ["latest_step", "load_checkpoint", "remove_incomplete", "save_checkpoint"]
 
 _STEP = re.compile(r"^step_(\d+)$")
+_INCOMPLETE = ".incomplete"
 
 
-def _state(runtime: Runtime) -> dict[str, torch.Tensor]:
-    """Flat name -> tensor; names carry the rank's coordinates so that no two ranks write the
-    same key (stages differ across pipeline ranks, slices across tensor ranks)."""
-    prefix = f"dp{runtime.dp}.tp{runtime.tp_rank}"
-    state: dict[str, torch.Tensor] = {}
-    for s, versions in runtime.versions.items():
-        for version, params in versions.items():
-            for name, value in params.items():
-                state[f"{prefix}.stage{s}.v{version}.{name}"] = value.detach()
-        for name, value in runtime.optim_state[s].items():
-            if isinstance(value, torch.Tensor):
-                state[f"{prefix}.stage{s}.optim.{name}"] = value
-            else:
-                state[f"{prefix}.stage{s}.optim.{name}"] = torch.tensor(value)
+def _state(runner: RankRunner) -> dict[str, torch.Tensor]:
+    comm = runner.comm
+    prefix = f"dp{comm.dp}.tp{comm.tp_rank}"
+    state = {}
+    for s, weights in runner.weights.items():
+        for name, value in weights.state().items():
+            state[f"{prefix}.stage{s}.{name}"] = value
+    state[f"{prefix}.pp{comm.pp}.loss_scale"] = torch.tensor(runner.scaler.scale)
     return state
 
 
-def save_checkpoint(runtime: Runtime, folder: Path, step: int) -> None:
+def save_checkpoint(runner: RankRunner, folder: Path, step: int) -> None:
     """Collective: every rank calls it after the same step."""
-    dcp.save(_state(runtime), checkpoint_id=str(folder / f"step_{step}"))
+    staging = folder / f"step_{step}{_INCOMPLETE}"
+    dcp_save(_state(runner), checkpoint_id=str(staging))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        staging.rename(folder / f"step_{step}")
+    dist.barrier()
+
+
+def remove_incomplete(folder: Path) -> None:
+    """Delete checkpoints a failed job left half written (rank 0, before the run)."""
+    if folder.is_dir():
+        for child in folder.iterdir():
+            if child.name.endswith(_INCOMPLETE):
+                shutil.rmtree(child, ignore_errors=True)
 
 
 def latest_step(folder: Path) -> int | None:
-    """The newest step whose checkpoint finished (DCP writes .metadata last)."""
+    """The newest step with a complete checkpoint."""
     if not folder.is_dir():
         return None
     steps = [
-        int(match.group(1))
-        for child in folder.iterdir()
-        if (match := _STEP.match(child.name)) and (child / ".metadata").exists()
+        int(match.group(1)) for child in folder.iterdir() if (match := _STEP.match(child.name))
     ]
     return max(steps, default=None)
 
 
-def load_checkpoint(runtime: Runtime, folder: Path, step: int) -> None:
-    state = {name: value.clone() for name, value in _state(runtime).items()}
-    dcp.load(state, checkpoint_id=str(folder / f"step_{step}"))
-    prefix = f"dp{runtime.dp}.tp{runtime.tp_rank}"
-    with torch.no_grad():
-        for s, versions in runtime.versions.items():
-            for version, params in versions.items():
-                for name, value in params.items():
-                    value.copy_(state[f"{prefix}.stage{s}.v{version}.{name}"])
+def load_checkpoint(runner: RankRunner, folder: Path, step: int) -> None:
+    state = {name: value.clone() for name, value in _state(runner).items()}
+    dcp_load(state, checkpoint_id=str(folder / f"step_{step}"))
+    comm = runner.comm
+    prefix = f"dp{comm.dp}.tp{comm.tp_rank}"
+    for s, weights in runner.weights.items():
+        mine = f"{prefix}.stage{s}."
+        weights.load_state(
+            {k.removeprefix(mine): v for k, v in state.items() if k.startswith(mine)}
+        )
+    runner.scaler.scale = float(state[f"{prefix}.pp{comm.pp}.loss_scale"])

@@ -1,108 +1,45 @@
-"""``stagewright run``: launch an executor config under torchrun on this machine and report.
+"""``stagewright run``: launch an executor config under torchrun on this machine.
 
-Runs ``python -m torch.distributed.run --nproc-per-node N -m executor.worker CONFIG`` on
-loopback, collects every rank's report, and puts each rank's measured saved-activation peak
-next to the planner's prediction for the same configuration (the cost model with the
-profiles the planner reads, times the schedule's in-flight counts).
+Checks the inputs first (the config reads and validates, ``--nproc`` matches its t x p x d,
+the output folder can be written), then runs ``python -m torch.distributed.run
+--nproc-per-node N -m executor.worker CONFIG`` on loopback and reads the run report rank 0
+wrote (:mod:`planner.launch.report`): measured figures of every rank next to the planner's
+prediction, which the config carries.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from planner.costmodel.evaluate import PlanContext, device_memory, stage_costs
+from executor.inputs import check_writable, read_config
+from executor.reporting import REPORT_FILE
 from planner.errors import StagewrightError
-from planner.profiles import ProfileStore, default_store
-from planner.specs import CandidateConfig, PlanRequest
+from planner.launch import RunReport
 
-__all__ = ["ExecutorError", "RunResult", "predicted_activation_bytes", "run"]
+__all__ = ["ExecutorError", "RunOutcome", "run", "torchrun_command"]
 
 
 class ExecutorError(StagewrightError):
     """The distributed run failed; the message carries the ranks' own one-line reasons."""
 
 
-@dataclass
-class RunResult:
-    world_size: int
-    ranks: list[dict[str, Any]]
-    predicted_activation_bytes: list[float]  # per pipeline device
-    stdout: str = ""
-    stderr: str = ""
-    coords: list[tuple[int, int, int]] = field(default_factory=list)
+@dataclass(frozen=True)
+class RunOutcome:
+    report: RunReport
+    out_dir: Path
+    stdout: str
+    stderr: str
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One row per rank: measured figures of the last step next to the prediction."""
-        rows = []
-        for report in self.ranks:
-            last = report["steps"][-1] if report["steps"] else {}
-            pp = report["coords"]["pp"]
-            row = {
-                "rank": report["rank"],
-                "dp": report["coords"]["dp"],
-                "pp": pp,
-                "tp": report["coords"]["tp"],
-                "stages": report["stages"],
-                "step_s": last.get("wall_s"),
-                "busy_s": last.get("busy_s"),
-                "bubble_s": None if not last else last["wall_s"] - last["busy_s"],
-                "cpu_s": last.get("cpu_s"),
-                "peak_activation_bytes": last.get("peak_activation_bytes"),
-                "predicted_activation_bytes": self.predicted_activation_bytes[pp],
-                "bytes_sent": last.get("bytes_sent", {}),
-                "losses": last.get("losses", []),
-            }
-            if "verify" in report:
-                row["verify"] = {k: v for k, v in report["verify"].items() if k != "checked"}
-            rows.append(row)
-        return rows
-
-
-def _request_and_config(data: dict[str, Any]) -> tuple[PlanRequest, CandidateConfig]:
-    parallel = data["parallel"]
-    world = parallel["t"] * parallel["p"] * parallel["d"]
-    m, mb = data["num_microbatches"], data["micro_batch_size"]
-    training = dict(data["training"])
-    training["global_batch_size"] = m * mb * parallel["d"]
-    request = PlanRequest.model_validate(
-        {
-            "model": data["model"],
-            "cluster": {"gpu": data.get("gpu", "cpu"), "num_nodes": 1, "gpus_per_node": world},
-            "training": training,
-        }
-    )
-    config = CandidateConfig(
-        t=parallel["t"],
-        p=parallel["p"],
-        d=parallel["d"],
-        micro_batch_size=mb,
-        num_microbatches=m,
-        recompute=data.get("recompute", "none"),
-        schedule=data["schedule"]["name"],
-        memory_limit=data["schedule"].get("meta", {}).get("memory_limit"),
-        layers_per_stage=[b - a for a, b in data["stage_layers"]],
-    )
-    return request, config
-
-
-def predicted_activation_bytes(
-    data: dict[str, Any], store: ProfileStore | None = None
-) -> list[float]:
-    """The planner's saved-activation peak per pipeline device for an executor config."""
-    request, config = _request_and_config(data)
-    ctx = PlanContext.from_store(request, store or default_store())
-    costs = stage_costs(ctx, config)
-    memory, _ = device_memory(ctx, config, costs)
-    return [m.activations for m in memory]
+    @property
+    def verified(self) -> bool:
+        return self.report.verification is None or self.report.verification.passed
 
 
 def _free_port() -> int:
@@ -125,30 +62,26 @@ def torchrun_command(nproc: int, *target: str) -> list[str]:
     ]
 
 
-_RANK_ERROR = re.compile(r"^rank \d+: .*$", re.MULTILINE)
+_RANK_LINE = re.compile(r"^(?:rank \d+: .*|executor\.worker: error: .*)$", re.MULTILINE)
 
 
 def run(
     config_path: Path,
     *,
     nproc: int | None = None,
-    steps: int = 1,
+    steps: int = 3,
     verify: bool = False,
     timeout_s: float = 60.0,
     checkpoint_dir: Path | None = None,
     checkpoint_every: int = 0,
     lr: float | None = None,
-    env: dict[str, str] | None = None,
     out_dir: Path | None = None,
-    store: ProfileStore | None = None,
-) -> RunResult:
-    """Launch the config on this machine (one process per rank) and collect the reports."""
-    try:
-        data = json.loads(config_path.read_text())
-        parallel = data["parallel"]
-        world = int(parallel["t"]) * int(parallel["p"]) * int(parallel["d"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise StagewrightError(f"{config_path} is not an executor config: {exc}") from exc
+    env: dict[str, str] | None = None,
+) -> RunOutcome:
+    """Run the config with one process per rank and return its report (also when
+    ``--verify`` found a mismatch: check :attr:`RunOutcome.verified`)."""
+    config = read_config(config_path, lr)
+    world = config.world_size
     if nproc is not None and nproc != world:
         raise StagewrightError(
             f"{config_path} runs t x p x d = {world} ranks; --nproc {nproc} does not match "
@@ -157,6 +90,10 @@ def run(
     if steps < 1:
         raise StagewrightError("--steps must be at least 1")
     out = out_dir or Path(tempfile.mkdtemp(prefix="stagewright-run-"))
+    check_writable(out)
+    if checkpoint_dir is not None:
+        check_writable(checkpoint_dir)
+    (out / REPORT_FILE).unlink(missing_ok=True)
     command = torchrun_command(
         world,
         "-m",
@@ -174,27 +111,23 @@ def run(
     if lr is not None:
         command += ["--lr", str(lr)]
     if checkpoint_dir is not None:
-        command += [
-            "--checkpoint-dir",
-            str(checkpoint_dir),
-            "--checkpoint-every",
-            str(checkpoint_every),
-        ]
+        command += ["--checkpoint-dir", str(checkpoint_dir)]
+        command += ["--checkpoint-every", str(checkpoint_every)]
     environment = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
-    # A bounded wait: a job whose ranks all hang is stopped by the worker timeouts first.
-    limit = 120 + timeout_s * 3 + steps * 60
+    # A bounded wait (at most a week): a job whose ranks all hang is stopped by the worker
+    # timeouts first.
+    limit = min(120 + timeout_s * 3 + steps * 60, 7 * 24 * 3600)
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, env=environment, timeout=limit, check=False
         )
     except subprocess.TimeoutExpired as exc:
         raise ExecutorError(f"the run did not finish within {limit:.0f} s and was stopped") from exc
-    if done.returncode != 0:
-        reasons = _RANK_ERROR.findall(done.stderr) or done.stderr.strip().splitlines()[-3:]
+    # Rank 0 writes the report only once every rank has finished its steps: a report means
+    # the run completed (a failed --verify makes the ranks, and so torchrun, exit non-zero).
+    report_path = out / REPORT_FILE
+    if not report_path.exists():
+        reasons = _RANK_LINE.findall(done.stderr) or done.stderr.strip().splitlines()[-3:]
         raise ExecutorError(f"the run failed (exit {done.returncode}): " + " | ".join(reasons[:4]))
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
-    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
-    for line in warnings:
-        sys.stderr.write(line + "\n")
-    prediction = predicted_activation_bytes(data, store)
-    return RunResult(world, ranks, prediction, done.stdout, done.stderr)
+    report = RunReport.model_validate_json(report_path.read_text())
+    return RunOutcome(report, out, done.stdout, done.stderr)

@@ -1,17 +1,31 @@
-"""A GPT reference model, cut into pipeline stages, with Megatron-style tensor parallelism.
+"""The GPT the executor trains, cut into pipeline stages, as Megatron-LM builds it.
 
-The model (token + learned position embedding, pre-LN blocks of causal self-attention and a
-GELU MLP, final layer norm, output head, cross-entropy) is built from a ModelSpec. Its full
-weights come from one seed, independent of how the model is split, so a pipelined,
-tensor-parallel run and the single-process reference start from the same numbers.
+Token and learned position embedding, pre-LN blocks (causal self-attention, GELU MLP) with
+Megatron's bias-dropout-add, a final layer norm, the output layer and the cross-entropy in
+fp32. Full weights come from one seed in fp32, independent of the split, so a pipelined,
+tensor-parallel run and the single-process reference start from the same numbers; a stage
+holds them in the compute precision (bf16/fp16 with fp32 master weights in the optimizer,
+or fp32). Activations are (sequence, batch, hidden).
 
-Tensor parallelism (Narayanan et al. 2021 / Megatron-LM): QKV and the first MLP matmul are
-column-parallel (each rank holds heads / t heads and ffn / t columns), the attention output
-projection and the second MLP matmul are row-parallel and end in an all-reduce; the
-conjugate "copy" operation all-reduces the input gradient in the backward. Embedding, layer
-norms and the head are replicated inside a tensor-parallel group (their gradients are then
-identical on every rank). The output head is not tied to the embedding, so the first and
-last stages need no shared-weight synchronisation.
+What each setting does here, so that the run saves what the planner prices (Korthikanti et
+al. 2022, Table 2):
+- recompute, per layer: ``none`` keeps everything; ``selective`` wraps the attention core
+  (QK^T, softmax, dropout, attention over V) in ``torch.utils.checkpoint``, which keeps only
+  its inputs Q, K, V; ``full`` checkpoints the whole layer, which keeps only its input.
+- attention without flash attention is computed op by op, keeping the softmax output, the
+  dropout mask and its output (the 5as^2b term; 7as^2b where Megatron-LM cannot use its
+  fused softmax kernel and computes the softmax in fp32, ``softmax_in_fp32``, decided by the
+  planner's own rule ``planner.costmodel.layer_ops.fused_softmax_available``); with flash
+  attention it is
+  ``scaled_dot_product_attention``, which keeps no s x s tensor (and, here, no attention
+  dropout: the kernel would draw it from the process's random state, which a pipelined run
+  does not share with the reference).
+- tensor parallelism t: QKV and the first MLP linear column-parallel, the attention output and
+  second MLP linear row-parallel, the output layer and the loss vocabulary-parallel;
+  embeddings and layer norms replicated. Sequence parallelism: see
+  :mod:`executor.tensor_parallel`.
+- dropout ``p``: after the embedding, on the attention probabilities, after each residual
+  branch; masks from :mod:`executor.dropout`.
 """
 
 from __future__ import annotations
@@ -19,14 +33,39 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["GPTShape", "Stage", "TensorParallel", "build_stage", "init_full_weights"]
+from executor.dropout import DropoutKey, Site, dropout
+from executor.tensor_parallel import (
+    TensorParallel,
+    copy_to,
+    gathered_linear,
+    reduce_from,
+    reduce_scatter_to,
+    scatter_to,
+    vocab_parallel_cross_entropy,
+)
+from planner.costmodel.layer_ops import fused_softmax_available
+from planner.launch import ExecutorConfig
+from planner.specs import ModelSpec
+
+__all__ = [
+    "COMPUTE_DTYPE",
+    "GPTShape",
+    "ModelOptions",
+    "Stage",
+    "build_stage",
+    "init_full_weights",
+    "model_options",
+]
+
+RecomputeMode = Literal["none", "selective", "full"]
+_EMBEDDING_LAYER = -1
 
 
 @dataclass(frozen=True)
@@ -39,16 +78,42 @@ class GPTShape:
     num_layers: int
 
     @classmethod
-    def from_model_spec(cls, spec: dict[str, Any]) -> GPTShape:
-        hidden = int(spec["hidden_size"])
+    def of(cls, model: ModelSpec) -> GPTShape:
         return cls(
-            vocab_size=int(spec["vocab_size"]),
-            seq_length=int(spec["seq_length"]),
-            hidden_size=hidden,
-            num_heads=int(spec["num_attention_heads"]),
-            ffn_hidden_size=int(spec.get("ffn_hidden_size") or 4 * hidden),
-            num_layers=int(spec["num_layers"]),
+            vocab_size=model.vocab_size,
+            seq_length=model.seq_length,
+            hidden_size=model.hidden_size,
+            num_heads=model.num_attention_heads,
+            ffn_hidden_size=model.ffn,
+            num_layers=model.num_layers,
         )
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How a stage computes (see the module docstring)."""
+
+    dtype: torch.dtype = torch.float32
+    dropout: float = 0.0
+    flash_attention: bool = False
+    softmax_in_fp32: bool = False  # Megatron-LM's fallback where its fused kernel cannot run
+
+
+COMPUTE_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def model_options(config: ExecutorConfig) -> ModelOptions:
+    """How the stages of ``config`` compute (the reference computes the same way)."""
+    training = config.training
+    fused = fused_softmax_available(
+        config.model, training, config.micro_batch_size, config.parallel.t
+    )
+    return ModelOptions(
+        dtype=COMPUTE_DTYPE[training.precision],
+        dropout=config.dropout,
+        flash_attention=training.flash_attention,
+        softmax_in_fp32=training.precision != "fp32" and not fused,
+    )
 
 
 def init_full_weights(shape: GPTShape, seed: int = 1234) -> dict[str, Tensor]:
@@ -82,150 +147,199 @@ def init_full_weights(shape: GPTShape, seed: int = 1234) -> dict[str, Tensor]:
     return weights
 
 
-@dataclass(frozen=True)
-class TensorParallel:
-    """This rank's place in its tensor-parallel group (size 1: no tensor parallelism)."""
+class _Parallel(nn.Module):
+    """Shared by blocks and stages: the column- and row-parallel linear and dropout placement."""
 
-    size: int = 1
-    rank: int = 0
-    group: Any = None
-
-
-class _CopyToTensorParallel(torch.autograd.Function):
-    """Identity forward; all-reduce of the gradient backward (Megatron's f)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromTensorParallel(torch.autograd.Function):
-    """All-reduce forward; identity backward (Megatron's g)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
-
-
-class Block(nn.Module):
-    """One pre-LN transformer block holding this tensor rank's share of the weights."""
-
-    def __init__(self, shape: GPTShape, full: dict[str, Tensor], index: int, tp: TensorParallel):
+    def __init__(self, shape: GPTShape, tp: TensorParallel, options: ModelOptions) -> None:
         super().__init__()
+        self.shape = shape
+        self.tp = tp
+        self.options = options
+        self.sp = tp.sequence_parallel and tp.size > 1
+
+    def column(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if self.sp:
+            return gathered_linear(x, weight, bias, self.tp)
+        return F.linear(copy_to(x, self.tp), weight, bias)
+
+    def row(self, x: Tensor, weight: Tensor) -> Tensor:
+        out = F.linear(x, weight)
+        return reduce_scatter_to(out, self.tp) if self.sp else reduce_from(out, self.tp)
+
+    def hidden_dropout(self, x: Tensor, key: DropoutKey, layer: int, site: int) -> Tensor:
+        """Dropout of a (sequence, batch, hidden) activation, whole or this rank's shard."""
+        s_local, b, h = x.shape
+        part: tuple[slice, ...] = ()
+        if self.sp:
+            part = (slice(self.tp.rank * s_local, (self.tp.rank + 1) * s_local),)
+        full = (self.shape.seq_length, b, h)
+        return dropout(x, self.options.dropout, key, layer, site, full, part)
+
+
+class Block(_Parallel):
+    """One pre-LN transformer layer holding this tensor rank's share of the weights."""
+
+    def __init__(
+        self,
+        shape: GPTShape,
+        full: dict[str, Tensor],
+        index: int,
+        tp: TensorParallel,
+        options: ModelOptions,
+        recompute: RecomputeMode,
+    ) -> None:
+        super().__init__(shape, tp, options)
         h, heads = shape.hidden_size, shape.num_heads
         if heads % tp.size or shape.ffn_hidden_size % tp.size:
             raise ValueError(
                 f"t = {tp.size} must divide the {heads} heads and the MLP size "
                 f"{shape.ffn_hidden_size}"
             )
-        self.tp = tp
+        self.index = index
+        self.recompute = recompute
         self.local_heads = heads // tp.size
         self.head_dim = h // heads
         p = f"layers.{index}."
         local = self.local_heads * self.head_dim
         rows = slice(tp.rank * local, (tp.rank + 1) * local)
-        qkv_w = full[p + "qkv.w"].view(3, h, h)[:, rows, :].reshape(3 * local, h)
-        qkv_b = full[p + "qkv.b"].view(3, h)[:, rows].reshape(3 * local)
         f_local = shape.ffn_hidden_size // tp.size
         cols = slice(tp.rank * f_local, (tp.rank + 1) * f_local)
-        self.ln1 = nn.LayerNorm(h)
-        self.ln2 = nn.LayerNorm(h)
-        with torch.no_grad():
-            self.ln1.weight.copy_(full[p + "ln1.w"])
-            self.ln1.bias.copy_(full[p + "ln1.b"])
-            self.ln2.weight.copy_(full[p + "ln2.w"])
-            self.ln2.bias.copy_(full[p + "ln2.b"])
+        self.ln1_w = nn.Parameter(full[p + "ln1.w"].clone())
+        self.ln1_b = nn.Parameter(full[p + "ln1.b"].clone())
+        self.ln2_w = nn.Parameter(full[p + "ln2.w"].clone())
+        self.ln2_b = nn.Parameter(full[p + "ln2.b"].clone())
+        qkv_w = full[p + "qkv.w"].view(3, h, h)[:, rows, :].reshape(3 * local, h)
         self.qkv_w = nn.Parameter(qkv_w.clone())
-        self.qkv_b = nn.Parameter(qkv_b.clone())
+        self.qkv_b = nn.Parameter(full[p + "qkv.b"].view(3, h)[:, rows].reshape(3 * local).clone())
         self.proj_w = nn.Parameter(full[p + "proj.w"][:, rows].clone())
         self.proj_b = nn.Parameter(full[p + "proj.b"].clone())
         self.fc1_w = nn.Parameter(full[p + "fc1.w"][cols, :].clone())
         self.fc1_b = nn.Parameter(full[p + "fc1.b"][cols].clone())
         self.fc2_w = nn.Parameter(full[p + "fc2.w"][:, cols].clone())
         self.fc2_b = nn.Parameter(full[p + "fc2.b"].clone())
+        s = shape.seq_length
+        # Additive causal mask: an addition saves nothing for backward (a masked_fill would
+        # keep the mask).
+        self.register_buffer("causal", torch.full((s, s), float("-inf")).triu(1), persistent=False)
 
-    def _enter(self, x: Tensor) -> Tensor:
-        if self.tp.size > 1 and self.tp.group is not None:
-            out: Tensor = _CopyToTensorParallel.apply(x, self.tp.group)  # type: ignore[no-untyped-call]
+    def forward(self, x: Tensor, key: DropoutKey) -> Tensor:
+        # The weights as this call sees them (under torch.func.functional_call, a weight
+        # version's tensors), passed on explicitly: a recomputation in the backward must use
+        # these, whatever the module holds by then.
+        w: dict[str, Tensor] = dict(self.named_parameters())
+        if self.recompute == "full":
+            out: Tensor = checkpoint(self._layer, x, key, w, use_reentrant=False)
             return out
-        return x
+        return self._layer(x, key, w)
 
-    def _leave(self, x: Tensor) -> Tensor:
-        """Without a group (profiling one rank's shard on its own) the collective is
-        skipped: the shapes and the compute are this rank's, the communication is not."""
-        if self.tp.size > 1 and self.tp.group is not None:
-            out: Tensor = _ReduceFromTensorParallel.apply(x, self.tp.group)  # type: ignore[no-untyped-call]
-            return out
-        return x
+    def _layer(self, x: Tensor, key: DropoutKey, w: dict[str, Tensor]) -> Tensor:
+        h = self.shape.hidden_size
+        normed = F.layer_norm(x, (h,), w["ln1_w"], w["ln1_b"])
+        qkv = self.column(normed, w["qkv_w"], w["qkv_b"])
+        out = self.row(self._attention(qkv, key), w["proj_w"]) + w["proj_b"]
+        x = x + self.hidden_dropout(out, key, self.index, Site.ATTENTION_OUTPUT)
+        normed = F.layer_norm(x, (h,), w["ln2_w"], w["ln2_b"])
+        hidden = F.gelu(self.column(normed, w["fc1_w"], w["fc1_b"]))
+        out = self.row(hidden, w["fc2_w"]) + w["fc2_b"]
+        return x + self.hidden_dropout(out, key, self.index, Site.MLP_OUTPUT)
 
-    def forward(self, x: Tensor) -> Tensor:
-        b, s, _ = x.shape
-        h = self._enter(self.ln1(x))
-        qkv = F.linear(h, self.qkv_w, self.qkv_b).view(b, s, 3, self.local_heads, self.head_dim)
-        q, k, v = qkv.unbind(dim=2)
-        attn = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        attn = attn.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
-        x = x + self._leave(F.linear(attn, self.proj_w)) + self.proj_b
-        h = self._enter(self.ln2(x))
-        h = F.gelu(F.linear(h, self.fc1_w, self.fc1_b))
-        return x + self._leave(F.linear(h, self.fc2_w)) + self.fc2_b
+    def _attention(self, qkv: Tensor, key: DropoutKey) -> Tensor:
+        s, b, _ = qkv.shape
+        # (3, batch, heads, sequence, head_dim): Q, K and V are views of one storage.
+        qkv = qkv.view(s, b, 3, self.local_heads, self.head_dim).permute(2, 1, 3, 0, 4)
+        q, k, v = qkv.contiguous().unbind(0)
+        if self.options.flash_attention:
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif self.recompute == "selective":
+            context = checkpoint(self._core, q, k, v, key, use_reentrant=False)
+        else:
+            context = self._core(q, k, v, key)
+        return context.permute(2, 0, 1, 3).reshape(s, b, self.local_heads * self.head_dim)
+
+    def _core(self, q: Tensor, k: Tensor, v: Tensor, key: DropoutKey) -> Tensor:
+        """Attention scores, softmax, dropout and the weighted sum of V (the part selective
+        recomputation recomputes)."""
+        s = q.shape[2]
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        causal = self.get_buffer("causal")
+        masked = scores + causal[:s, :s].to(scores.dtype)
+        if self.options.softmax_in_fp32:  # keeps the fp32 softmax output: 7as^2b, not 5
+            probs = torch.softmax(masked.float(), dim=-1).to(scores.dtype)
+        else:
+            probs = torch.softmax(masked, dim=-1)
+        b = q.shape[0]
+        heads = slice(self.tp.rank * self.local_heads, (self.tp.rank + 1) * self.local_heads)
+        full = (b, self.shape.num_heads, s, s)
+        part = (slice(None), heads) if self.tp.size > 1 else ()
+        probs = dropout(probs, self.options.dropout, key, self.index, Site.ATTENTION, full, part)
+        return torch.matmul(probs, v)
 
 
-class Stage(nn.Module):
-    """Layers [first, last) of the model; the first stage embeds tokens, the last one ends
-    in the head and returns the mean cross-entropy of its micro-batch."""
+class Stage(_Parallel):
+    """Layers [first, end) of the model; the first stage embeds tokens (batch, sequence), the
+    last one ends in the output layer and returns its micro-batch's mean cross-entropy."""
 
     def __init__(
         self,
         shape: GPTShape,
         full: dict[str, Tensor],
         layers: Sequence[int],
+        recompute: Sequence[RecomputeMode],
         *,
         embed: bool,
         head: bool,
         tp: TensorParallel,
+        options: ModelOptions,
     ) -> None:
-        super().__init__()
-        self.shape = shape
+        super().__init__(shape, tp, options)
         self.has_embedding = embed
         self.has_head = head
-        self.blocks = nn.ModuleList(Block(shape, full, i, tp) for i in layers)
+        self.blocks = nn.ModuleList(
+            Block(shape, full, i, tp, options, mode)
+            for i, mode in zip(layers, recompute, strict=True)
+        )
         if embed:
             self.tok = nn.Parameter(full["embed.tok"].clone())
             self.pos = nn.Parameter(full["embed.pos"].clone())
         if head:
-            self.ln_f = nn.LayerNorm(shape.hidden_size)
-            with torch.no_grad():
-                self.ln_f.weight.copy_(full["head.ln.w"])
-                self.ln_f.bias.copy_(full["head.ln.b"])
-            self.out_w = nn.Parameter(full["head.out.w"].clone())
+            if shape.vocab_size % tp.size:
+                raise ValueError(f"t = {tp.size} must divide the vocabulary {shape.vocab_size}")
+            self.ln_f_w = nn.Parameter(full["head.ln.w"].clone())
+            self.ln_f_b = nn.Parameter(full["head.ln.b"].clone())
+            local = shape.vocab_size // tp.size
+            self.out_w = nn.Parameter(
+                full["head.out.w"][tp.rank * local : (tp.rank + 1) * local].clone()
+            )
+        self.to(options.dtype)
 
-    def forward(self, x: Tensor, targets: Tensor | None = None) -> Tensor:
+    def partial_gradient_names(self) -> list[str]:
+        """Parameters applied to this rank's sequence shard only (sequence parallelism): their
+        gradients are partial sums, to be all-reduced over the tensor-parallel group."""
+        if not self.sp:
+            return []
+        return [
+            name
+            for name, _ in self.named_parameters()
+            if name.split(".")[-1].startswith(("ln1_", "ln2_", "ln_f_"))
+            or name.endswith(("proj_b", "fc2_b"))
+        ]
+
+    def forward(self, x: Tensor, key: DropoutKey, targets: Tensor | None = None) -> Tensor:
         if self.has_embedding:
-            x = F.embedding(x, self.tok) + self.pos[: x.shape[1]]
+            tokens = x.t()  # (sequence, batch)
+            x = F.embedding(tokens, self.tok) + self.pos[: tokens.shape[0]].unsqueeze(1)
+            if self.sp:
+                x = scatter_to(x, self.tp)
+            x = self.hidden_dropout(x, key, _EMBEDDING_LAYER, Site.EMBEDDING)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, key)
         if not self.has_head:
             return x
-        logits = F.linear(self.ln_f(x), self.out_w)
         if targets is None:
             raise ValueError("the last stage needs targets to compute the loss")
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        normed = F.layer_norm(x, (self.shape.hidden_size,), self.ln_f_w, self.ln_f_b)
+        logits = self.column(normed, self.out_w, None)
+        return vocab_parallel_cross_entropy(logits.float(), targets.t(), self.tp).mean()
 
 
 def build_stage(
@@ -237,13 +351,19 @@ def build_stage(
     embed: bool,
     head: bool,
     tp: TensorParallel | None = None,
+    options: ModelOptions | None = None,
+    recompute: Sequence[RecomputeMode] | None = None,
 ) -> Stage:
-    """The stage holding layers [first_layer, end_layer)."""
+    """The stage holding layers [first_layer, end_layer); ``recompute`` per layer (default
+    none)."""
+    layers = range(first_layer, end_layer)
     return Stage(
         shape,
         full,
-        range(first_layer, end_layer),
+        layers,
+        recompute if recompute is not None else ["none"] * len(layers),
         embed=embed,
         head=head,
         tp=tp or TensorParallel(),
+        options=options or ModelOptions(),
     )

@@ -18,8 +18,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from executor.model import GPTShape, Stage, TensorParallel, build_stage, init_full_weights
+from executor.dropout import DropoutKey
+from executor.model import (
+    COMPUTE_DTYPE,
+    GPTShape,
+    ModelOptions,
+    Stage,
+    build_stage,
+    init_full_weights,
+)
+from executor.tensor_parallel import TensorParallel
+from planner.costmodel.layer_ops import fused_softmax_available
 from planner.profiles import LayerPoint
+from planner.specs import ModelSpec, Precision, Recompute, TrainingSpec
 
 __all__ = ["profile_layer", "saved_bytes"]
 
@@ -42,25 +53,46 @@ def saved_bytes(run: Callable[[], Any], parameters: Sequence[Tensor]) -> tuple[i
 
 
 def _stage(
-    shape: GPTShape, full: dict[str, Tensor], layers: int, *, embed: bool, head: bool, t: int
+    shape: GPTShape,
+    full: dict[str, Tensor],
+    layers: int,
+    *,
+    embed: bool,
+    head: bool,
+    t: int,
+    options: ModelOptions,
+    recompute: Recompute = "none",
 ) -> Stage:
     return build_stage(
-        shape, full, 0, layers, embed=embed, head=head, tp=TensorParallel(t, 0, None)
+        shape,
+        full,
+        0,
+        layers,
+        embed=embed,
+        head=head,
+        tp=TensorParallel(t, 0, None),
+        options=options,
+        recompute=[recompute] * layers,
     )
 
 
 def profile_layer(
-    shape: GPTShape,
+    model: ModelSpec,
     micro_batch: int,
     t: int = 1,
     *,
     gpu: str = "cpu",
     repeats: int = 5,
     warmup: int = 2,
+    precision: Precision = "fp32",
+    recompute: Recompute = "none",
+    dropout: float = 0.1,
 ) -> LayerPoint:
     """Time F, B (input gradient) and W (weight gradient) of one layer and count its saved
-    bytes, and the first/last stage extras; fp32 on the local device."""
+    bytes, and the first/last stage extras, in ``precision`` with ``recompute`` on the local
+    device (the executor's model, dropout included)."""
     torch.manual_seed(0)
+    shape = GPTShape.of(model)
     one = GPTShape(
         shape.vocab_size,
         shape.seq_length,
@@ -70,18 +102,24 @@ def profile_layer(
         1,
     )
     full = init_full_weights(one)
-    layer = _stage(one, full, 1, embed=False, head=False, t=t)
+    dtype = COMPUTE_DTYPE[precision]
+    # The executor's softmax choice for this shape (see executor.model.model_options).
+    training = TrainingSpec(global_batch_size=micro_batch, precision=precision)
+    fused = fused_softmax_available(model, training, micro_batch, t)
+    options = ModelOptions(dtype, dropout, softmax_in_fp32=precision != "fp32" and not fused)
+    layer = _stage(one, full, 1, embed=False, head=False, t=t, options=options, recompute=recompute)
     params = list(layer.parameters())
-    size = (micro_batch, shape.seq_length, shape.hidden_size)
+    size = (shape.seq_length, micro_batch, shape.hidden_size)
+    key = DropoutKey(0, 0, 0)
     forward: list[float] = []
     backward: list[float] = []
     weight: list[float] = []
     layer_bytes = 0
     for i in range(warmup + repeats):
-        x = torch.randn(size, requires_grad=True)
-        grad = torch.randn(size)
+        x = torch.randn(size, dtype=dtype, requires_grad=True)
+        grad = torch.randn(size, dtype=dtype)
         started = time.perf_counter()
-        layer_bytes, out = saved_bytes(partial(layer, x), params)
+        layer_bytes, out = saved_bytes(partial(layer, x, key), [*params, *layer.buffers()])
         mid = time.perf_counter()
         torch.autograd.grad(out, x, grad, retain_graph=True)
         after_b = time.perf_counter()
@@ -93,23 +131,23 @@ def profile_layer(
             forward.append(mid - started)
             backward.append(after_b - mid)
             weight.append(done - after_b)
-    embed = _stage(one, full, 0, embed=True, head=False, t=t)
+    embed = _stage(one, full, 0, embed=True, head=False, t=t, options=options)
     tokens = torch.randint(0, shape.vocab_size, (micro_batch, shape.seq_length))
-    first_extra, _ = saved_bytes(lambda: embed(tokens), list(embed.parameters()))
-    head = _stage(one, full, 0, embed=False, head=True, t=t)
-    hidden = torch.randn(size, requires_grad=True)
+    first_extra, _ = saved_bytes(lambda: embed(tokens, key), list(embed.parameters()))
+    head = _stage(one, full, 0, embed=False, head=True, t=t, options=options)
+    hidden = torch.randn(size, dtype=dtype, requires_grad=True)
     targets = torch.randint(0, shape.vocab_size, (micro_batch, shape.seq_length))
-    last_extra, _ = saved_bytes(lambda: head(hidden, targets), list(head.parameters()))
+    last_extra, _ = saved_bytes(lambda: head(hidden, key, targets), list(head.parameters()))
     return LayerPoint(
         gpu=gpu,
-        precision="fp32",
+        precision=precision,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_heads,
         ffn_hidden_size=shape.ffn_hidden_size,
         seq_length=shape.seq_length,
         micro_batch_size=micro_batch,
         t=t,
-        recompute="none",
+        recompute=recompute,
         sequence_parallel=False,
         flash_attention=False,
         forward_ms=statistics.median(forward) * 1e3,

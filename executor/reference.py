@@ -1,137 +1,170 @@
 """The single-process reference a pipelined run is verified against.
 
-Same model, same seed, same batch, fp32, no parallelism: the loss of the whole global batch
-(mean over every replica's micro-batches of each micro-batch's mean cross-entropy) and the
-gradient of every weight. Mapping the reference's full gradients onto a rank's stage uses the
-model's own slicing: a stage built from the gradients instead of the weights holds exactly
-the slices that rank's parameters hold.
+The same model, seed, batches and dropout masks, in the run's precision (bf16 and fp16
+compute with gradients accumulated in fp32 over the micro-batches, and fp16's loss scale, as
+the run does), on one process without any parallelism: per micro-batch losses and the
+gradient of every weight of the whole model for one step (the mean loss over every replica's
+micro-batches), and the weights a run's updates produce (with stale weights for a schedule
+that updates that way). Mapping the reference's full tensors
+onto a rank's stage uses the model's own slicing: a stage built from the gradients (or
+weights) instead of the initial weights holds exactly the slices that rank's parameters hold.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-from executor.model import TensorParallel, build_stage, init_full_weights
-from executor.runtime import ExecConfig, batch_for, microbatch_rows
+from executor.data import MicroBatch
+from executor.model import (
+    COMPUTE_DTYPE,
+    GPTShape,
+    Stage,
+    build_stage,
+    init_full_weights,
+    model_options,
+)
+from executor.tensor_parallel import TensorParallel
+from executor.weights import LossScaler, make_optimizer
+from planner.launch import ExecutorConfig
 
-__all__ = ["local_view", "reference_2bw_weights", "reference_step"]
+__all__ = ["local_view", "reference_gradients", "reference_run", "reference_weights"]
+
+_FIELDS = {
+    "qkv_w": "qkv.w",
+    "qkv_b": "qkv.b",
+    "proj_w": "proj.w",
+    "proj_b": "proj.b",
+    "fc1_w": "fc1.w",
+    "fc1_b": "fc1.b",
+    "fc2_w": "fc2.w",
+    "fc2_b": "fc2.b",
+    "ln1_w": "ln1.w",
+    "ln1_b": "ln1.b",
+    "ln2_w": "ln2.w",
+    "ln2_b": "ln2.b",
+}
 
 
-def _full_model(config: ExecConfig, weights: dict[str, Tensor]) -> torch.nn.Module:
-    shape = config.shape
-    return build_stage(shape, weights, 0, shape.num_layers, embed=True, head=True)
+def _full_model(config: ExecutorConfig, weights: dict[str, Tensor]) -> Stage:
+    shape = GPTShape.of(config.model)
+    options = model_options(config)  # the run's, so that both compute alike
+    return build_stage(shape, weights, 0, shape.num_layers, embed=True, head=True, options=options)
 
 
-def _names(config: ExecConfig) -> dict[str, str]:
+def _weight_key(config: ExecutorConfig) -> dict[str, str]:
     """Reference module parameter name -> full weight key (whole model, t = 1)."""
     out = {
         "tok": "embed.tok",
         "pos": "embed.pos",
-        "ln_f.weight": "head.ln.w",
-        "ln_f.bias": "head.ln.b",
+        "ln_f_w": "head.ln.w",
+        "ln_f_b": "head.ln.b",
         "out_w": "head.out.w",
     }
-    fields = {
-        "qkv_w": "qkv.w",
-        "qkv_b": "qkv.b",
-        "proj_w": "proj.w",
-        "proj_b": "proj.b",
-        "fc1_w": "fc1.w",
-        "fc1_b": "fc1.b",
-        "fc2_w": "fc2.w",
-        "fc2_b": "fc2.b",
-        "ln1.weight": "ln1.w",
-        "ln1.bias": "ln1.b",
-        "ln2.weight": "ln2.w",
-        "ln2.bias": "ln2.b",
-    }
-    for i in range(config.shape.num_layers):
-        for local, key in fields.items():
+    for i in range(config.model.num_layers):
+        for local, key in _FIELDS.items():
             out[f"blocks.{i}.{local}"] = f"layers.{i}.{key}"
     return out
 
 
-def _grads(
-    config: ExecConfig, weights: dict[str, Tensor], batches: list[int], step: int
+def _gradients(
+    config: ExecutorConfig, weights: dict[str, Tensor], step: int
 ) -> tuple[list[float], dict[str, Tensor]]:
-    """Per-micro-batch losses and full gradients of the mean loss over the given batches
-    (batch indices within the step's schedule, all replicas)."""
+    """Per-micro-batch losses (replica-major) and full gradients of the step's mean loss."""
     model = _full_model(config, weights)
-    inputs, targets = batch_for(config, step)
-    m = config.num_microbatches
-    count = config.d * m * len(batches)
+    m, d = config.num_microbatches, config.parallel.d
+    scale = LossScaler(config).scale
+    params = dict(model.named_parameters())
+    total = {n: torch.zeros(p.shape) for n, p in params.items()}
     losses = []
-    for batch in batches:
-        for dp in range(config.d):
-            for k in range(m):
-                rows = microbatch_rows(config, dp, batch * m + k)
-                loss = model(inputs[rows], targets[rows])
-                losses.append(float(loss.detach()))
-                (loss / count).backward()
-    names = _names(config)
-    grads = {
-        names[n]: (p.grad if p.grad is not None else torch.zeros_like(p)).detach()
-        for n, p in model.named_parameters()
-    }
-    return losses, grads
+    for dp in range(d):
+        for k in range(m):
+            batch = MicroBatch(config, dp, step, k)
+            loss = model(batch.inputs(), batch.key, batch.targets())
+            losses.append(float(loss.detach()))
+            (loss * (scale / m)).backward()
+            for n, p in params.items():  # accumulate in fp32, as the run does
+                if p.grad is not None:
+                    total[n] += p.grad.float()
+                    p.grad = None
+    names = _weight_key(config)
+    return losses, {names[n]: g / (d * scale) for n, g in total.items()}
 
 
-def reference_step(config: ExecConfig, step: int = 0) -> tuple[list[float], dict[str, Tensor]]:
-    """Losses (replica-major) and full-model gradients of one flushed step."""
-    weights = init_full_weights(config.shape, config.seed)
-    return _grads(config, weights, [0], step)
+def reference_gradients(
+    config: ExecutorConfig, step: int, weights: dict[str, Tensor]
+) -> tuple[list[float], dict[str, Tensor]]:
+    """Losses and full-model gradients of one flushed step from ``weights``."""
+    return _gradients(config, weights, step)
 
 
-def reference_2bw_weights(config: ExecConfig, steps: int) -> dict[str, Tensor]:
-    """Weights after ``steps`` runs of a 2BW schedule: within a run, batch b's gradient is
+def reference_weights(config: ExecutorConfig, segments: Sequence[int]) -> dict[str, Tensor]:
+    """Weights after the given runs (see :func:`reference_run`)."""
+    return reference_run(config, segments)[0]
+
+
+def reference_run(
+    config: ExecutorConfig, segments: Sequence[int]
+) -> tuple[dict[str, Tensor], list[list[float]]]:
+    """Weights after the given runs, from the initial weights, and every step's per
+    micro-batch losses (replica-major). Within a run of n batches
+    without a flush (a weight-versioned schedule, PipeDream-2BW §3.1), batch b's gradient is
     taken at version max(b - 1, 0) and applied to the newest weights,
-    W(t+1) = W(t) - lr grad(W(t-1)) (PipeDream-2BW §3.1), with the runtime's optimizer rule;
-    each run starts from the previous run's newest weights."""
-    current = init_full_weights(config.shape, config.seed)
-    state: dict[str, dict[str, Tensor | int]] = {}
-    for step in range(steps):
-        versions = [current]
-        for batch in range(config.schedule.num_batches):
-            _, grads = _grads(config, versions[max(batch - 1, 0)], [batch], step)
-            newest = versions[-1]
-            versions.append({k: newest[k] - _update(config, state, k, grads[k]) for k in newest})
+    W(t+1) = W(t) - lr * grad(W(t-1)); each run starts from the previous run's newest weights
+    (a flush between runs). ``segments`` lists the batches of each run, in order: runs of one
+    batch are ordinary flushed steps, W(t+1) = W(t) - lr * grad(W(t)). The update is the
+    run's optimizer (torch.optim) over the whole model. (fp16 steps the loss scaler skipped
+    are not replayed.)"""
+    dtype = COMPUTE_DTYPE[config.training.precision]
+    # The master weights start from the compute-precision weights, as Megatron-LM's do.
+    initial = init_full_weights(GPTShape.of(config.model), config.seed)
+    current = {name: value.to(dtype).float() for name, value in initial.items()}
+    names = list(current)
+    flat = torch.nn.Parameter(torch.cat([current[n].reshape(-1) for n in names]))
+    optimizer = make_optimizer(config, flat)
+    step = 0
+    losses: list[list[float]] = []
+    for batches in segments:
+        versions = [dict(current)]
+        for b in range(batches):
+            step_losses, grads = _gradients(config, versions[max(b - 1, 0)], step + b)
+            losses.append(step_losses)
+            flat.grad = torch.cat([grads[n].reshape(-1) for n in names])
+            optimizer.step()
+            # The run's forwards use the new master weights in its compute precision.
+            compute = flat.detach().to(dtype).float().clone()
+            versions.append(_unflatten(compute, current))
         current = versions[-1]
-    return current
+        step += batches
+    return current, losses
 
 
-def _update(
-    config: ExecConfig, state: dict[str, dict[str, Tensor | int]], key: str, grad: Tensor
-) -> Tensor:
-    if config.optimizer != "adam":
-        return config.lr * grad
-    entry = state.setdefault(
-        key, {"m": torch.zeros_like(grad), "v": torch.zeros_like(grad), "t": 0}
-    )
-    b1, b2, eps = 0.9, 0.999, 1e-8
-    entry["t"] = int(entry["t"]) + 1
-    m = entry["m"] = b1 * entry["m"] + (1 - b1) * grad  # type: ignore[operator]
-    v = entry["v"] = b2 * entry["v"] + (1 - b2) * grad * grad  # type: ignore[operator]
-    t = int(entry["t"])
-    return config.lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)  # type: ignore[no-any-return]
+def _unflatten(flat: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:
+    out = {}
+    offset = 0
+    for name, tensor in like.items():
+        out[name] = flat[offset : offset + tensor.numel()].view_as(tensor)
+        offset += tensor.numel()
+    return out
 
 
 def local_view(
-    config: ExecConfig, full: dict[str, Tensor], stage: int, tp: TensorParallel
+    config: ExecutorConfig, full: dict[str, Tensor], stage: int, tp: TensorParallel
 ) -> dict[str, Tensor]:
     """``full`` (gradients or weights of the whole model) as the given stage on the given
-    tensor rank holds them, by parameter name."""
-    first, end = config.stage_layers[stage]
-    last = config.schedule.num_stages - 1
-    complete = dict(init_full_weights(config.shape, config.seed))
+    tensor rank holds them, by parameter name, in fp32."""
+    spec = config.stages[stage]
+    complete = dict(init_full_weights(GPTShape.of(config.model), config.seed))
     complete.update(full)
     module = build_stage(
-        config.shape,
+        GPTShape.of(config.model),
         complete,
-        first,
-        end,
+        spec.first_layer,
+        spec.end_layer,
         embed=stage == 0,
-        head=stage == last,
-        tp=TensorParallel(tp.size, tp.rank, None),
+        head=stage == len(config.stages) - 1,
+        tp=TensorParallel(tp.size, tp.rank, None, tp.sequence_parallel),
     )
     return {name: p.detach() for name, p in module.named_parameters()}

@@ -26,7 +26,7 @@ def _node(t: Tensor) -> Node | None:
     if t.grad_fn is not None:
         return t.grad_fn
     if t.requires_grad:
-        return t.view_as(t).grad_fn.next_functions[0][0]  # type: ignore[union-attr,no-any-return]
+        return t.view_as(t).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
     return None
 
 

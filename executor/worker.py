@@ -1,19 +1,24 @@
 """Per-rank entry point under torchrun: ``python -m executor.worker CONFIG.json [options]``.
 
-Initialises the process group (nccl when a GPU is present, gloo otherwise) with a bounded
-timeout, runs the steps, checkpoints with torch.distributed.checkpoint every N steps and
-resumes from the newest checkpoint, and writes this rank's report as JSON. A peer that dies
-or hangs surfaces as a timeout or a connection error here: the rank prints one clear line
-and exits non-zero, so torchrun stops the job.
+This is what the torchrun line of a plan runs. Everything a person can get wrong is checked
+before any process group exists, each with one line on stderr and exit status 2: a config that
+cannot be read or is not an executor config, one made for another number of ranks, an output
+folder that cannot be written. Then the rank joins the process group (nccl when a GPU is
+present, gloo otherwise) with a bounded timeout, resumes from the newest complete checkpoint
+if asked, runs the steps, optionally verifies against the single-process reference, and rank
+0 writes ``run-report.json`` (:mod:`planner.launch.report`) and prints it as a table.
+
+A peer that dies or hangs surfaces here as an error or a timeout: the rank prints one line
+(``rank N: stopped: ...``) and exits with status 1, so torchrun stops the job; no report is
+written, and a checkpoint being written stays marked incomplete. Exit status 3 means the run
+finished but ``--verify`` found a mismatch (the report names rank, stage and tensor).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,177 +26,219 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.checkpoint import latest_step, load_checkpoint, save_checkpoint
-from executor.runtime import Runtime, load_config
-from planner.schedules import ActionKind
+from executor.comm import Comm
+from executor.inputs import BadInput, check_writable, read_config
+from executor.interpreter import RankRunner
+from executor.reporting import build_report, describe, write_report
+from executor.verify import verify_rank
+from planner.errors import StagewrightError
+from planner.launch import ExecutorConfig
+from planner.schedules import ActionKind, Schedule, generate
 
-__all__ = ["main"]
+__all__ = ["DEFAULT_OUT", "main"]
+
+DEFAULT_OUT = Path("stagewright-run")
+EXIT_BAD_INPUT, EXIT_FAILED, EXIT_MISMATCH = 2, 1, 3
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m executor.worker")
-    parser.add_argument(
-        "config",
-        type=Path,
-        nargs="+",
-        help="executor configs, run one after the other (same world size)",
+    parser = argparse.ArgumentParser(
+        prog="python -m executor.worker",
+        description="Run an executor config (one process per rank, started by torchrun).",
     )
-    parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--verify", action="store_true")
-    parser.add_argument("--out", type=Path, required=True, help="folder for rank reports")
+    parser.add_argument(
+        "config", type=Path, nargs="+", help="executor configs, run one after the other"
+    )
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"folder for run-report.json (default ./{DEFAULT_OUT})",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare with a single-process fp32 reference; exit 3 on a mismatch",
+    )
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds before a silent peer counts as dead"
     )
     parser.add_argument("--checkpoint-dir", type=Path, default=None)
-    parser.add_argument("--checkpoint-every", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: never)")
+    parser.add_argument("--lr", type=float, default=None, help="override the learning rate")
     parser.add_argument(
-        "--dump-weights",
-        action="store_true",
-        help="also save this rank's final weights (for tests)",
+        "--dump-weights", action="store_true", help="also save each rank's final weights"
     )
     return parser.parse_args(argv)
 
 
+def _check_inputs(args: argparse.Namespace, world: int) -> list[tuple[ExecutorConfig, Path]]:
+    """Each config with the folder its report goes to (a subfolder per config when there
+    are several)."""
+    if args.steps < 1:
+        raise BadInput("--steps must be at least 1")
+    if args.checkpoint_every < 0:
+        raise BadInput("--checkpoint-every must be 0 (never) or a number of steps")
+    configs = [(path, read_config(path, args.lr)) for path in args.config]
+    for path, config in configs:
+        if config.world_size != world:
+            raise BadInput(
+                f"{path} runs t x p x d = {config.parallel.t} x {config.parallel.p} x "
+                f"{config.parallel.d} = {config.world_size} ranks, but torchrun started {world}; "
+                f"start {config.world_size} (--nproc-per-node x --nnodes)"
+            )
+    several = len(configs) > 1
+    runs = [(config, args.out / path.stem if several else args.out) for path, config in configs]
+    for folder in [out for _, out in runs] + ([args.checkpoint_dir] if args.checkpoint_dir else []):
+        check_writable(folder)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
-    configs = []
-    for path in args.config:
-        try:
-            data = json.loads(path.read_text())
-            if args.lr is not None:
-                data["lr"] = args.lr
-            configs.append((path, load_config(data)))
-        except (OSError, ValueError) as exc:
-            sys.stderr.write(f"rank {rank}: cannot use {path}: {exc}\n")
-            return 2
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        configs = _check_inputs(args, world)
+    except BadInput as exc:
+        if rank == 0:
+            sys.stderr.write(f"executor.worker: error: {exc}\n")
+        return EXIT_BAD_INPUT
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    world = dist.get_world_size()
-    for path, config in configs:
-        if rank == 0:
-            for note in config.notes:
-                sys.stderr.write(f"warning: {path.name}: {note}\n")
-        needed = config.t * config.p * config.d
-        if needed != world:
-            sys.stderr.write(
-                f"rank {rank}: {path} needs t x p x d = {needed} ranks, but {world} were "
-                f"started; use --nproc {needed}\n"
-            )
-            return 2
+    passed = True
+    for config, out in configs:
         try:
-            report = _run(config, rank, args)
+            passed &= _run(config, rank, args, out)
         except Exception as exc:  # noqa: BLE001 - one clear line for the operator, then stop
+            text = str(exc).splitlines()[0][:300] if str(exc) else ""
             sys.stderr.write(
-                f"rank {rank}: stopped: {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:300] if str(exc) else ''} "
-                f"(a peer died, hung past --timeout {args.timeout:g}s, or the step failed)\n"
+                f"rank {rank}: stopped: {type(exc).__name__}: {text} (a peer died, hung past "
+                f"--timeout {args.timeout:g}s, or the step failed)\n"
             )
             sys.stderr.flush()
-            os._exit(1)  # do not wait for peers that may be gone
-        out = args.out / path.stem if len(configs) > 1 else args.out
-        out.mkdir(parents=True, exist_ok=True)
-        weights = report.pop("weights", None)
-        (out / f"rank{rank}.json").write_text(json.dumps(report))
-        if weights is not None:
-            torch.save(weights, out / f"rank{rank}.weights.pt")
+            os._exit(EXIT_FAILED)  # do not wait for peers that may be gone
+    # Every rank leaves together: a rank that tore its connections down while a peer still
+    # used them made that peer's gloo thread abort ("terminate called without an active
+    # exception", 1 run in 6 without this barrier).
+    dist.barrier()
     dist.destroy_process_group()
-    return 0
+    return 0 if passed else EXIT_MISMATCH
 
 
-def _run(config: Any, rank: int, args: argparse.Namespace) -> dict[str, Any]:
-    runtime = Runtime(config, rank, timeout_s=args.timeout)
-    if config.schedule.count(ActionKind.EVICT):
-        runtime.exchange_sizes()
+def schedule_for_batches(config: ExecutorConfig, batches: int) -> Schedule:
+    """The config's schedule over ``batches`` batches without a flush, from the planner's own
+    generator; refused when that generator does not reproduce the config's schedule."""
+    ir = config.ir
+    if batches == ir.num_batches:
+        return ir
+    try:
+        same = generate(ir.name, ir.num_devices, ir.num_microbatches, num_batches=ir.num_batches)
+        longer = generate(ir.name, ir.num_devices, ir.num_microbatches, num_batches=batches)
+    except StagewrightError as exc:
+        raise StagewrightError(f"cannot extend schedule {ir.name!r} across steps: {exc}") from exc
+    if same.actions != ir.actions:
+        raise StagewrightError(
+            f"the config's {ir.name} schedule is not the one stagewright's generator builds, so "
+            f"it cannot be run across {batches} steps; plan again"
+        )
+    return longer
+
+
+def _segments(config: ExecutorConfig, start: int, steps: int, every: int) -> list[int]:
+    """Steps per pass: one per step for flushed schedules; for schedules that run batches
+    without a flush, the steps between checkpoints (a checkpoint needs a flush)."""
+    remaining = steps - start
+    if config.ir.num_batches == 1:
+        return [1] * remaining
+    size = every if every else remaining
+    return [min(size, remaining - i) for i in range(0, remaining, size)]
+
+
+def _run(config: ExecutorConfig, rank: int, args: argparse.Namespace, out: Path) -> bool:
+    comm = Comm(config, rank, args.timeout)
+    runner = RankRunner(config, comm, keep_first_grads=args.verify)
+    if config.ir.count(ActionKind.EVICT):
+        runner.measure_stage_bytes()
     start = 0
-    if args.checkpoint_dir is not None:
-        found = latest_step(args.checkpoint_dir)
+    folder: Path | None = args.checkpoint_dir
+    if folder is not None:
+        # Imported only when asked: torch.distributed.checkpoint takes 0.6 s to import, in
+        # every rank.
+        from executor.checkpoint import (
+            latest_step,
+            load_checkpoint,
+            remove_incomplete,
+            save_checkpoint,
+        )
+
+        if rank == 0:
+            remove_incomplete(folder)
+        dist.barrier()
+        found = latest_step(folder)
         if found is not None:
-            load_checkpoint(runtime, args.checkpoint_dir, found)
+            load_checkpoint(runner, folder, found)
             start = found + 1
-    runtime.keep_grads = args.verify
-    steps = []
-    # "rank:step": for the failure tests, this rank dies (FAIL) or hangs (HANG) there.
-    fail_at = os.environ.get("STAGEWRIGHT_FAIL_AT")
-    hang_at = os.environ.get("STAGEWRIGHT_HANG_AT")
-    for step in range(start, args.steps):
-        if fail_at and fail_at == f"{rank}:{step}":
-            sys.stderr.write(f"rank {rank}: simulated failure at step {step}\n")
-            sys.stderr.flush()
-            os._exit(17)
-        if hang_at and hang_at == f"{rank}:{step}":
-            sys.stderr.write(f"rank {rank}: simulated hang at step {step}\n")
-            sys.stderr.flush()
-            time.sleep(3600)
-        report = runtime.run_step(step)
-        if step == start:
-            runtime.first_losses = report.losses
-        steps.append(report.__dict__)
-        if (
-            args.checkpoint_dir is not None
-            and args.checkpoint_every
-            and ((step + 1) % args.checkpoint_every == 0)
-        ):
-            save_checkpoint(runtime, args.checkpoint_dir, step)
-    result: dict[str, Any] = {
-        "rank": rank,
-        "coords": {"dp": runtime.dp, "pp": runtime.pp, "tp": runtime.tp_rank},
-        "stages": list(runtime.my_stages),
-        "first_step": start,
-        "steps": steps,
-        "time": time.time(),
-    }
+    continuous = config.ir.num_batches > 1
+    segments = _segments(config, start, args.steps, args.checkpoint_every)
+    measures = []
+    step = start
+    for batches in segments:
+        schedule = config.ir if not continuous else schedule_for_batches(config, batches)
+        done = runner.run(schedule, step)
+        if not runner.first_losses and done:
+            runner.first_losses = done[0].losses
+        measures += done
+        step += batches
+        for weights in runner.weights.values():
+            weights.restart_versions()
+        due = args.checkpoint_every and (step - start) % args.checkpoint_every == 0
+        if folder is not None and (due or step == args.steps):
+            save_checkpoint(runner, folder, step - 1)
+    verify = None
     if args.verify:
-        result["verify"] = _verify(runtime, args)
+        # The reference replays the whole run from the initial weights, so a resumed run's
+        # earlier steps are included (segments as the checkpoints cut them).
+        history = _segments(config, 0, args.steps, args.checkpoint_every)
+        verify = verify_rank(runner, start, history if continuous else None)
+    mine: dict[str, Any] = {
+        "rank": rank,
+        "dp": comm.dp,
+        "pp": comm.pp,
+        "tp": comm.tp_rank,
+        "stages": list(runner.my_stages),
+        "steps": [m.model_dump() for m in measures],
+        "verify": verify,
+    }
+    everyone = comm.all_gather_object(mine)
     if args.dump_weights:
-        result["weights"] = {
-            f"stage{s}.{name}": value.detach().clone()
-            for s, versions in runtime.versions.items()
-            for name, value in versions[max(versions)].items()
+        final = {
+            f"stage{s}.{name}": value.detach().float().clone()
+            for s, w in runner.weights.items()
+            for name, value in w.newest().items()
         }
-    return result
-
-
-def _verify(runtime: Runtime, args: argparse.Namespace) -> dict[str, Any]:
-    from executor.reference import local_view, reference_2bw_weights, reference_step
-
-    config = runtime.config
-    out: dict[str, Any] = {"max_grad_error": 0.0, "max_loss_error": 0.0, "checked": []}
-    # Weight versions stepped by the schedule (2BW): each update uses a stale gradient, so
-    # the check is the 1-stale rule, not a single-process step.
-    stepped_versions = any(
-        action.kind is ActionKind.OPTIMIZER_STEP and action.version is not None
-        for _, _, action in config.schedule.iter_actions()
+        torch.save(final, out / f"rank{rank}.weights.pt")
+    report = build_report(
+        config, everyone, first_step=start, continuous=continuous, notes=_notes(config)
     )
-    if stepped_versions:
-        full = reference_2bw_weights(config, args.steps)
-        for s in runtime.my_stages:
-            newest = runtime.versions[s][max(runtime.versions[s])]
-            expected = local_view(config, full, s, runtime.tp)
-            for name, value in newest.items():
-                err = float((value.detach() - expected[name]).abs().max())
-                out["max_grad_error"] = max(out["max_grad_error"], err)
-                out["checked"].append(name)
-        out["what"] = "weights after the run vs W(t+1) = W(t) - lr grad(W(t-1))"
-        return out
-    losses, grads = reference_step(config, 0)
-    for s in runtime.my_stages:
-        expected = local_view(config, grads, s, runtime.tp)
-        for name, grad in runtime.verify_grads.get(s, {}).items():
-            err = float((grad - expected[name]).abs().max())
-            out["max_grad_error"] = max(out["max_grad_error"], err)
-            out["checked"].append(f"stage{s}.{name}")
-    mine = runtime.first_losses
-    m = config.num_microbatches
-    ref = losses[runtime.dp * m : (runtime.dp + 1) * m]
-    if mine:
-        out["max_loss_error"] = max(abs(a - b) for a, b in zip(mine, ref, strict=True))
-    out["what"] = "first step's gradients and losses vs the single-process reference"
-    return out
+    if rank == 0:
+        write_report(report, out)
+        sys.stdout.write(describe(report) + "\n")
+        sys.stdout.flush()
+    return report.verification is None or report.verification.passed
+
+
+def _notes(config: ExecutorConfig) -> list[str]:
+    notes = []
+    if config.training.flash_attention and config.dropout > 0:
+        notes.append(
+            "flash attention runs without attention dropout here (its kernel would draw the "
+            "masks from the process's random state, which the reference does not share)"
+        )
+    return notes
 
 
 if __name__ == "__main__":

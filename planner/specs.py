@@ -19,7 +19,14 @@ from pydantic import (
     model_validator,
 )
 
-from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, SCHEDULE_NAMES, schedule_family
+from planner.schedules import (
+    MEMORY_LIMIT,
+    SCHEDULE_NAMES,
+    Runtime,
+    Semantics,
+    families,
+    schedule_family,
+)
 
 __all__ = [
     "DEFAULT_MICRO_BATCH_SIZES",
@@ -38,6 +45,7 @@ __all__ = [
     "Recompute",
     "RecomputeSplit",
     "RefinementInfo",
+    "RuntimeChoice",
     "Rejected",
     "ScheduleName",
     "ScheduleSummary",
@@ -45,6 +53,7 @@ __all__ = [
     "SolverStatus",
     "StageBreakdown",
     "TrainingSpec",
+    "default_schedules",
 ]
 
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -68,6 +77,17 @@ ScheduleName = Annotated[
 """A registered schedule's name (:mod:`planner.schedules`)."""
 SCHEDULES: tuple[str, ...] = SCHEDULE_NAMES
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)  # searched when a request gives none
+RuntimeChoice = Literal["any", "megatron", "torch", "stagewright"]
+
+
+def default_schedules(*, allow_stale_weights: bool) -> list[str]:
+    """The schedules a request that names none searches: every registered synchronous one,
+    and the stale-weight ones when allowed."""
+    return [
+        family.name
+        for family in families()
+        if family.semantics == "synchronous" or allow_stale_weights
+    ]
 
 
 class _Spec(BaseModel):
@@ -142,9 +162,24 @@ class SearchSpec(_Spec):
     """What the search may choose from."""
 
     schedules: list[ScheduleName] = Field(
-        default_factory=lambda: [BASELINE_SCHEDULE],
-        description="Pipeline schedules to consider.",
+        default_factory=lambda: default_schedules(allow_stale_weights=False),
+        description="Pipeline schedules to consider. Omitted: every registered schedule that "
+        "trains like a single process (synchronous), and with allow_stale_weights also the "
+        "ones that update weights from stale gradients.",
         min_length=1,
+    )
+    runtime: RuntimeChoice = Field(
+        default="any",
+        description="Who will run the plan: only candidates that runtime can run as planned "
+        "are returned (megatron: Megatron-LM; torch: torch.distributed.pipelining; "
+        "stagewright: the bundled executor); any: no constraint. Every candidate lists the "
+        "runtimes that can run it.",
+    )
+    allow_stale_weights: bool = Field(
+        default=False,
+        description="Allow schedules that update weights from gradients of older weights "
+        "(PipeDream-2BW's 1-stale update): they change the training, not only its speed, so "
+        "a request opts in.",
     )
     recompute: list[Recompute] = Field(
         default_factory=lambda: list[Recompute](["none", "selective", "full"]),
@@ -165,6 +200,28 @@ class SearchSpec(_Spec):
         "seconds; each model gets at most 2 s of it.",
     )
     top_k: int = Field(default=10, description="Ranked candidates to return.", ge=1, le=1000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_schedules(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("schedules") is None:
+            stale = bool(data.get("allow_stale_weights", False))
+            return {**data, "schedules": default_schedules(allow_stale_weights=stale)}
+        return data
+
+    @model_validator(mode="after")
+    def _stale_only_when_allowed(self) -> SearchSpec:
+        if self.allow_stale_weights:
+            return self
+        for name in self.schedules:
+            family = schedule_family(name)
+            if family.semantics != "synchronous":
+                raise ValueError(
+                    f"{name} ({family.title}) updates weights from stale gradients, which "
+                    f"changes the training, not only its speed; set search.allow_stale_weights "
+                    f"to true to search it, or leave it out of search.schedules"
+                )
+        return self
 
     @field_validator("schedules", "recompute")
     @classmethod
@@ -383,6 +440,20 @@ class Candidate(_Spec):
     config: CandidateConfig
     predicted: Predicted
     launch: Launch
+    runtimes: list[Runtime] = Field(
+        default_factory=list,
+        description="Runtimes that can run this candidate as planned (schedule, layer split "
+        "and recompute choices).",
+    )
+    runtime_limits: dict[str, str] = Field(
+        default_factory=dict,
+        description="For each runtime that cannot run it as planned, the reason.",
+    )
+    semantics: Semantics = Field(
+        default="synchronous",
+        description="synchronous: trains exactly like one process; stale: updates weights "
+        "with gradients of older weights (PipeDream-2BW), which changes the training.",
+    )
     breakdown: list[StageBreakdown] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     refinement: RefinementInfo | None = Field(
@@ -408,6 +479,9 @@ class ScheduleSummary(_Spec):
 
     schedule: ScheduleName
     feasible: int = Field(description="Configurations of this schedule that fit.")
+    semantics: Semantics = Field(
+        default="synchronous", description="The schedule's training semantics."
+    )
     best_config: CandidateConfig | None
     best_iteration_time_s: float | None = Field(description="Simulated, or null if none fit.")
     speedup_vs_1f1b: float | None = Field(

@@ -17,6 +17,8 @@ Sources:
   Megatron cannot use its fused softmax kernel (``layer_ops.fused_softmax_available``), its
   fp32 fallback keeps the softmax output in fp32: 2 more bytes per score, 7as/h.
 - Output layer and loss on the last stage: 4sbh/t (1 + V/h) bytes (Korthikanti et al. §4.3).
+  Embedding on the first stage: its token ids (8sb) and its dropout mask (sbh, /t with
+  sequence parallelism), which the per-layer counts leave out.
 - 2BW keeps a second (stashed) copy of the 16-bit weights (Narayanan et al. 2021a, §3.1).
 """
 
@@ -30,6 +32,7 @@ __all__ = [
     "GIB",
     "activation_bytes_per_layer",
     "bytes_per_parameter",
+    "embedding_activation_bytes",
     "embedding_parameters",
     "layer_parameters",
     "output_activation_bytes",
@@ -109,6 +112,18 @@ def recompute_working_bytes(
     if recompute == "full":
         return full_layer
     return full_layer - activation_bytes_per_layer(model, training, micro_batch, t, "selective")
+
+
+def embedding_activation_bytes(
+    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int
+) -> float:
+    """Embedding activations on the first stage: the token ids it looks up (int64, 8sb) and
+    the mask of the dropout after it (one byte per element, sbh; sbh/t with sequence
+    parallelism, which drops out only the rank's shard). Korthikanti et al.'s per-layer count
+    leaves them out; next to a fully recomputed layer (2sbh) they are not small."""
+    sb = model.seq_length * micro_batch
+    shard = t if training.sequence_parallel and t > 1 else 1
+    return 8.0 * sb + sb * model.hidden_size / shard
 
 
 def output_activation_bytes(

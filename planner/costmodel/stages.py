@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from planner.costmodel.memory import (
     activation_bytes_per_layer,
+    embedding_activation_bytes,
     embedding_parameters,
     layer_parameters,
     output_activation_bytes,
@@ -232,8 +233,11 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
         if probe.last_stage_extra_bytes is not None
         else output_activation_bytes(model, training, mb, t)
     )
-    if probe.first_stage_extra_bytes is not None:
-        activation[0] += probe.first_stage_extra_bytes
+    activation[0] += (
+        probe.first_stage_extra_bytes
+        if probe.first_stage_extra_bytes is not None
+        else embedding_activation_bytes(model, training, mb, t)
+    )
     params[0] += embedding_parameters(model) / t
     # The output layer reuses the word embedding (tied weights): the last stage keeps its own
     # copy unless it is also the first stage. Plus the final layer norm.

@@ -29,7 +29,6 @@ from planner.costmodel.evaluate import (
     adaptive_limit,
     estimate,
     num_stages,
-    placement_for,
     price,
     split_layers,
     stage_costs,
@@ -37,7 +36,8 @@ from planner.costmodel.evaluate import (
 from planner.costmodel.layer_ops import fused_softmax_available
 from planner.costmodel.memory import GIB
 from planner.costmodel.timing import time_provenance
-from planner.launch import compact_executor_config, megatron_args, torchrun_commands
+from planner.launch.artefacts import candidate_launch
+from planner.launch.runtimes import runtime_limits
 from planner.profiles import ProfileStore, default_store
 from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, schedule_family
 from planner.search.gains import limit_note
@@ -46,7 +46,6 @@ from planner.specs import (
     Candidate,
     CandidateConfig,
     LandscapePoint,
-    Launch,
     Plan,
     PlanRequest,
     PlanStats,
@@ -111,12 +110,20 @@ def schedule_problem(schedule: str, point: SearchPoint, m: int, layers: int) -> 
     if problem is not None:
         return problem
     stages = num_stages(schedule, p)
-    if split_layers(layers, stages) is None:
+    split = split_layers(layers, stages)
+    if split is None or min(split) == 0:
         return (
-            f"{layers} layers cannot fill {stages} stages of {schedule} "
-            f"(a middle stage would be empty)"
+            f"{layers} layers cannot fill {stages} stages of {schedule}: every stage needs at "
+            f"least one layer (a stage of only the embedding or the output layer cannot be "
+            f"launched); use fewer pipeline devices"
         )
     return None
+
+
+def _runtime_problem(request: PlanRequest, config: CandidateConfig, runtime: str) -> str | None:
+    """Why ``runtime`` (the request's search.runtime) cannot run ``config`` as planned."""
+    reason = runtime_limits(request, config).get(runtime)  # type: ignore[call-overload]
+    return None if reason is None else f"search.runtime is {runtime}, which cannot run it: {reason}"
 
 
 def _config(
@@ -211,6 +218,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     over_memory: list[Estimate] = []
     evaluated = 0
     layers_total = request.model.num_layers
+    wanted = request.search.runtime
     for point, m in search_points(request):
         base_fits: dict[tuple[str, str], bool] = {}  # (schedule, recompute) at this point
         for schedule in request.search.schedules:
@@ -223,6 +231,8 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
                 config = _config(point, m, recompute, schedule, layers)
                 evaluated += 1
                 refused = problem
+                if refused is None and wanted != "any":
+                    refused = _runtime_problem(request, config, wanted)
                 if refused is None and base is not None:
                     refused = _fallback_problem(ctx, config, base, capacity, base_fits)
                 if refused is None and schedule_family(schedule).has_parameter(MEMORY_LIMIT.name):
@@ -256,7 +266,11 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     simulated = {i: price(ctx, e.config) for i, e in enumerate(feasible[: 2 * top_k])}
     best_of = _best_of_each_schedule(ctx, feasible, simulated)
     pool: list[tuple[Priced, RefinementInfo | None]] = [(pr, None) for pr in simulated.values()]
-    pool += [(r.priced, r.info) for r in refined]
+    pool += [
+        (r.priced, r.info)
+        for r in refined
+        if wanted == "any" or _runtime_problem(request, r.priced.estimate.config, wanted) is None
+    ]
     pool.sort(key=lambda item: item[0].iteration_time_s)
     candidates = [
         _candidate(ctx, pr, info, limit_note(ctx, pr, feasible)) for pr, info in pool[:top_k]
@@ -371,6 +385,7 @@ def _summaries(
         out.append(
             ScheduleSummary(
                 schedule=name,
+                semantics=schedule_family(name).semantics,
                 feasible=counts.get(name, 0),
                 best_config=found.estimate.config if found else None,
                 best_iteration_time_s=found.iteration_time_s if found else None,
@@ -403,23 +418,17 @@ def _candidate(
         time_source=source,
         calibration_error=error,
     )
-    placement = placement_for(config, request.cluster.gpus_per_node, ctx.placements)
-    # Compact: the schedule by its generator parameters, not its p x m actions (a plan's
-    # size must not grow with them); planner.launch.materialize_launch rebuilds them.
-    launch = Launch(
-        executor_config=compact_executor_config(
-            request, config, placement, priced.simulation.schedule.meta.get("choice")
-        ),
-        torchrun=torchrun_commands(request, config),
-        megatron_args=megatron_args(request, config),
-        torch_pipelining_csv=None,
-    )
+    launch = candidate_launch(ctx, priced)
+    family = schedule_family(config.schedule)
     return Candidate(
         config=config,
         predicted=predicted,
-        launch=launch,
+        launch=launch.launch,
+        runtimes=launch.runtimes,
+        runtime_limits=dict(launch.limits),
+        semantics=family.semantics,
         breakdown=_breakdown(priced),
-        notes=_notes(ctx, priced) + ([note] if note else []),
+        notes=_notes(ctx, priced) + ([note] if note else []) + launch.notes,
         refinement=refinement,
     )
 
@@ -502,6 +511,13 @@ def _notes(ctx: PlanContext, priced: Priced) -> list[str]:
     fallback = _softmax_fallback_note(ctx, config)
     if fallback:
         notes.append(fallback)
+    family = schedule_family(config.schedule)
+    if family.semantics != "synchronous":
+        notes.append(
+            f"{family.title} updates weights with gradients of older weights "
+            f"({family.citation}): it changes the training, not only its speed; allowed "
+            f"by search.allow_stale_weights"
+        )
     if schedule_family(config.schedule).transfers:
         notes.append(_transfer_note(costs.transfer_s, costs.forward[0], costs.backward[0]))
     if priced.data_parallel_s > 0:

@@ -6,19 +6,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.costmodel.evaluate import num_stages, split_layers
-from planner.launch import executor_config
-from planner.placement import place
-from planner.schedules import generate
-from planner.specs import CandidateConfig, PlanRequest
+from planner.costmodel.evaluate import PlanContext, num_stages, placement_for, price, split_layers
+from planner.launch import build_executor_config
+from planner.launch.executor import prediction
+from planner.profiles import default_store
+from planner.specs import CandidateConfig, PlanRequest, RecomputeSplit
 
 TINY = {
     "name": "tiny",
     "num_layers": 8,
-    "hidden_size": 32,
+    "hidden_size": 64,
     "num_attention_heads": 4,
-    "seq_length": 16,
-    "vocab_size": 64,
+    "seq_length": 32,
+    "vocab_size": 128,
 }
 
 
@@ -30,39 +30,51 @@ def make_config(
     m: int,
     *,
     mb: int = 1,
+    precision: str = "fp32",
+    recompute: str = "none",
+    per_stage: list[RecomputeSplit] | None = None,
+    layers: list[int] | None = None,
+    sequence_parallel: bool = False,
     optimizer: str = "sgd",
     distributed_optimizer: bool = False,
     lr: float = 0.05,
+    model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    world = t * p * d
+    """The executor config a plan would hand out for this candidate, with the prediction."""
     request = PlanRequest.model_validate(
         {
-            "model": TINY,
-            "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": world},
+            "model": model or TINY,
+            "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": t * p * d},
             "training": {
                 "global_batch_size": m * mb * d,
-                "precision": "fp32",
+                "precision": precision,
                 "optimizer": optimizer,
                 "distributed_optimizer": distributed_optimizer,
-                "sequence_parallel": False,
+                "sequence_parallel": sequence_parallel,
                 "flash_attention": False,
             },
         }
     )
-    layers = split_layers(TINY["num_layers"], num_stages(schedule, p))
-    assert layers is not None
+    split = layers or split_layers(request.model.num_layers, num_stages(schedule, p))
+    assert split is not None
     config = CandidateConfig(
         t=t,
         p=p,
         d=d,
         micro_batch_size=mb,
         num_microbatches=m,
-        recompute="none",
+        recompute=recompute,
         schedule=schedule,
-        layers_per_stage=layers,
+        layers_per_stage=split,
+        recompute_per_stage=per_stage,
     )
-    data = executor_config(request, config, generate(schedule, p, m), place(t, p, d, world))
-    data["lr"] = lr
+    ctx = PlanContext.from_store(request, default_store())
+    placement = placement_for(config, request.cluster.gpus_per_node)
+    document = build_executor_config(
+        request, config, placement, prediction("cpu", price(ctx, config))
+    )
+    data = document.model_dump(mode="json")
+    data["optimizer"]["lr"] = lr
     return data
 
 

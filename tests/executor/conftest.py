@@ -1,18 +1,24 @@
-"""Launch executor runs for the tests: one torchrun per world size runs many configs."""
+"""Executor runs for the tests: torchrun with gloo on loopback, few small ranks, one thread
+each; and the test-side fault injection (a ``sitecustomize`` on the ranks' PYTHONPATH), so
+that the product code carries no hooks for it."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="the executor tests need torch (make test installs it)")
 
 from executor.launcher import torchrun_command  # noqa: E402
+from executor.reporting import REPORT_FILE  # noqa: E402
+from planner.launch import RunReport  # noqa: E402
+
+VENV_BIN = str(Path(sys.executable).parent)
 
 
 def torchrun(
@@ -23,6 +29,7 @@ def torchrun(
     env: dict[str, str] | None = None,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
+    """``executor.worker`` on the configs, one after the other, under one torchrun."""
     command = torchrun_command(
         nproc, "-m", "executor.worker", *map(str, paths), "--out", str(out), *args
     )
@@ -32,6 +39,36 @@ def torchrun(
     )
 
 
-def reports(out: Path, name: str | None, nproc: int) -> list[dict[str, Any]]:
-    folder = out / name if name else out
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+def report(folder: Path) -> RunReport:
+    return RunReport.model_validate_json((folder / REPORT_FILE).read_text())
+
+
+# A rank process imports this at start-up (it is on PYTHONPATH): on the rank named by
+# STAGEWRIGHT_TEST_CORRUPT, every stage's gradients are scaled by 1.5 before they are used,
+# which verification must catch and attribute to that rank.
+_SITECUSTOMIZE = textwrap.dedent(
+    """
+    import os
+
+    if os.environ.get("RANK") == os.environ.get("STAGEWRIGHT_TEST_CORRUPT"):
+        import executor.weights as _weights
+
+        _reduce = _weights.StageWeights.reduce_gradients
+
+        def _corrupt(self, loss_scale):
+            self.grad.mul_(1.5)
+            return _reduce(self, loss_scale)
+
+        _weights.StageWeights.reduce_gradients = _corrupt
+    """
+)
+
+
+@pytest.fixture
+def corrupting_env(tmp_path: Path) -> dict[str, str]:
+    """Environment that puts the fault injection on the ranks' PYTHONPATH."""
+    folder = tmp_path / "inject"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    path = os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {"PYTHONPATH": path}

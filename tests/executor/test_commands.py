@@ -1,4 +1,6 @@
-"""``stagewright run`` and ``stagewright profile`` as a person runs them."""
+"""``stagewright run`` and ``stagewright profile`` as a person runs them: the report next to
+the prediction, every bad input with a clear error and a non-zero exit, and ``--verify``
+failing on a mismatch with the rank, stage and tensor named."""
 
 from __future__ import annotations
 
@@ -6,29 +8,106 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from api.cli import main
+from executor.launcher import run
 from tests.executor.configs import TINY, make_config, write
+from tests.executor.conftest import torchrun
 
 
-def test_run_prints_each_rank_next_to_the_prediction(capsys, tmp_path):
-    config = write(tmp_path, "job", make_config("bpipe", 1, 2, 1, 4))
-    code = main(["run", str(config), "--steps", "2", "--verify", "--json"])
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("job")
+    return write(folder, "job", make_config("bpipe", 1, 2, 1, 4, precision="bf16"))
+
+
+def test_run_prints_each_rank_next_to_the_prediction(capsys, job, tmp_path):
+    code = main(["run", str(job), "--steps", "2", "--verify", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert code == 0
-    data = json.loads(out)
-    assert data["world_size"] == 2
-    for row in data["ranks"]:
-        assert row["verify"]["max_grad_error"] < 1e-5
-        assert row["peak_activation_bytes"] > 0
-        assert row["predicted_activation_bytes"] > 0
-        assert row["step_s"] >= row["busy_s"] >= 0
+    assert "step time: measured" in out and "predicted" in out and "on cpu" in out
+    assert "verify: passed" in out
+    data = json.loads((tmp_path / "out" / "run-report.json").read_text())
+    assert data["format"] == "stagewright.run-report/1"
+    assert data["num_steps"] == 2 and len(data["ranks"]) == 2
+    for rank in data["ranks"]:
+        assert rank["peak_saved_activation_bytes"] > 0
+        assert rank["predicted_saved_activation_bytes"] > 0
 
 
-def test_run_with_the_wrong_number_of_ranks_is_a_one_line_error(capsys, tmp_path):
-    config = write(tmp_path, "job", make_config("1f1b", 1, 2, 1, 4))
-    code = main(["run", str(config), "--nproc", "4"])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda tmp: tmp / "missing.json", "cannot read"),
+        (lambda tmp: tmp, "cannot read"),  # a folder, not a file
+        (lambda tmp: _text(tmp, "{not json"), "is not a valid executor config"),
+        (lambda tmp: _text(tmp, '{"format": "stagewright.executor-config/1"}'), "plan again"),
+    ],
+    ids=["missing", "a folder", "not JSON", "older format"],
+)
+def test_a_config_that_cannot_be_used_is_a_one_line_error(capsys, tmp_path, make, message):
+    assert main(["run", str(make(tmp_path))]) == 2
     err = capsys.readouterr().err
-    assert code == 2 and "--nproc 4 does not match" in err and err.count("\n") == 1
+    assert message in err and err.count("\n") == 1
+
+
+def _text(folder, content: str):
+    path = folder / "config.json"
+    path.write_text(content)
+    return path
+
+
+def test_a_config_for_another_world_size_is_refused(capsys, job, tmp_path):
+    assert main(["run", str(job), "--nproc", "3"]) == 2
+    assert "--nproc 3 does not match" in capsys.readouterr().err
+    # Started by torchrun with the wrong number of ranks: the worker says so before any
+    # process group exists.
+    done = torchrun([job], 1, tmp_path / "out")
+    assert done.returncode != 0
+    assert "runs t x p x d = 1 x 2 x 1 = 2 ranks, but torchrun started 1" in done.stderr
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused(capsys, job, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["run", str(job), "--out", str(blocker / "out")]) == 2
+    assert "cannot write to" in capsys.readouterr().err
+    done = torchrun([job], 2, blocker / "out")
+    assert done.returncode != 0 and "cannot write to" in done.stderr
+
+
+def test_verify_fails_naming_rank_stage_and_tensor(
+    capsys, job, tmp_path, monkeypatch, corrupting_env
+):
+    monkeypatch.setenv("PYTHONPATH", corrupting_env["PYTHONPATH"])
+    monkeypatch.setenv("STAGEWRIGHT_TEST_CORRUPT", "1")
+    code = main(["run", str(job), "--steps", "1", "--verify", "--out", str(tmp_path / "o")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "verification failed" in captured.err
+    assert "verify: FAILED" in captured.out
+    assert "mismatch: rank 1 stage 1 gradient blocks." in captured.out
+    assert "mismatch: rank 0" not in captured.out
+
+
+def test_verify_of_2bw_names_weight_versions(tmp_path, corrupting_env):
+    config = write(tmp_path, "stale", make_config("2bw", 1, 2, 1, 2))
+    outcome = run(
+        config,
+        steps=3,
+        verify=True,
+        env={**corrupting_env, "STAGEWRIGHT_TEST_CORRUPT": "0"},
+        out_dir=tmp_path / "out",
+    )
+    check = outcome.report.verification
+    assert check is not None and not check.passed
+    assert {m.kind for m in check.mismatches} == {"weight"}
+    # The corrupted stage, and (through the activations its wrong weights then send) the
+    # stage after it; both as their newest weight version, the third.
+    assert {(m.rank, m.stage, m.weight_version) for m in check.mismatches} >= {(0, 0, 3)}
+    assert {m.weight_version for m in check.mismatches} == {3}
+    assert "weights of the newest version" in check.compared
 
 
 def test_profile_writes_a_point_the_planner_reads(capsys, tmp_path):
@@ -38,15 +117,11 @@ def test_profile_writes_a_point_the_planner_reads(capsys, tmp_path):
         ["profile", str(model), "--out", str(tmp_path / "profiles"), "--repeats", "1", "--json"]
     )
     assert code == 0
-    stored = json.loads(capsys.readouterr().out)
-    point = stored["point"]
+    point = json.loads(capsys.readouterr().out)["point"]
     assert point["activation_bytes"] > 0 and point["forward_ms"] > 0
-    files = list((tmp_path / "profiles" / "layers").glob("*.json"))
-    assert len(files) == 1
-    # The planner finds the point through STAGEWRIGHT_PROFILES.
+    assert len(list((tmp_path / "profiles" / "layers").glob("*.json"))) == 1
     code = (
-        "import json, sys; from planner.profiles import JsonProfileStore; "
-        "store = JsonProfileStore.load(); "
+        "from planner.profiles import JsonProfileStore; store = JsonProfileStore.load(); "
         "print(sum(1 for p in store.layer_points('cpu') if p.activation_bytes))"
     )
     found = subprocess.run(

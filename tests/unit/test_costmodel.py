@@ -416,6 +416,8 @@ def config_13b(schedule: str, layers: list[int], **changes: object) -> Candidate
 SBH_13B = S13 * 1 * H13
 LAYER_ACT_13B = SBH_13B * (34 + 5 * A13 * S13 / H13)  # sbh (34 + 5as/h), t = 1, mb = 1
 LAYER_PARAMS_13B = 12 * H13 * H13 + 13 * H13
+# Stage 0's embedding keeps the token ids (int64, 8sb) and its dropout mask (1 byte, sbh).
+EMBEDDING_ACT_13B = 8 * S13 * 1 + SBH_13B
 
 
 def allowance(tensors: float) -> float:
@@ -432,12 +434,13 @@ def test_gpt3_13b_1f1b_memory_by_hand():
     # Stage 0: 1F1B's first stage holds p = 8 micro-batches of its 5 layers.
     first = memory[0]
     assert first.in_flight == pytest.approx(8)
-    assert first.activations == pytest.approx(8 * 5 * LAYER_ACT_13B, rel=1e-12)
+    act0 = 8 * (5 * LAYER_ACT_13B + EMBEDDING_ACT_13B)
+    assert first.activations == pytest.approx(act0, rel=1e-12)
     params0 = 5 * LAYER_PARAMS_13B + V13 * H13 + S13 * H13  # + word and position embeddings
     assert first.parameters == pytest.approx(2 * params0, rel=1e-12)
     assert first.gradients == pytest.approx(4 * params0, rel=1e-12)
     assert first.optimizer == pytest.approx(12 * params0, rel=1e-12)  # d = 1: nothing sharded
-    tensors0 = 18 * params0 + 8 * 5 * LAYER_ACT_13B
+    tensors0 = 18 * params0 + act0
     assert first.allowance == pytest.approx(allowance(tensors0), rel=1e-12)
     assert first.total == pytest.approx(tensors0 + allowance(tensors0), rel=1e-12)
 
@@ -470,7 +473,7 @@ def test_full_recompute_stores_layer_inputs_and_one_working_layer():
     ctx = context(gpt3_13b_request())
     memory = estimate(ctx, config_13b("1f1b", [5] * 8, recompute="full")).memory
     # 8 micro-batches x 5 layers x 2sbh, plus one layer's activations while it recomputes.
-    expected = 8 * 5 * 2 * SBH_13B + LAYER_ACT_13B
+    expected = 8 * (5 * 2 * SBH_13B + EMBEDDING_ACT_13B) + LAYER_ACT_13B
     assert memory[0].activations == pytest.approx(expected, rel=1e-12)
 
 
@@ -494,7 +497,8 @@ def test_bpipe_caps_stage_0_at_mu_opt():
     assert mu_opt == 5
     memory = estimate(context(gpt3_13b_request()), config_13b("bpipe", [5] * 8)).memory
     assert memory[0].in_flight == pytest.approx(mu_opt)
-    assert memory[0].activations == pytest.approx(mu_opt * 5 * LAYER_ACT_13B, rel=1e-12)
+    expected = mu_opt * (5 * LAYER_ACT_13B + EMBEDDING_ACT_13B)
+    assert memory[0].activations == pytest.approx(expected, rel=1e-12)
     assert all(m.in_flight <= mu_opt + 1e-9 for m in memory)
 
 

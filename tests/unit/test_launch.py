@@ -1,27 +1,40 @@
-"""Launch artefacts of planned candidates: executor config, torchrun, Megatron-LM, torch CSV."""
+"""Launch artefacts of planned candidates: the typed executor config, torchrun lines,
+Megatron-LM arguments (checked against Megatron-LM's own parser), torch CSV, runtimes, and the
+files ``--emit`` writes."""
 
 from __future__ import annotations
 
+import io
+import json
 import re
+import tarfile
 from collections import Counter
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from api.cli import main
 from planner.launch import (
+    EXECUTOR_CONFIG_FORMAT,
+    MEGATRON_FLAGS,
     SCHEDULE_REFERENCE_FORMAT,
-    executor_config,
-    materialize_executor_config,
+    ExecutorConfig,
     materialize_launch,
+    stage_recompute,
 )
+from planner.launch.files import launch_archive, launch_files
+from planner.launch.megatron import MEGATRON_COMMIT, megatron_launch
+from planner.launch.schema import SCHEMAS, schema_text
 from planner.placement import place
-from planner.schedules import ActionKind, Schedule, generate, schedule_family, validate
+from planner.schedules import ActionKind, Schedule, generate, schedule_family
 from planner.search import plan
-from planner.specs import Candidate, Plan, PlanRequest
+from planner.specs import Candidate, CandidateConfig, Plan, PlanRequest, RecomputeSplit
 
+REPO = Path(__file__).resolve().parents[2]
 ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw")
-MEGATRON_SCHEDULES = ("1f1b", "interleaved")
 CELL = re.compile(r"(\d+)([FBIW])(\d+)")
 
 
@@ -36,6 +49,10 @@ def request(
     schedules: tuple[str, ...] = ALL_SCHEDULES,
     recompute: tuple[str, ...] = ("none", "selective", "full"),
     sizes: tuple[int, ...] = (1, 2),
+    precision: str = "fp32",
+    sequence_parallel: bool = False,
+    flash_attention: bool = False,
+    runtime: str = "any",
 ) -> PlanRequest:
     data: dict[str, Any] = {
         "model": {
@@ -49,15 +66,18 @@ def request(
         "cluster": {"gpu": "cpu", "num_nodes": num_nodes, "gpus_per_node": gpus_per_node},
         "training": {
             "global_batch_size": batch,
-            "precision": "fp32",
+            "precision": precision,
             "distributed_optimizer": False,
-            "sequence_parallel": False,
+            "sequence_parallel": sequence_parallel,
+            "flash_attention": flash_attention,
         },
         "search": {
             "schedules": list(schedules),
+            "allow_stale_weights": "2bw" in schedules,
             "recompute": list(recompute),
             "micro_batch_sizes": list(sizes),
             "top_k": 1000,
+            "runtime": runtime,
         },
     }
     return PlanRequest.model_validate(data)
@@ -71,7 +91,7 @@ def tiny_plan(schedules: tuple[str, ...] = ALL_SCHEDULES) -> Plan:
 @cache
 def launched(schedules: tuple[str, ...] = ALL_SCHEDULES) -> list[Candidate]:
     """A tiny plan's candidates with their launch artefacts materialized (as `--emit`,
-    `stagewright run` and the service's launch route give them)."""
+    `stagewright run` and the service's launch routes give them)."""
     planned = tiny_plan(schedules)
     return [
         c.model_copy(update={"launch": materialize_launch(planned.request, c)})
@@ -90,6 +110,11 @@ def candidates(**match: Any) -> list[Candidate]:
     return found
 
 
+SAMPLE = [candidates(schedule=name, p=p)[0] for name in ALL_SCHEDULES for p in (4, 2)]
+IDS = [f"{c.config.schedule}-t{c.config.t}p{c.config.p}d{c.config.d}" for c in SAMPLE]
+
+
+# ---------------------------------------------------------------------- executor config
 @pytest.mark.parametrize("stored", tiny_plan().candidates[:40], ids=lambda c: c.config.schedule)
 def test_a_plan_stores_schedules_by_generator_parameters(stored):
     """A stored candidate's size does not grow with devices x micro-batches: the schedule
@@ -104,94 +129,179 @@ def test_a_plan_stores_schedules_by_generator_parameters(stored):
         "num_microbatches": config.num_microbatches,
         "parameters": schedule_family(config.schedule).resolve({}),
     }
-    assert "ranks" not in compact["placement"] and stored.launch.torch_pipelining_csv is None
+    assert "ranks" not in compact["placement"] or compact["placement"]["ranks"] is None
+    assert stored.launch.torch_pipelining_csv is None
+    full = materialize_launch(tiny_plan().request, stored)
+    document = ExecutorConfig.model_validate(full.executor_config)
+    assert not document.compact
+    assert document.ir == generate(config.schedule, config.p, config.num_microbatches)
     assignment = compact["placement"]["assignment"]
-    direct = executor_config(
-        tiny_plan().request,
-        config,
-        generate(config.schedule, config.p, config.num_microbatches),
-        place(config.t, config.p, config.d, 4, assignment),
-    )
-    assert materialize_executor_config(compact) == direct
-    assert materialize_executor_config(direct) == direct  # a full config is kept as it is
+    assert document.coords == place(config.t, config.p, config.d, 4, assignment).coords
+    assert ExecutorConfig.model_validate(full.executor_config).materialized() == document
 
 
-def one_per_schedule() -> list[Candidate]:
-    """For each schedule, the fastest candidate with p = 4 and one with p = 2."""
-    out = []
-    for name in ALL_SCHEDULES:
-        for p in (4, 2):
-            out.append(candidates(schedule=name, p=p)[0])
-    return out
-
-
-def ids(cands: list[Candidate]) -> list[str]:
-    return [
-        f"{c.config.schedule}-t{c.config.t}p{c.config.p}d{c.config.d}-{c.config.recompute}"
-        for c in cands
-    ]
-
-
-SAMPLE = one_per_schedule()
-
-
-@pytest.mark.parametrize("candidate", SAMPLE, ids=ids(SAMPLE))
-def test_executor_schedule_round_trips_and_validates(candidate):
-    cfg = candidate.launch.executor_config
+@pytest.mark.parametrize("candidate", SAMPLE, ids=IDS)
+def test_executor_config_is_the_typed_document_of_the_candidate(candidate):
     config = candidate.config
-    schedule = Schedule.from_dict(cfg["schedule"])
-    validate(schedule)
-    assert schedule.to_dict() == cfg["schedule"]
-    assert schedule.name == config.schedule
-    assert schedule.num_devices == config.p
+    document = ExecutorConfig.model_validate(candidate.launch.executor_config)  # validates all
+    assert document.format == EXECUTOR_CONFIG_FORMAT
+    schedule = document.ir
+    assert schedule.name == config.schedule and schedule.num_devices == config.p
     assert schedule.num_microbatches == config.num_microbatches
-    assert schedule.num_stages == len(config.layers_per_stage)
-    assert cfg["parallel"] == {"t": config.t, "p": config.p, "d": config.d}
-    assert cfg["micro_batch_size"] == config.micro_batch_size
-    assert cfg["num_microbatches"] == config.num_microbatches
-    assert cfg["recompute"] == config.recompute
+    assert (document.parallel.t, document.parallel.p, document.parallel.d) == (
+        config.t,
+        config.p,
+        config.d,
+    )
+    assert [s.num_layers for s in document.stages] == config.layers_per_stage
+    assert [s.recompute for s in document.stages] == stage_recompute(config)
+    starts = [s.first_layer for s in document.stages]
+    assert starts == [sum(config.layers_per_stage[:i]) for i in range(len(starts))]
+    coords = {document.coords_of(r) for r in range(document.world_size)}
+    assert len(coords) == config.t * config.p * config.d
+    expected = "pair-adjacent" if schedule_family(config.schedule).transfers else "standard"
+    assert document.placement.assignment == expected
+    # The prediction travels with the config: stagewright run compares with it.
+    predicted = document.predicted
+    assert predicted is not None and predicted.hardware == "cpu"
+    assert predicted.iteration_time_s == candidate.predicted.iteration_time_s
+    assert predicted.memory_gib_per_device == pytest.approx(
+        candidate.predicted.memory_gib_per_device, abs=1e-3
+    )
+    assert len(predicted.saved_activation_bytes) == config.p
+    assert all(b > 0 for b in predicted.saved_activation_bytes)
 
 
-@pytest.mark.parametrize("candidate", SAMPLE, ids=ids(SAMPLE))
-def test_stage_layers_cover_the_model_contiguously(candidate):
-    bounds = candidate.launch.executor_config["stage_layers"]
-    config = candidate.config
-    assert len(bounds) == len(config.layers_per_stage)
-    assert bounds[0][0] == 0
-    assert bounds[-1][1] == tiny_plan().request.model.num_layers
-    for (_, end), (next_start, _) in zip(bounds, bounds[1:], strict=False):
-        assert end == next_start
-    assert [end - start for start, end in bounds] == config.layers_per_stage
+def test_per_stage_recompute_puts_full_layers_first():
+    config = CandidateConfig(
+        t=1,
+        p=2,
+        d=1,
+        micro_batch_size=1,
+        num_microbatches=2,
+        recompute="full",
+        schedule="1f1b",
+        layers_per_stage=[3, 2],
+        recompute_per_stage=[
+            RecomputeSplit(none=1, selective=1, full=1),
+            RecomputeSplit(none=2),
+        ],
+    )
+    assert stage_recompute(config) == [["full", "selective", "none"], ["none", "none"]]
 
 
-@pytest.mark.parametrize("candidate", SAMPLE, ids=ids(SAMPLE))
-def test_placement_covers_every_rank_once(candidate):
-    placement = candidate.launch.executor_config["placement"]
-    config = candidate.config
-    world = config.t * config.p * config.d
-    ranks = placement["ranks"]
-    assert sorted(r["rank"] for r in ranks) == list(range(world))
-    coords = {(r["dp"], r["pp"], r["tp"]) for r in ranks}
-    assert coords == {
-        (dp, pp, tp) for dp in range(config.d) for pp in range(config.p) for tp in range(config.t)
-    }
-    expected = "pair-adjacent" if config.schedule == "bpipe" else "standard"
-    assert placement["assignment"] == expected
+def _document(**changes: Any) -> dict[str, Any]:
+    data = json.loads(json.dumps(candidates(schedule="1f1b", p=2)[0].launch.executor_config))
+    for path, value in changes.items():
+        target = data
+        *parents, last = path.split("__")
+        for key in parents:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        target[last] = value
+    return data
 
 
-@pytest.mark.parametrize("num_nodes, per_node", [(1, 4), (2, 2), (4, 2)])
-def test_torchrun_has_one_command_per_node(num_nodes, per_node):
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"format": "stagewright.executor-config/1"}, "plan again with this version"),
+        ({"stages__1__first_layer": 5}, "should start at"),
+        ({"stages__1__recompute": []}, "at least 1 item"),
+        ({"parallel__p": 4}, "parallel.p is 4"),
+        ({"num_microbatches": 3}, "micro-batches per batch"),
+        ({"training__global_batch_size": 5}, "global_batch_size is 5"),
+        ({"schedule__actions": [["0F0"], []]}, "schedule:"),
+    ],
+)
+def test_a_bad_executor_config_says_what_to_change(changes, message):
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ExecutorConfig.model_validate(_document(**changes))
+
+
+def test_fp16_with_a_schedule_that_never_flushes_is_refused():
+    data = json.loads(json.dumps(candidates(schedule="2bw", p=2)[0].launch.executor_config))
+    data["training"]["precision"] = "fp16"
+    with pytest.raises(ValidationError, match="use bf16"):
+        ExecutorConfig.model_validate(data)
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_the_published_json_schemas_are_current(name):
+    published = (REPO / "docs" / name).read_text(encoding="utf-8")
+    assert published == schema_text(name), (
+        f"docs/{name} is stale: run python -m planner.launch.schema docs"
+    )
+
+
+# ---------------------------------------------------------------------- torchrun
+def test_one_node_runs_standalone_without_an_address():
+    for candidate in tiny_plan().candidates[:5]:
+        assert candidate.launch.torchrun == [
+            "torchrun --standalone --nproc-per-node=4 -m executor.worker executor-config.json"
+        ]
+
+
+@pytest.mark.parametrize("num_nodes, per_node", [(2, 2), (4, 2)])
+def test_several_nodes_get_one_line_each_with_the_master_address(num_nodes, per_node):
     batch = 8 * num_nodes * per_node
     result = plan(request(num_nodes=num_nodes, gpus_per_node=per_node, batch=batch, heads=4))
     assert result.candidates
     for candidate in result.candidates:
-        commands = candidate.launch.torchrun
-        assert len(commands) == num_nodes
-        for node, command in enumerate(commands):
-            assert command.startswith("torchrun ")
-            assert f"--nnodes={num_nodes}" in command
-            assert f"--node-rank={node}" in command
-            assert f"--nproc-per-node={per_node}" in command
+        assert candidate.launch.torchrun == [
+            f"torchrun --nnodes={num_nodes} --node-rank={node} --nproc-per-node={per_node} "
+            "--master-addr=$MASTER_ADDR --master-port=29500 -m executor.worker "
+            "executor-config.json"
+            for node in range(num_nodes)
+        ]
+
+
+# ---------------------------------------------------------------------- Megatron-LM
+# The flags stagewright emits, each checked against the parser Megatron-LM builds in
+# megatron/training/arguments.py (add_megatron_arguments, including the TransformerConfig
+# fields it exposes through ArgumentGroupFactory) at commit MEGATRON_COMMIT.
+MEGATRON_FLAGS_USED = {
+    "--attention-backend",
+    "--bf16",
+    "--data-path",
+    "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
+    "--ffn-hidden-size",
+    "--fp16",
+    "--global-batch-size",
+    "--hidden-size",
+    "--lr",
+    "--make-vocab-size-divisible-by",
+    "--merge-file",
+    "--max-position-embeddings",
+    "--micro-batch-size",
+    "--mock-data",
+    "--num-attention-heads",
+    "--num-layers",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--optimizer",
+    "--pipeline-model-parallel-layout",
+    "--pipeline-model-parallel-size",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-modules",
+    "--recompute-num-layers",
+    "--seq-length",
+    "--sequence-parallel",
+    "--tensor-model-parallel-size",
+    "--tokenizer-type",
+    "--train-iters",
+    "--use-distributed-optimizer",
+    "--vocab-file",
+    "--vocab-size",
+}
+
+
+def test_the_list_of_megatron_flags_is_the_checked_one():
+    assert MEGATRON_COMMIT == "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+    assert set(MEGATRON_FLAGS) == MEGATRON_FLAGS_USED
+    # Flags current Megatron-LM no longer has (a no-op or removed) stay out.
+    assert "--use-flash-attn" not in MEGATRON_FLAGS
+    assert "--recompute-activations" not in MEGATRON_FLAGS
 
 
 def flags_of(args: str) -> dict[str, str | None]:
@@ -204,76 +314,134 @@ def flags_of(args: str) -> dict[str, str | None]:
     return flags
 
 
-@pytest.mark.parametrize("candidate", SAMPLE, ids=ids(SAMPLE))
-def test_megatron_args_only_for_megatron_schedules(candidate):
-    args = candidate.launch.megatron_args
-    config = candidate.config
-    if config.schedule not in MEGATRON_SCHEDULES:
-        assert args is None
-        return
-    assert isinstance(args, str)
-    flags = flags_of(args)
-    r = tiny_plan().request
-    assert flags["--tensor-model-parallel-size"] == str(config.t)
-    assert flags["--pipeline-model-parallel-size"] == str(config.p)
-    assert flags["--micro-batch-size"] == str(config.micro_batch_size)
-    assert flags["--global-batch-size"] == str(r.training.global_batch_size)
-    assert flags["--num-layers"] == str(r.model.num_layers)
-    assert "--bf16" not in flags and "--fp16" not in flags  # fp32 training
+MEGATRON_PLANS = [
+    request(schedules=("1f1b", "interleaved")),
+    request(schedules=("1f1b",), precision="bf16", sequence_parallel=True, flash_attention=True),
+    request(schedules=("1f1b", "interleaved"), num_layers=10, precision="fp16"),
+    request(
+        schedules=("1f1b",),
+        num_layers=14,
+        gpus_per_node=6,
+        hidden_size=192,
+        heads=6,
+        batch=12,
+        sizes=(1,),
+    ),
+]
 
 
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-@pytest.mark.parametrize("schedule", MEGATRON_SCHEDULES)
-def test_megatron_recompute_flags_match(schedule, recompute):
-    candidate = candidates(schedule=schedule, recompute=recompute, p=4)[0]
-    args = candidate.launch.megatron_args
-    assert args is not None
-    flags = flags_of(args)
-    if recompute == "none":
-        assert not any(flag.startswith("--recompute") for flag in flags)
-    elif recompute == "selective":
-        assert "--recompute-activations" in flags
-        assert "--recompute-granularity" not in flags
-    else:
-        assert flags["--recompute-granularity"] == "full"
-        assert flags["--recompute-method"] == "uniform"
-        assert "--recompute-activations" not in flags
+def test_every_emitted_megatron_flag_exists_in_megatron():
+    seen: set[str] = set()
+    for result in map(plan, MEGATRON_PLANS):
+        for candidate in result.candidates:
+            if candidate.launch.megatron_args is None:
+                continue
+            seen |= set(flags_of(candidate.launch.megatron_args))
+            for item in launch_files(result):
+                if item.path.endswith("megatron-node0.sh"):  # the Megatron arguments it adds
+                    lines = [
+                        x.rpartition("pretrain_gpt.py")[2]
+                        for x in item.content.splitlines()
+                        if "_ARGS" in x
+                    ]
+                    seen |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", "\n".join(lines)))
+    assert seen <= MEGATRON_FLAGS_USED, seen - MEGATRON_FLAGS_USED
+    assert {"--attention-backend", "--vocab-size", "--sequence-parallel"} <= seen
 
 
-def megatron_stage_layers(args: str, p: int) -> list[int] | None:
-    """Layers per (virtual) stage that Megatron-LM builds from these arguments, or None when
-    Megatron would refuse them (layers that do not divide)."""
+def test_megatron_args_carry_precision_attention_vocabulary_and_parallelism():
+    result = plan(MEGATRON_PLANS[1])
+    candidate = next(c for c in result.candidates if c.config.t == 2)
+    flags = flags_of(candidate.launch.megatron_args or "")
+    assert flags["--attention-backend"] == "flash"
+    assert "--bf16" in flags and "--sequence-parallel" in flags
+    # Megatron pads the vocabulary to a multiple of (divisible-by x t): 512 stays 512.
+    divisor, t = int(flags["--make-vocab-size-divisible-by"] or 0), candidate.config.t
+    assert flags["--vocab-size"] == "512" and 512 % (divisor * t) == 0
+    index = result.candidates.index(candidate) + 1
+    script = {f.path: f for f in launch_files(result)}[f"candidate-{index}/megatron-node0.sh"]
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script.content
+    plain = plan(MEGATRON_PLANS[0]).candidates[0]
+    assert flags_of(plain.launch.megatron_args or "")["--attention-backend"] == "unfused"
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_megatron_recompute_flags(schedule):
+    for recompute, expected in [
+        ("none", {}),
+        ("selective", {"--recompute-granularity": "selective", "--recompute-modules": "core_attn"}),
+        (
+            "full",
+            {
+                "--recompute-granularity": "full",
+                "--recompute-method": "uniform",
+                "--recompute-num-layers": "1",
+            },
+        ),
+    ]:
+        candidate = candidates(schedule=schedule, recompute=recompute, p=4)[0]
+        flags = flags_of(candidate.launch.megatron_args or "")
+        assert {k: v for k, v in flags.items() if k.startswith("--recompute")} == expected
+
+
+def _config(layers: list[int], splits: list[RecomputeSplit]) -> CandidateConfig:
+    return CandidateConfig(
+        t=1,
+        p=len(layers),
+        d=1,
+        micro_batch_size=1,
+        num_microbatches=4,
+        recompute="full",
+        schedule="1f1b",
+        layers_per_stage=layers,
+        recompute_per_stage=splits,
+    )
+
+
+def test_per_stage_recompute_maps_to_megatrons_block_method_or_is_refused():
+    r = request(schedules=("1f1b",))
+    block = _config([4, 4], [RecomputeSplit(full=2, none=2), RecomputeSplit(full=2, none=2)])
+    flags = flags_of(megatron_launch(r, block, has_schedule=True).text)
+    assert flags["--recompute-method"] == "block" and flags["--recompute-num-layers"] == "2"
+    uneven = _config([4, 4], [RecomputeSplit(full=3, none=1), RecomputeSplit(full=1, none=3)])
+    assert "same N everywhere" in (megatron_launch(r, uneven, has_schedule=True).reason or "")
+    mixed = _config([4, 4], [RecomputeSplit(selective=4), RecomputeSplit(full=4)])
+    assert "one recompute granularity" in (
+        megatron_launch(r, mixed, has_schedule=True).reason or ""
+    )
+
+
+def megatron_layers(args: str, p: int) -> list[int]:
+    """Layers per (virtual) stage Megatron-LM builds from the arguments."""
     flags = flags_of(args)
     layers = int(flags["--num-layers"] or 0)
+    layout = flags.get("--pipeline-model-parallel-layout")
+    if layout is not None:
+        return [stage.count("t") for stage in layout.split("|")]
     per_chunk = flags.get("--num-layers-per-virtual-pipeline-stage")
     if per_chunk is not None:
-        k = int(per_chunk)
-        return [k] * (layers // k) if layers % (p * k) == 0 else None
+        return [int(per_chunk)] * (layers // int(per_chunk))
     first = flags.get("--decoder-first-pipeline-num-layers")
     last = flags.get("--decoder-last-pipeline-num-layers")
-    if first is None and last is None:
-        return [layers // p] * p if layers % p == 0 else None
-    head, tail = int(first or 0), int(last or 0)
-    middle, rest = p - 2, layers - head - tail
-    if middle == 0:
-        return [head, tail] if rest == 0 else None
-    return [head] + [rest // middle] * middle + [tail] if rest % middle == 0 else None
+    if first is None:
+        return [layers // p] * p
+    head, tail = int(first), int(last or 0)
+    middle = p - 2
+    return [head] + [(layers - head - tail) // middle] * middle + [tail]
 
 
 @pytest.mark.parametrize(
-    "schedule, num_layers, gpus, expected_split, expressible",
+    "schedule, num_layers, gpus, expected_split",
     [
-        ("1f1b", 8, 4, [2, 2, 2, 2], True),
-        ("1f1b", 10, 4, [2, 3, 3, 2], True),
-        ("interleaved", 8, 4, [1] * 8, True),
-        ("interleaved", 16, 4, [2] * 8, True),
-        # Megatron only lets the first and last stage differ, and needs equal virtual stages.
-        ("1f1b", 14, 6, [2, 2, 3, 3, 2, 2], False),
-        ("interleaved", 10, 4, [1, 1, 1, 2, 2, 1, 1, 1], False),
+        ("1f1b", 8, 4, [2, 2, 2, 2]),
+        ("1f1b", 10, 4, [2, 3, 3, 2]),
+        ("interleaved", 16, 4, [2] * 8),
+        ("1f1b", 14, 6, [2, 2, 3, 3, 2, 2]),  # uneven middle: the layout says it
+        ("interleaved", 10, 4, [1, 1, 1, 2, 2, 1, 1, 1]),  # uneven virtual stages
     ],
 )
-def test_megatron_args_build_the_candidates_layer_split(
-    schedule, num_layers, gpus, expected_split, expressible
+def test_megatron_args_rebuild_the_candidates_layer_split(
+    schedule, num_layers, gpus, expected_split
 ):
     r = request(
         num_layers=num_layers,
@@ -286,32 +454,68 @@ def test_megatron_args_build_the_candidates_layer_split(
         sizes=(1,),
     )
     found = [c for c in plan(r).candidates if (c.config.t, c.config.p) == (1, gpus)]
-    assert len(found) == 1
-    candidate = found[0]
-    assert candidate.config.layers_per_stage == expected_split
-    if not expressible:
-        assert candidate.launch.megatron_args is None
-        return
-    assert candidate.launch.megatron_args is not None
-    rebuilt = megatron_stage_layers(candidate.launch.megatron_args, gpus)
-    assert rebuilt == candidate.config.layers_per_stage
+    assert len(found) == 1 and found[0].config.layers_per_stage == expected_split
+    assert "megatron" in found[0].runtimes
+    assert megatron_layers(found[0].launch.megatron_args or "", gpus) == expected_split
 
 
+def test_a_stage_without_layers_is_refused_at_planning_time():
+    result = plan(request(num_layers=6, schedules=("v-half",), recompute=("none",)))
+    reasons = [r.reason for r in result.rejected if r.config.p == 4]
+    assert reasons and all("every stage needs at least one layer" in r for r in reasons)
+    assert all(min(c.config.layers_per_stage) >= 1 for c in result.candidates)
+
+
+# ---------------------------------------------------------------------- runtimes
+def test_every_candidate_lists_who_can_run_it_and_why_not():
+    for candidate in tiny_plan().candidates:
+        family = schedule_family(candidate.config.schedule)
+        assert set(candidate.runtimes) <= set(family.runtimes)
+        assert set(candidate.runtimes) | set(candidate.runtime_limits) == {
+            "stagewright",
+            "torch",
+            "megatron",
+        }
+        assert (candidate.launch.megatron_args is None) == ("megatron" not in candidate.runtimes)
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "torch"])
+def test_search_runtime_returns_only_what_that_runtime_runs(runtime):
+    result = plan(request(runtime=runtime))
+    assert result.candidates
+    assert all(runtime in c.runtimes for c in result.candidates)
+    reasons = [r.reason for r in result.rejected if r.reason.startswith("search.runtime")]
+    assert reasons and all(f"search.runtime is {runtime}" in r for r in reasons)
+    assert {c.config.schedule for c in result.candidates} <= {
+        f.name for f in map(schedule_family, ALL_SCHEDULES) if runtime in f.runtimes
+    }
+
+
+def test_stale_weights_need_the_request_to_allow_them_and_are_labelled():
+    data = request().model_dump()
+    data["search"]["allow_stale_weights"] = False
+    with pytest.raises(ValidationError, match="allow_stale_weights"):
+        PlanRequest.model_validate(data)
+    del data["search"]["schedules"]
+    synchronous = PlanRequest.model_validate(data).search.schedules
+    assert "2bw" not in synchronous and "1f1b" in synchronous and len(synchronous) == 7
+    stale = [c for c in tiny_plan().candidates if c.config.schedule == "2bw"]
+    assert stale and all(c.semantics == "stale" for c in stale)
+    assert all(any("changes the training" in n for n in c.notes) for c in stale)
+    assert all(c.semantics == "synchronous" for c in candidates(schedule="1f1b"))
+
+
+# ---------------------------------------------------------------------- torch CSV
 def _rows(csv: str) -> list[list[str]]:
     assert csv.endswith("\n")
     return [line.split(",") if line else [] for line in csv[:-1].split("\n")]
 
 
-def has_evictions(candidate: Candidate) -> bool:
-    schedule = Schedule.from_dict(candidate.launch.executor_config["schedule"])
-    return schedule.count(ActionKind.EVICT) > 0
-
-
-@pytest.mark.parametrize("candidate", SAMPLE, ids=ids(SAMPLE))
+@pytest.mark.parametrize("candidate", SAMPLE, ids=IDS)
 def test_torch_pipelining_csv(candidate):
     csv = candidate.launch.torch_pipelining_csv
     config = candidate.config
-    if config.schedule == "2bw" or (config.schedule == "bpipe" and has_evictions(candidate)):
+    if "torch" not in candidate.runtimes:
         assert csv is None
         return
     assert csv is not None
@@ -324,25 +528,43 @@ def test_torch_pipelining_csv(candidate):
             found = CELL.fullmatch(cell)
             assert found is not None, cell
             stage, kind, mb = int(found.group(1)), found.group(2), int(found.group(3))
-            assert schedule.stage_devices[stage] == device  # the row is the rank holding it
+            assert schedule.stage_devices[stage] == device
             kinds[(kind, stage, mb)] += 1
-    stages, m = len(config.layers_per_stage), config.num_microbatches
-    every = {(s, k) for s in range(stages) for k in range(m)}
+    every = {(s, k) for s in range(schedule.num_stages) for k in range(config.num_microbatches)}
     backward = ("I", "W") if schedule.split_backward else ("B",)
     for kind in ("F", *backward):
         assert {(s, k) for (kk, s, k) in kinds if kk == kind} == every
     assert set(kinds.values()) == {1}
+    assert schedule.count(ActionKind.EVICT) == 0
 
 
-def test_bpipe_with_evictions_has_no_csv_and_without_has_one():
-    evicting = candidates(schedule="bpipe", p=4)
-    assert all(has_evictions(c) for c in evicting)
-    assert all(c.launch.torch_pipelining_csv is None for c in evicting)
-    # p = 2: every stage holds at most 2 <= mu_opt micro-batches, nothing is evicted.
-    plain = candidates(schedule="bpipe", p=2)
-    assert not any(has_evictions(c) for c in plain)
-    assert all(c.launch.torch_pipelining_csv is not None for c in plain)
+# ---------------------------------------------------------------------- files
+def test_launch_files_hold_each_candidates_artefacts():
+    result = plan(request(schedules=("1f1b", "v-zb"), recompute=("none",), sizes=(1,)))
+    files = {f.path: f for f in launch_files(result)}
+    assert json.loads(files["plan.json"].content)["id"] == result.id
+    for index, candidate in enumerate(result.candidates, start=1):
+        folder = f"candidate-{index}"
+        config = json.loads(files[f"{folder}/executor-config.json"].content)
+        assert config == materialize_launch(result.request, candidate).executor_config
+        script = files[f"{folder}/run-node0.sh"]
+        assert script.executable and candidate.launch.torchrun[0] + ' "$@"' in script.content
+        assert (f"{folder}/megatron-args.txt" in files) == ("megatron" in candidate.runtimes)
+        assert (f"{folder}/torch-pipelining.csv" in files) == ("torch" in candidate.runtimes)
+        assert f"candidate-{index}" in files["README.md"].content
+    with tarfile.open(fileobj=io.BytesIO(launch_archive(result, "plan")), mode="r:gz") as tar:
+        names = {m.name: m for m in tar.getmembers()}
+        assert set(names) == {f"plan/{p}" for p in files}
+        assert names["plan/candidate-1/run-node0.sh"].mode == 0o755
 
 
-def test_2bw_has_no_csv():
-    assert all(c.launch.torch_pipelining_csv is None for c in candidates(schedule="2bw"))
+def test_plan_emit_writes_the_files_and_refuses_a_folder_in_use(tmp_path, capsys):
+    request_file = tmp_path / "request.json"
+    request_file.write_text(request(schedules=("1f1b",), recompute=("none",)).model_dump_json())
+    out = tmp_path / "launch"
+    assert main(["plan", str(request_file), "--json", "--emit", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (out / "candidate-1" / "executor-config.json").exists()
+    assert json.loads((out / "plan.json").read_text())["id"] == printed["id"]
+    assert main(["plan", str(request_file), "--emit", str(out)]) == 2
+    assert "not empty; choose a new folder" in capsys.readouterr().err

@@ -56,6 +56,7 @@ def request(
         },
         "search": {
             "schedules": schedules or ["1f1b"],
+            "allow_stale_weights": "2bw" in (schedules or []),
             "recompute": recompute or ["none"],
             "micro_batch_sizes": sizes,
             "top_k": top_k,
@@ -68,6 +69,8 @@ def example(name: str, **search_changes: Any) -> PlanRequest:
     data = PlanRequest.model_validate_json((REPO / "examples" / name).read_text()).model_dump()
     data = copy.deepcopy(data)
     data["search"].update(search_changes)
+    if "2bw" in data["search"]["schedules"]:
+        data["search"]["allow_stale_weights"] = True
     return PlanRequest.model_validate(data)
 
 

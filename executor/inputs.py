@@ -1,0 +1,56 @@
+"""Inputs a person gives the executor, checked before any process starts or joins a group:
+each problem is one message that says what to change."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from planner.errors import StagewrightError
+from planner.launch import ExecutorConfig
+
+__all__ = ["BadInput", "check_writable", "read_config"]
+
+
+class BadInput(StagewrightError):
+    """Something the person launching can fix; the message says what."""
+
+
+def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
+    """The executor config at ``path`` (with the learning rate overridden when ``lr`` is
+    given)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise BadInput(f"cannot read {path}: {reason}") from exc
+    try:
+        config = ExecutorConfig.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise BadInput(
+            f"{path} is not a valid executor config ({where}: {first['msg']}); use a "
+            f"candidate's executor config from stagewright plan --emit DIR"
+        ) from None
+    if lr is not None:
+        if not lr > 0:
+            raise BadInput(f"the learning rate must be positive, got {lr}")
+        optimizer = config.optimizer.model_copy(update={"lr": lr})
+        config = config.model_copy(update={"optimizer": optimizer})
+    return config
+
+
+def check_writable(folder: Path) -> None:
+    """Create ``folder`` if needed and prove a file can be written in it."""
+    probe = folder / f".stagewright-write-test-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise BadInput(
+            f"cannot write to {folder} ({exc.strerror or exc}); choose a folder you can write"
+        ) from exc

@@ -1,0 +1,108 @@
+"""``--verify``: a rank's run against the single-process reference.
+
+The reference (:mod:`executor.reference`) computes in the run's precision, as the run does
+(compute weights in bf16/fp16 from fp32 master weights, gradients accumulated in fp32, fp16's
+loss scale). Flushed schedules: the first step's gradients (reduced over replicas, the loss
+scale undone) and every micro-batch's loss. Stale-weight schedules (2BW) change what is
+computed: there the weights after the run are compared with the PipeDream-2BW update rule
+applied by the reference (:func:`executor.reference.reference_weights`), and reported as the
+weights of the newest version, not as gradients.
+
+An error is max |run - reference| over a tensor, divided by the largest |reference| value of
+that tensor (an error relative to the tensor's scale). Pipeline and data parallelism compute
+the same operations on the same numbers as the reference, so they agree to the last bit or to
+the order of fp32 additions. Tensor parallelism splits matrix products: each rank rounds its
+partial sum to the compute precision before the all-reduce adds them, so the result differs
+from the unsplit product by about the unit roundoff u of that precision (bf16 2^-8, fp16
+2^-11) per layer, accumulated through the model (about 6u measured on a tiny GPT with t = 2 in
+bf16). The tolerance is 8u for bf16 and fp16, and 1e-5 for fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+from torch import Tensor
+
+from executor.interpreter import RankRunner
+from executor.reference import local_view, reference_gradients, reference_weights
+from planner.launch.report import Mismatch
+
+__all__ = ["TOLERANCE", "verify_rank"]
+
+TOLERANCE = {"fp32": 1e-5, "bf16": 8 * 2.0**-8, "fp16": 8 * 2.0**-11}
+_FLOOR = 1e-12
+T = TypeVar("T")
+
+
+def _error(run: Tensor, reference: Tensor) -> float:
+    scale = max(float(reference.abs().max()), _FLOOR) if reference.numel() else 1.0
+    return float((run.float() - reference).abs().max()) / scale if run.numel() else 0.0
+
+
+def _on_rank_zero(compute: Callable[[], T]) -> T:
+    """The reference, computed once (by rank 0) and shared with every rank."""
+    box = [compute() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]  # type: ignore[return-value]
+
+
+def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None) -> dict[str, Any]:
+    """This rank's comparison: tensors checked, largest error, mismatches (as dicts of
+    :class:`planner.launch.report.Mismatch`). ``segments``: the batches of each run of a
+    stale-weight schedule, None for a flushed one."""
+    config = runner.config
+    tolerance = TOLERANCE[config.training.precision]
+    rank, tp = runner.comm.rank, runner.comm.tp
+    errors: list[tuple[int, str, str, float, int | None]] = []
+    if segments is not None:
+        expected_full = _on_rank_zero(lambda: reference_weights(config, segments))
+        version = segments[-1]  # the newest: one version per batch of the last run
+        for s, weights in runner.weights.items():
+            expected = local_view(config, expected_full, s, tp)
+            for name, value in weights.newest().items():
+                errors.append((s, name, "weight", _error(value, expected[name]), version))
+    else:
+        losses, grads = _on_rank_zero(
+            lambda: reference_gradients(
+                config, first_step, reference_weights(config, [1] * first_step)
+            )
+        )
+        for s in runner.weights:
+            expected = local_view(config, grads, s, tp)
+            for name, grad in runner.first_grads.get(s, {}).items():
+                errors.append((s, name, "gradient", _error(grad, expected[name]), None))
+        if runner.last_stage in runner.weights:
+            m = config.num_microbatches
+            mine = runner.first_losses
+            ref = losses[runner.comm.dp * m : (runner.comm.dp + 1) * m]
+            for k, (a, b) in enumerate(zip(mine, ref, strict=True)):
+                error = abs(a - b) / max(abs(b), _FLOOR)
+                errors.append((runner.last_stage, f"loss of micro-batch {k}", "loss", error, None))
+    mismatches = [
+        Mismatch(
+            rank=rank,
+            stage=s,
+            tensor=name,
+            kind=kind,
+            weight_version=version,
+            error=error,
+            tolerance=tolerance,
+        ).model_dump()
+        for s, name, kind, error, version in errors
+        if not error <= tolerance  # NaN is a mismatch too
+    ]
+    return {
+        "checked": len(errors),
+        "max_error": max((e[3] for e in errors), default=0.0),
+        "mismatches": mismatches,
+        "compared": (
+            "weights of the newest version after the run vs the PipeDream-2BW rule "
+            "W(t+1) = W(t) - lr * grad(W(t-1))"
+            if segments is not None
+            else f"gradients and losses of step {first_step}"
+        ),
+        "tolerance": tolerance,
+    }

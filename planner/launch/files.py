@@ -1,0 +1,148 @@
+"""The launch artefacts of a plan as files: what ``stagewright plan --emit DIR`` writes and
+``GET /v1/plans/{id}/launch.tar.gz`` packs.
+
+Per ranked candidate, a folder ``candidate-N`` (N = its rank in the plan) with:
+- ``executor-config.json`` and ``run-node<i>.sh``, one per node, holding the plan's torchrun
+  line for that node (run it on that node, with ``MASTER_ADDR`` set when there are several);
+- where Megatron-LM can run the candidate as planned: ``megatron-args.txt`` (one argument per
+  line) and ``megatron-node<i>.sh`` (``MEGATRON_LM`` names a Megatron-LM checkout; synthetic
+  data and a null tokenizer unless ``DATA_ARGS`` says otherwise);
+- where torch.distributed.pipelining can: ``torch-pipelining.csv``;
+- ``candidate.json``: the candidate as the plan holds it (prediction, runtimes, notes).
+And at the top, ``plan.json`` (the whole plan) and ``README.md`` (what is where).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+
+from planner.launch.artefacts import materialize_launch
+from planner.launch.megatron import megatron_launch
+from planner.launch.torchrun import (
+    EXECUTOR_CONFIG_FILE,
+    launch_script,
+    node_layout,
+    torchrun_prefix,
+)
+from planner.specs import Candidate, Plan, PlanRequest
+
+__all__ = ["LaunchFile", "launch_archive", "launch_files"]
+
+
+@dataclass(frozen=True)
+class LaunchFile:
+    path: str  # relative, with "/" separators
+    content: str
+    executable: bool = False
+
+
+def _title(candidate: Candidate, index: int) -> str:
+    c = candidate.config
+    return (
+        f"stagewright candidate {index}: {c.schedule}, t={c.t} p={c.p} d={c.d}, micro-batch "
+        f"{c.micro_batch_size} x {c.num_microbatches}, recompute {c.recompute}"
+    )
+
+
+def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> list[LaunchFile]:
+    folder = f"candidate-{index}"
+    title = _title(candidate, index)
+    nodes, _ = node_layout(request, candidate.config)
+    launch = materialize_launch(request, candidate)
+    files = [
+        LaunchFile(
+            f"{folder}/{EXECUTOR_CONFIG_FILE}", json.dumps(launch.executor_config, indent=1)
+        ),
+        LaunchFile(f"{folder}/candidate.json", candidate.model_dump_json(indent=2)),
+    ]
+    for node, line in enumerate(launch.torchrun):
+        files.append(
+            LaunchFile(
+                f"{folder}/run-node{node}.sh",
+                launch_script(line, node=node, nodes=nodes, title=title),
+                executable=True,
+            )
+        )
+    if launch.megatron_args is not None:
+        megatron = megatron_launch(request, candidate.config, has_schedule=True)
+        files.append(LaunchFile(f"{folder}/megatron-args.txt", "\n".join(megatron.args) + "\n"))
+        env = "".join(f"export {k}={v}\n" for k, v in megatron.env.items())
+        env += (
+            ': "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (holding '
+            'pretrain_gpt.py)}"\n'
+            "# Synthetic data and a null tokenizer unless DATA_ARGS says otherwise, e.g.\n"
+            '# DATA_ARGS="--data-path PREFIX --tokenizer-type GPT2BPETokenizer --vocab-file '
+            'VOCAB --merge-file MERGES"\n'
+            'DATA_ARGS="${DATA_ARGS:---mock-data --tokenizer-type NullTokenizer}"\n'
+            'TRAIN_ARGS="${TRAIN_ARGS:---train-iters 100 --lr 1.0e-4}"\n'
+        )
+        for node in range(nodes):
+            command = (
+                f"{torchrun_prefix(request, candidate.config, node)} "
+                '"$MEGATRON_LM/pretrain_gpt.py" $(cat megatron-args.txt) $DATA_ARGS $TRAIN_ARGS'
+            )
+            files.append(
+                LaunchFile(
+                    f"{folder}/megatron-node{node}.sh",
+                    launch_script(command, node=node, nodes=nodes, title=title, env=env),
+                    executable=True,
+                )
+            )
+    if launch.torch_pipelining_csv is not None:
+        files.append(LaunchFile(f"{folder}/torch-pipelining.csv", launch.torch_pipelining_csv))
+    return files
+
+
+def _readme(plan: Plan) -> str:
+    lines = [
+        f"# Launch artefacts of plan {plan.id}",
+        "",
+        f"{plan.request.model.name} on {plan.request.cluster.num_nodes} x "
+        f"{plan.request.cluster.gpus_per_node} {plan.request.cluster.gpu}. Candidates in "
+        "ranked order (1 is the best); each folder holds what runs it:",
+        "",
+    ]
+    for index, candidate in enumerate(plan.candidates, start=1):
+        p = candidate.predicted
+        lines.append(
+            f"- candidate-{index}: {_title(candidate, index).split(': ', 1)[1]}; predicted "
+            f"{p.iteration_time_s:.4g} s per step, peak {p.peak_memory_gib:.1f} GiB; runs on "
+            f"{', '.join(candidate.runtimes) or 'no runtime'}"
+            + (" (stale weights: PipeDream-2BW)" if candidate.semantics == "stale" else "")
+        )
+    lines += [
+        "",
+        "Run `bash candidate-N/run-node<i>.sh` on node i (with MASTER_ADDR set to node 0's "
+        "address when there are several nodes); stagewright and torch must be installed. "
+        "Extra arguments go to the executor (e.g. `--steps 100 --verify`). The report lands in "
+        "`stagewright-run/run-report.json`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def launch_files(plan: Plan) -> list[LaunchFile]:
+    """Every file of the plan's launch artefacts."""
+    files = [
+        LaunchFile("plan.json", plan.model_dump_json(indent=2)),
+        LaunchFile("README.md", _readme(plan)),
+    ]
+    for index, candidate in enumerate(plan.candidates, start=1):
+        files += _candidate_files(plan.request, candidate, index)
+    return files
+
+
+def launch_archive(plan: Plan, root: str) -> bytes:
+    """The files as a gzipped tar archive under the folder ``root``."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for item in launch_files(plan):
+            data = item.content.encode("utf-8")
+            info = tarfile.TarInfo(f"{root}/{item.path}")
+            info.size = len(data)
+            info.mode = 0o755 if item.executable else 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

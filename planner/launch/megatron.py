@@ -1,0 +1,207 @@
+"""Megatron-LM arguments for a candidate, or the reason Megatron-LM cannot run it as planned.
+
+Every flag used here is checked against the parser of Megatron-LM's
+``megatron/training/arguments.py`` (``add_megatron_arguments``; most model and parallelism
+flags come from its ``TransformerConfig`` dataclass through ``ArgumentGroupFactory``):
+``MEGATRON_FLAGS`` lists them with the commit they were checked at, and a test keeps every
+emitted flag inside that list.
+
+What Megatron-LM can express (``pretrain_gpt.py``):
+- the layer split: an even split needs nothing; a lighter first and/or last stage
+  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``; any other
+  split, and uneven virtual stages, ``--pipeline-model-parallel-layout`` ("E" embedding,
+  "t" a layer, "L" the loss, stages split by "|");
+- recomputation: one granularity for the whole model. Selective (``core_attn``, Korthikanti et
+  al.'s attention core) on every layer; or full, on every layer (``uniform``, 1 layer per unit)
+  or on the first N layers of every stage (``block``). A per-stage choice outside these (CP-SAT
+  may pick one) is not expressible, and the candidate's ``runtimes`` then omit megatron;
+- attention: ``--attention-backend flash`` with flash attention, else ``unfused`` (the kernels
+  whose saved scores Korthikanti et al. count);
+- vocabulary: ``--vocab-size`` with ``--make-vocab-size-divisible-by`` chosen so that Megatron's
+  padding (to a multiple of that times t) keeps the planned size; ``NullTokenizer`` with
+  ``--mock-data`` (the launch script's defaults) runs without data files, to be replaced by
+  the real tokenizer and ``--data-path``.
+Sequence parallelism needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` in the environment (the launch
+script sets it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from planner.specs import CandidateConfig, PlanRequest
+
+__all__ = [
+    "MEGATRON_COMMIT",
+    "MEGATRON_FLAGS",
+    "MegatronLaunch",
+    "megatron_launch",
+    "recompute_problem",
+]
+
+MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+"""The NVIDIA/Megatron-LM commit whose argument parser ``MEGATRON_FLAGS`` was checked against."""
+
+MEGATRON_FLAGS = frozenset(
+    {
+        "--attention-backend",
+        "--bf16",
+        "--data-path",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--ffn-hidden-size",
+        "--fp16",
+        "--global-batch-size",
+        "--hidden-size",
+        "--lr",
+        "--make-vocab-size-divisible-by",
+        "--merge-file",
+        "--max-position-embeddings",
+        "--micro-batch-size",
+        "--mock-data",
+        "--num-attention-heads",
+        "--num-layers",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--optimizer",
+        "--pipeline-model-parallel-layout",
+        "--pipeline-model-parallel-size",
+        "--recompute-granularity",
+        "--recompute-method",
+        "--recompute-modules",
+        "--recompute-num-layers",
+        "--seq-length",
+        "--sequence-parallel",
+        "--tensor-model-parallel-size",
+        "--tokenizer-type",
+        "--train-iters",
+        "--use-distributed-optimizer",
+        "--vocab-file",
+        "--vocab-size",
+    }
+)
+"""Every Megatron-LM flag stagewright emits (here and in the Megatron launch script)."""
+
+
+@dataclass(frozen=True)
+class MegatronLaunch:
+    """Arguments of ``pretrain_gpt.py`` for a candidate, or why there are none."""
+
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    reason: str | None = None  # set when Megatron-LM cannot run the candidate as planned
+    notes: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.args)
+
+
+def megatron_launch(
+    request: PlanRequest, config: CandidateConfig, *, has_schedule: bool
+) -> MegatronLaunch:
+    """The Megatron-LM arguments of ``config``; ``has_schedule`` says whether Megatron-LM has
+    the candidate's schedule (the schedule registry knows)."""
+    if not has_schedule:
+        return MegatronLaunch(reason=f"Megatron-LM has no {config.schedule} schedule")
+    recompute = _recompute_args(config)
+    if isinstance(recompute, str):
+        return MegatronLaunch(reason=recompute)
+    m, tr = request.model, request.training
+    vocab_args, notes = _vocab_args(m.vocab_size, config.t)
+    args = [
+        f"--num-layers {m.num_layers}",
+        f"--hidden-size {m.hidden_size}",
+        f"--num-attention-heads {m.num_attention_heads}",
+        f"--ffn-hidden-size {m.ffn}",
+        f"--seq-length {m.seq_length}",
+        f"--max-position-embeddings {m.seq_length}",
+        *vocab_args,
+        f"--tensor-model-parallel-size {config.t}",
+        f"--pipeline-model-parallel-size {config.p}",
+        *_layout_args(config),
+        f"--micro-batch-size {config.micro_batch_size}",
+        f"--global-batch-size {tr.global_batch_size}",
+        f"--optimizer {tr.optimizer}",
+        f"--attention-backend {'flash' if tr.flash_attention else 'unfused'}",
+    ]
+    if tr.precision != "fp32":
+        args.append(f"--{tr.precision}")
+    env = {}
+    if tr.sequence_parallel and config.t > 1:
+        args.append("--sequence-parallel")
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    if tr.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    args += recompute
+    return MegatronLaunch(args=tuple(args), env=env, notes=tuple(notes))
+
+
+def _vocab_args(vocab: int, t: int) -> tuple[list[str], list[str]]:
+    """``--vocab-size`` and a ``--make-vocab-size-divisible-by`` that keeps it unpadded."""
+    if vocab % t == 0:
+        divisor = math.gcd(vocab // t, 128)
+        return [f"--vocab-size {vocab}", f"--make-vocab-size-divisible-by {divisor}"], []
+    padded = -(-vocab // t) * t
+    return (
+        [f"--vocab-size {vocab}", "--make-vocab-size-divisible-by 1"],
+        [f"Megatron-LM pads the vocabulary of {vocab} to {padded}, a multiple of t = {t}"],
+    )
+
+
+def _layout_args(config: CandidateConfig) -> list[str]:
+    layers = config.layers_per_stage
+    chunks = len(layers) // config.p
+    if len(set(layers)) == 1:
+        return [f"--num-layers-per-virtual-pipeline-stage {layers[0]}"] if chunks > 1 else []
+    if chunks == 1 and len(set(layers[1:-1])) <= 1:
+        return [
+            f"--decoder-first-pipeline-num-layers {layers[0]}",
+            f"--decoder-last-pipeline-num-layers {layers[-1]}",
+        ]
+    # Stages in layout order are Megatron's (virtual stage v of rank r is entry v * p + r),
+    # which is the planner's stage numbering.
+    stages = ["t" * n for n in layers]
+    stages[0] = "E" + stages[0]
+    stages[-1] += "L"
+    return [f"--pipeline-model-parallel-layout {'|'.join(stages)}"]
+
+
+def recompute_problem(config: CandidateConfig) -> str | None:
+    """Why Megatron-LM cannot recompute as ``config`` plans, or None."""
+    found = _recompute_args(config)
+    return found if isinstance(found, str) else None
+
+
+def _recompute_args(config: CandidateConfig) -> list[str] | str:
+    """Megatron-LM's recompute flags for the candidate's per-stage modes, or why it has none."""
+    per_stage = config.stage_modes()
+    used = {mode for modes in per_stage for mode, n in modes.items() if n}
+    if used <= {"none"}:
+        return []
+    if used == {"selective"}:
+        return ["--recompute-granularity selective", "--recompute-modules core_attn"]
+    if "selective" in used:
+        return (
+            "selective recompute on some layers and another mode on others: Megatron-LM "
+            "applies one recompute granularity to the whole model"
+        )
+    fulls = [modes.get("full", 0) for modes in per_stage]
+    layers = config.layers_per_stage
+    if fulls == layers:
+        return [
+            "--recompute-granularity full",
+            "--recompute-method uniform",
+            "--recompute-num-layers 1",
+        ]
+    block = max(fulls)
+    if all(f == min(block, n) for f, n in zip(fulls, layers, strict=True)):
+        return [
+            "--recompute-granularity full",
+            "--recompute-method block",
+            f"--recompute-num-layers {block}",
+        ]
+    return (
+        f"full recompute of {fulls} layers per stage: Megatron-LM's block method recomputes "
+        f"the first N layers of every stage, the same N everywhere"
+    )

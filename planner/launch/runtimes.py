@@ -1,0 +1,65 @@
+"""Which runtimes can run a candidate as planned, and why the others cannot.
+
+A runtime runs a candidate "as planned" when it executes the planned schedule, layer split and
+recompute choices, not an approximation of them. The schedule registry says which runtimes
+have a schedule at all (:attr:`planner.schedules.ScheduleFamily.runtimes`); beyond that:
+- Megatron-LM expresses recomputation only as one granularity for the whole model
+  (:mod:`planner.launch.megatron`);
+- stagewright's executor splits the output layer over the vocabulary and, with sequence
+  parallelism, the sequence over the tensor-parallel ranks, so both must divide by t;
+- torch.distributed.pipelining runs any schedule it has on the stage modules it is given.
+"""
+
+from __future__ import annotations
+
+from planner.launch.megatron import recompute_problem
+from planner.schedules import RUNTIMES, Runtime, schedule_family
+from planner.specs import CandidateConfig, PlanRequest
+
+__all__ = ["RUNTIME_TITLES", "runtime_limits", "runtimes_of"]
+
+RUNTIME_TITLES: dict[Runtime, str] = {
+    "stagewright": "stagewright's executor",
+    "torch": "torch.distributed.pipelining",
+    "megatron": "Megatron-LM",
+}
+
+
+def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtime, str]:
+    """For each runtime that cannot run ``config`` as planned, the reason (empty when all
+    can)."""
+    family = schedule_family(config.schedule)
+    limits: dict[Runtime, str] = {
+        runtime: f"{RUNTIME_TITLES[runtime]} has no {family.title} schedule"
+        for runtime in RUNTIMES
+        if runtime not in family.runtimes
+    }
+    if "megatron" not in limits:
+        problem = recompute_problem(config)
+        if problem is not None:
+            limits["megatron"] = problem
+    if "stagewright" not in limits:
+        problem = _executor_problem(request, config)
+        if problem is not None:
+            limits["stagewright"] = problem
+    return limits
+
+
+def runtimes_of(limits: dict[Runtime, str]) -> list[Runtime]:
+    """The runtimes not limited, in the registry's order."""
+    return [runtime for runtime in RUNTIMES if runtime not in limits]
+
+
+def _executor_problem(request: PlanRequest, config: CandidateConfig) -> str | None:
+    model, t = request.model, config.t
+    if model.vocab_size % t:
+        return (
+            f"its output layer is split over the vocabulary, and t = {t} does not divide the "
+            f"vocabulary of {model.vocab_size}"
+        )
+    if request.training.sequence_parallel and t > 1 and model.seq_length % t:
+        return (
+            f"sequence parallelism splits the {model.seq_length} tokens over t = {t} ranks, "
+            f"which does not divide them"
+        )
+    return None

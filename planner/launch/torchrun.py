@@ -1,0 +1,76 @@
+"""torchrun command lines and the per-node launch scripts that hold them.
+
+A line runs as printed, given the files it names (the executor config, in the folder
+``stagewright plan --emit`` writes) and, on several nodes, ``MASTER_ADDR`` (the first node's
+address). One node needs no address at all: ``--standalone`` lets torchrun pick a free port on
+the machine, so two jobs on one machine do not collide.
+"""
+
+from __future__ import annotations
+
+from planner.specs import CandidateConfig, PlanRequest
+
+__all__ = [
+    "EXECUTOR_CONFIG_FILE",
+    "MASTER_PORT",
+    "launch_script",
+    "node_layout",
+    "torchrun_commands",
+    "torchrun_prefix",
+]
+
+EXECUTOR_CONFIG_FILE = "executor-config.json"
+MASTER_PORT = 29500  # torchrun's default rendezvous port
+
+
+def node_layout(request: PlanRequest, config: CandidateConfig) -> tuple[int, int]:
+    """(nodes, processes per node) of the candidate's t x p x d ranks."""
+    world = config.t * config.p * config.d
+    per_node = min(request.cluster.gpus_per_node, world)
+    return max(1, world // per_node), per_node
+
+
+def torchrun_prefix(request: PlanRequest, config: CandidateConfig, node: int) -> str:
+    """``torchrun`` and its options for ``node``, before the program it runs."""
+    nodes, per_node = node_layout(request, config)
+    if nodes == 1:
+        return f"torchrun --standalone --nproc-per-node={per_node}"
+    return (
+        f"torchrun --nnodes={nodes} --node-rank={node} --nproc-per-node={per_node} "
+        f"--master-addr=$MASTER_ADDR --master-port={MASTER_PORT}"
+    )
+
+
+def torchrun_commands(request: PlanRequest, config: CandidateConfig) -> list[str]:
+    """One torchrun line per node running the executor on ``executor-config.json``."""
+    nodes, _ = node_layout(request, config)
+    target = f"-m executor.worker {EXECUTOR_CONFIG_FILE}"
+    return [f"{torchrun_prefix(request, config, node)} {target}" for node in range(nodes)]
+
+
+def launch_script(command: str, *, node: int, nodes: int, title: str, env: str = "") -> str:
+    """A bash script that runs ``command`` (a torchrun line) from its own folder on node
+    ``node`` of ``nodes``; extra arguments are passed on to the command. ``env`` holds
+    ``export`` lines the runtime needs."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {title}",
+        f"# Node {node} of {nodes}: run this on node {node}"
+        + (", with MASTER_ADDR set to node 0's address." if nodes > 1 else "."),
+        "set -euo pipefail",
+        'cd "$(dirname "$0")"',
+    ]
+    if nodes > 1:
+        lines.append(': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"')
+    lines += [
+        "# gloo finds its network interface from the host name; when every node is this",
+        "# machine (MASTER_ADDR on loopback), say so, since the host may have other interfaces.",
+        'if [ -z "${GLOO_SOCKET_IFNAME:-}" ] && '
+        '[[ "${MASTER_ADDR:-127.0.0.1}" =~ ^(127\\.|localhost$) ]]; then',
+        "  export GLOO_SOCKET_IFNAME=lo",
+        "fi",
+    ]
+    if env:
+        lines.append(env.rstrip("\n"))
+    lines.append(f'{command} "$@"')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,163 @@
+"""The heart of launching: plan a tiny model on the cpu profile, emit the launch artefacts,
+and run the emitted torchrun line exactly as the plan wrote it (only MASTER_ADDR set, and
+PATH to the installed stagewright) on 4 gloo ranks, for every schedule, with recompute none,
+selective and full, in bf16. Each run is compared with the single-process reference: every
+micro-batch's loss of every step (the later steps depend on the earlier updates, so this
+checks the gradients and the optimizer too), and each rank's saved activations with the
+planner's prediction (within 5%)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from api.cli import main
+from executor.reference import reference_run
+from planner.launch import ExecutorConfig
+from tests.executor.conftest import VENV_BIN, report
+
+MODEL = {
+    "name": "tiny-gpt",
+    "num_layers": 8,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "seq_length": 32,
+    "vocab_size": 128,
+}
+# (schedule, recompute, nodes, through the launch script with --verify)
+CASES = [
+    ("gpipe", "none", 1, False),
+    ("1f1b", "selective", 1, True),
+    ("interleaved", "full", 1, False),
+    ("bpipe", "selective", 2, True),
+    ("v-min", "full", 1, False),
+    ("v-half", "none", 1, True),
+    ("v-zb", "selective", 1, False),
+    ("2bw", "full", 2, True),
+]
+STEPS = 3  # what the worker runs when the line does not say
+LATER_REL = 1e-3
+
+
+def _request(schedule: str, recompute: str, nodes: int) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "cluster": {"gpu": "cpu", "num_nodes": nodes, "gpus_per_node": 4 // nodes},
+        "training": {
+            "global_batch_size": 8,
+            "precision": "bf16",
+            "optimizer": "adam",
+            "distributed_optimizer": False,
+            "sequence_parallel": False,
+        },
+        "search": {
+            "schedules": [schedule],
+            "allow_stale_weights": schedule == "2bw",
+            "recompute": [recompute],
+            "micro_batch_sizes": [1],
+            "top_k": 100,
+        },
+    }
+
+
+@contextmanager
+def _one_multinode_job_at_a_time() -> Iterator[None]:
+    """Lines for several nodes use torchrun's fixed rendezvous port: on one machine, two
+    such jobs (two test runs at once) would meet on it."""
+    with open(Path(tempfile.gettempdir()) / "stagewright-multinode-test.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _run_nodes(folder: Path, commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    env = {"PATH": f"{VENV_BIN}{os.pathsep}{os.defpath}", "MASTER_ADDR": "127.0.0.1"}
+    started = [
+        subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in commands
+    ]
+    done = []
+    for process in started:
+        out, err = process.communicate(timeout=600)
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    return done
+
+
+@pytest.mark.parametrize("schedule, recompute, nodes, script", CASES, ids=[c[0] for c in CASES])
+def test_the_emitted_torchrun_line_runs_and_trains_like_one_process(
+    tmp_path, capsys, schedule, recompute, nodes, script
+):
+    request_file = tmp_path / "request.json"
+    request_file.write_text(json.dumps(_request(schedule, recompute, nodes)))
+    emitted = tmp_path / "launch"
+    assert main(["plan", str(request_file), "--emit", str(emitted)]) == 0
+    capsys.readouterr()
+    folder = next(
+        path.parent
+        for path in sorted(emitted.glob("candidate-*/candidate.json"))
+        if (lambda c: (c["t"], c["p"], c["d"]) == (1, 4, 1))(json.loads(path.read_text())["config"])
+    )
+    candidate = json.loads((folder / "candidate.json").read_text())
+    lines = candidate["launch"]["torchrun"]
+    assert len(lines) == nodes
+    if script:  # the script holds the very line; extra arguments go to the executor
+        for node, line in enumerate(lines):
+            assert line + ' "$@"' in (folder / f"run-node{node}.sh").read_text()
+        commands = [f"bash run-node{node}.sh --verify" for node in range(nodes)]
+    else:
+        commands = lines
+    with _one_multinode_job_at_a_time() if nodes > 1 else _nothing():
+        done = _run_nodes(folder, commands)
+    for result in done:
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "step time: measured" in done[0].stdout
+
+    run = report(folder / "stagewright-run")
+    config = ExecutorConfig.model_validate_json((folder / "executor-config.json").read_text())
+    assert run.num_steps == STEPS and len(run.ranks) == 4
+    assert run.config.schedule == schedule and run.config.precision == "bf16"
+    assert {mode for stage in run.config.recompute_per_stage for mode in stage} == {recompute}
+    if script:
+        assert run.verification is not None and run.verification.passed
+        assert run.verification.checked > 0
+
+    # Every loss of every step, against one process training the same model the same way.
+    # The first step computes exactly what the reference computes. Later steps start from
+    # weights Adam updated: a schedule sums the micro-batches' fp32 gradients in its own
+    # order, and where a gradient is zero up to rounding (the key bias: softmax ignores it)
+    # Adam turns that rounding into a full-size step, so the losses then agree to LATER_REL.
+    segments = [STEPS] if run.continuous else [1] * STEPS
+    _, expected = reference_run(config, segments)
+    last = config.ir.num_stages - 1
+    m = config.num_microbatches
+    for rank in (r for r in run.ranks if last in r.stages):
+        for step in rank.steps:
+            mine = expected[step.step][rank.dp * m : (rank.dp + 1) * m]
+            rel = 1e-6 if step.step == 0 else LATER_REL
+            assert step.losses == pytest.approx(mine, rel=rel), (rank.rank, step.step)
+
+    # What the planner priced is what ran: saved activations per rank within 5%.
+    assert run.predicted is not None and run.measured.step_time_s is not None
+    for rank in run.ranks:
+        predicted = rank.predicted_saved_activation_bytes
+        assert predicted is not None
+        assert rank.peak_saved_activation_bytes == pytest.approx(predicted, rel=0.05), rank
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
