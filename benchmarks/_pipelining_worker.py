@@ -8,9 +8,11 @@ Launched by that benchmark (not meant to be run by hand) as
 
 It reads the same stagewright executor config as ``executor.worker`` (model, stage -> layers,
 stage -> rank, micro-batches, seed, learning rate), builds the same stages with the same full
-weights from ``executor.model``, and runs torch's Schedule1F1B (config schedule ``1f1b``) or
-ScheduleZBVZeroBubble (config schedule ``v-zb``) on the same batches (``executor.runtime.
-batch_for``), followed by the same plain SGD update stagewright's STEP applies. It writes
+weights from ``executor.model`` (the benchmark's configs have no dropout, so the stages need
+no per-micro-batch dropout key), and runs torch's Schedule1F1B (config schedule ``1f1b``),
+ScheduleInterleaved1F1B (``interleaved``) or ScheduleZBVZeroBubble (``v-zb``) on the same
+batches (``executor.data.global_batch``), followed by the same update stagewright's STEP
+applies (torch.optim SGD with the config's momentum). It writes
 DIR/rank{r}.json with per-step ``wall_s``, ``busy_s`` (time inside stage forward / backward /
 weight-backward, the loss and the gradient scaling), ``cpu_s`` (process CPU time), the losses,
 and with ``--count-memory`` ``peak_activation_bytes``: the peak of unique non-parameter
@@ -34,20 +36,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from executor.runtime import ExecConfig, batch_for, load_config  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.distributed.pipelining import (  # noqa: E402
     PipelineStage,
     Schedule1F1B,
+    ScheduleInterleaved1F1B,
     ScheduleZBVZeroBubble,
 )
 
-from executor.model import Stage, build_stage, init_full_weights  # noqa: E402
+from executor.data import global_batch  # noqa: E402
+from executor.dropout import DropoutKey  # noqa: E402
+from executor.inputs import read_config  # noqa: E402
+from executor.model import GPTShape, Stage, build_stage, init_full_weights, model_options  # noqa: E402
+from planner.launch import ExecutorConfig  # noqa: E402
+
+_NO_DROPOUT = DropoutKey(0, 0, 0)  # the benchmark's configs have dropout 0: the key is unused
 
 
-class LastStage(nn.Module):
-    """Our last Stage up to the logits (torch's schedule applies the loss itself); it reuses
-    the Stage's parameters, it does not copy them."""
+class Body(nn.Module):
+    """One of our stages without the loss, for torch's PipelineStage (it calls the module
+    with the activation only); it reuses the Stage's parameters."""
 
     def __init__(self, stage: Stage) -> None:
         super().__init__()
@@ -56,10 +64,14 @@ class LastStage(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         s = self.stage
         if s.has_embedding:
-            x = F.embedding(x, s.tok) + s.pos[: x.shape[1]]
+            tokens = x.t()
+            x = F.embedding(tokens, s.tok) + s.pos[: tokens.shape[0]].unsqueeze(1)
         for block in s.blocks:
-            x = block(x)
-        return F.linear(s.ln_f(x), s.out_w)
+            x = block(x, _NO_DROPOUT)
+        if not s.has_head:
+            return x
+        normed = F.layer_norm(x, (s.shape.hidden_size,), s.ln_f_w, s.ln_f_b)
+        return F.linear(normed, s.out_w)
 
 
 class _Holder:
@@ -136,25 +148,40 @@ class Busy:
         return timed
 
 
-def build(config: ExecConfig, rank: int, busy: Busy) -> tuple[Any, list[nn.Module]]:
-    schedule_ir = config.schedule
-    world = dist.get_world_size()
+TORCH_SCHEDULES = {
+    "1f1b": Schedule1F1B,
+    "interleaved": ScheduleInterleaved1F1B,
+    "v-zb": ScheduleZBVZeroBubble,
+}
+
+
+def build(config: ExecutorConfig, rank: int, busy: Busy) -> tuple[Any, list[nn.Module]]:
+    schedule_ir = config.ir
     n = schedule_ir.num_stages
     mine = schedule_ir.stages_of(rank)
-    if schedule_ir.name == "1f1b":
-        assert n == world and mine == (rank,), "1F1B: one stage per rank"
-    elif schedule_ir.name == "v-zb":
-        assert n == 2 * world and mine == (rank, 2 * world - 1 - rank), "ZBV: V placement"
-    else:
+    if schedule_ir.name not in TORCH_SCHEDULES:
         raise SystemExit(f"no torch counterpart for schedule {schedule_ir.name!r}")
-    full = init_full_weights(config.shape, config.seed)
+    if config.dropout:
+        raise SystemExit("the torch side runs without dropout: give a config with dropout 0")
+    shape = GPTShape.of(config.model)
+    full = init_full_weights(shape, config.seed)
+    options = model_options(config)
     device = torch.device("cpu")
     modules: list[nn.Module] = []
     stages = []
     for s in mine:
-        first, end = config.stage_layers[s]
-        stage = build_stage(config.shape, full, first, end, embed=s == 0, head=s == n - 1)
-        module: nn.Module = LastStage(stage) if s == n - 1 else stage
+        spec = config.stages[s]
+        stage = build_stage(
+            shape,
+            full,
+            spec.first_layer,
+            spec.end_layer,
+            embed=s == 0,
+            head=s == n - 1,
+            options=options,
+            recompute=spec.layer_modes(),
+        )
+        module: nn.Module = Body(stage)
         modules.append(module)
         pipe = PipelineStage(module, s, n, device)
         pipe.forward_one_chunk = busy.wrap("F", pipe.forward_one_chunk)  # type: ignore[method-assign]
@@ -164,19 +191,19 @@ def build(config: ExecConfig, rank: int, busy: Busy) -> tuple[Any, list[nn.Modul
         )
         pipe.scale_grads = busy.wrap("scale", pipe.scale_grads)  # type: ignore[method-assign]
         stages.append(pipe)
-    vocab = config.shape.vocab_size
+    vocab = config.model.vocab_size
 
     def loss_fn(logits: Tensor, target: Tensor) -> Tensor:
-        # The mean cross-entropy of the micro-batch, as our last Stage returns it;
-        # scale_grads=True divides the gradients by m, as stagewright's loss / m does.
-        return F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
+        # The mean cross-entropy of the micro-batch, as our last Stage returns it (logits
+        # are (sequence, batch, vocabulary), targets (batch, sequence)); scale_grads=True
+        # divides the gradients by m, as stagewright's loss / m does.
+        return F.cross_entropy(logits.float().reshape(-1, vocab), target.t().reshape(-1))
 
     m = config.num_microbatches
     timed_loss = busy.wrap("loss", loss_fn)
-    if schedule_ir.name == "1f1b":
-        sched: Any = Schedule1F1B(stages[0], m, loss_fn=timed_loss, scale_grads=True)
-    else:
-        sched = ScheduleZBVZeroBubble(stages, m, loss_fn=timed_loss, scale_grads=True)
+    kind = TORCH_SCHEDULES[schedule_ir.name]
+    chosen = stages[0] if kind is Schedule1F1B else stages
+    sched: Any = kind(chosen, m, loss_fn=timed_loss, scale_grads=True)
     return sched, modules
 
 
@@ -189,21 +216,24 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
-    config = load_config(json.loads(args.config.read_text()))
+    config = read_config(args.config)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
-    if world != config.p or config.t != 1 or config.d != 1:
+    if world != config.parallel.p or config.parallel.t != 1 or config.parallel.d != 1:
         raise SystemExit(f"needs t = d = 1 and p = {world} ranks")
     busy = Busy()
     sched, modules = build(config, rank, busy)
-    n = config.schedule.num_stages
-    stage_ids = config.schedule.stages_of(rank)
+    n = config.ir.num_stages
+    stage_ids = config.ir.stages_of(rank)
     has_first, has_last = 0 in stage_ids, n - 1 in stage_ids
     params = [p for module in modules for p in module.parameters()]
+    optimizer = torch.optim.SGD(
+        params, lr=config.optimizer.lr, momentum=config.optimizer.sgd_momentum, foreach=False
+    )
     counter = SavedCounter({p.untyped_storage().data_ptr() for p in params})
     steps = []
     for step in range(args.steps):
-        inputs, targets = batch_for(config, step)
+        inputs, targets = global_batch(config, step)
         call_args = (inputs,) if has_first else ()
         losses: list[Tensor] = []
         call_kwargs: dict[str, Any] = {"return_outputs": False}
@@ -221,11 +251,8 @@ def main() -> int:
         else:
             sched.step(*call_args, **call_kwargs)
         began = time.perf_counter()
-        with torch.no_grad():  # stagewright's STEP: plain SGD, w -= lr * grad
-            for p in params:
-                if p.grad is not None:
-                    p -= config.lr * p.grad
-                p.grad = None
+        optimizer.step()  # stagewright's STEP: the config's optimizer (SGD with momentum)
+        optimizer.zero_grad(set_to_none=True)
         busy.seconds += time.perf_counter() - began
         busy.by_kind["step"] = time.perf_counter() - began
         steps.append(

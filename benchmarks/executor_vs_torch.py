@@ -52,10 +52,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from executor.launcher import torchrun_command  # noqa: E402
+from executor.reporting import REPORT_FILE  # noqa: E402
 from planner.costmodel.evaluate import num_stages, split_layers  # noqa: E402
-from planner.launch import executor_config  # noqa: E402
+from planner.launch import RunReport, build_executor_config  # noqa: E402
 from planner.placement import place  # noqa: E402
-from planner.schedules import generate  # noqa: E402
 from planner.specs import CandidateConfig, PlanRequest  # noqa: E402
 
 TORCH_WORKER = Path(__file__).resolve().parent / "_pipelining_worker.py"
@@ -94,8 +94,10 @@ def make_config(
         schedule=schedule,
         layers_per_stage=layers,
     )
-    data = executor_config(request, config, generate(schedule, p, m), place(1, p, 1, p))
-    data["lr"] = LR
+    document = build_executor_config(request, config, place(1, p, 1, p))
+    data = document.materialized().model_dump(mode="json")
+    data["optimizer"]["lr"] = LR
+    data["dropout"] = 0.0  # torch's PipelineStage calls a stage without a dropout key
     return data
 
 
@@ -129,7 +131,25 @@ def launch(side: str, config: Path, nproc: int, steps: int, out: Path, *extra: s
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise RunFailed(f"{side} on {nproc} ranks exited {done.returncode}:\n{tail}")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    if side == "torch":
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    report = RunReport.model_validate_json((out / REPORT_FILE).read_text())
+    return [
+        {
+            "rank": r.rank,
+            "steps": [
+                {
+                    "wall_s": s.wall_s,
+                    "cpu_s": s.cpu_s,
+                    "busy_s": s.busy_s,
+                    "losses": s.losses,
+                    "peak_activation_bytes": s.peak_saved_activation_bytes,
+                }
+                for s in r.steps
+            ],
+        }
+        for r in report.ranks
+    ]
 
 
 def summarise(reports: list[dict]) -> dict[str, float]:
@@ -244,6 +264,7 @@ def backward_split(
     import torch
     from torch.distributed.pipelining import _backward as pipe_backward
 
+    from executor.dropout import DropoutKey
     from executor.model import GPTShape, build_stage, init_full_weights
     from executor.split_backward import backward_input, backward_weight
 
@@ -259,12 +280,13 @@ def backward_split(
     stage = build_stage(shape, init_full_weights(shape), 1, 1 + layers, embed=False, head=False)
     params = list(stage.parameters())
     gen = torch.Generator().manual_seed(0)
-    x0 = torch.randn(1, shape.seq_length, shape.hidden_size, generator=gen)
-    g = torch.randn(1, shape.seq_length, shape.hidden_size, generator=gen)
+    x0 = torch.randn(shape.seq_length, 1, shape.hidden_size, generator=gen)
+    g = torch.randn(shape.seq_length, 1, shape.hidden_size, generator=gen)
+    key = DropoutKey(0, 0, 0)
 
     def forward() -> tuple[torch.Tensor, torch.Tensor]:
         x = x0.clone().requires_grad_(True)
-        return x, stage(x)
+        return x, stage(x, key)
 
     def full() -> list[float]:
         x, out = forward()
@@ -414,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
             data = make_config(schedule, p, m, model)
             path = work / f"{schedule}-p{p}.json"
             path.write_text(json.dumps(data))
-            print(f"  {schedule} at {p} ranks: stage layers {data['stage_layers']}")
+            layers = [sum(s["recompute"].values()) for s in data["stages"]]
+            print(f"  {schedule} at {p} ranks: stage layers {layers}")
             return path
 
         if not args.skip_timing:

@@ -132,7 +132,7 @@ class RankRunner:
                 head=s == self.last_stage,
                 tp=comm.tp,
                 options=options,
-                recompute=spec.recompute,
+                recompute=spec.layer_modes(),
             ).to(self.device)
             self.stages[s] = module
             self.weights[s] = StageWeights(

@@ -120,7 +120,10 @@ def write_report(report: RunReport, folder: Path) -> Path:
 def describe(report: RunReport) -> str:
     """The report as a few readable lines and a per-rank table."""
     c = report.config
-    modes = ",".join("/".join(sorted(set(stage))) for stage in c.recompute_per_stage)
+    modes = ",".join(
+        "+".join(f"{n} {mode}" for mode, n in stage.as_dict().items())
+        for stage in c.recompute_per_stage
+    )
     lines = [
         f"{c.schedule}: t={c.t} p={c.p} d={c.d}, {c.num_microbatches} micro-batches of "
         f"{c.micro_batch_size}, {c.precision}, recompute per stage [{modes}]"

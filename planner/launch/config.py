@@ -36,7 +36,7 @@ from planner.schedules import (
     schedule_family,
     validate,
 )
-from planner.specs import CandidateConfig, ModelSpec, Recompute, TrainingSpec
+from planner.specs import CandidateConfig, ModelSpec, Recompute, RecomputeSplit, TrainingSpec
 
 __all__ = [
     "EXECUTOR_CONFIG_FORMAT",
@@ -71,23 +71,39 @@ class Parallel(_Spec):
 
 
 class StageSpec(_Spec):
-    """One pipeline stage: a contiguous run of layers, each with its recompute mode."""
+    """One pipeline stage: a contiguous run of layers and how many use each recompute mode."""
 
     first_layer: int = Field(ge=0, description="Index of the stage's first transformer layer.")
-    recompute: list[Recompute] = Field(
-        min_length=1,
-        description="Recompute mode of each layer of the stage, in layer order (full layers "
-        "first, then selective, then none: Megatron-LM's 'block' method recomputes the first "
-        "layers of a stage).",
+    recompute: RecomputeSplit = Field(
+        description="Layers of the stage per recompute mode. In layer order the fully "
+        "recomputed layers come first, then the selective ones, then those that keep "
+        "everything (Megatron-LM's 'block' method recomputes the first layers of a stage)."
     )
+
+    @model_validator(mode="after")
+    def _has_layers(self) -> StageSpec:
+        if self.recompute.total < 1:
+            raise ValueError(
+                "a stage needs at least one layer (a stage of only the embedding or the "
+                "output layer cannot be run)"
+            )
+        return self
 
     @property
     def num_layers(self) -> int:
-        return len(self.recompute)
+        return self.recompute.total
 
     @property
     def end_layer(self) -> int:
-        return self.first_layer + len(self.recompute)
+        return self.first_layer + self.num_layers
+
+    def layer_modes(self) -> list[Recompute]:
+        """The recompute mode of each layer, in layer order."""
+        split = self.recompute
+        full: list[Recompute] = ["full"]
+        selective: list[Recompute] = ["selective"]
+        none: list[Recompute] = ["none"]
+        return full * split.full + selective * split.selective + none * split.none
 
 
 class RankCoords(_Spec):

@@ -16,21 +16,16 @@ from planner.launch.config import (
     schedule_reference,
 )
 from planner.placement import Placement
-from planner.specs import CandidateConfig, PlanRequest, Recompute
+from planner.specs import CandidateConfig, PlanRequest, RecomputeSplit
 
 __all__ = ["build_executor_config", "prediction", "stage_recompute"]
 
-# Within a stage, fully recomputed layers come first (Megatron-LM's 'block' method recomputes
-# the first N layers of each stage), then selective, then the layers that keep everything.
-_LAYER_ORDER: tuple[Recompute, ...] = ("full", "selective", "none")
 
-
-def stage_recompute(config: CandidateConfig) -> list[list[Recompute]]:
-    """Per stage, the recompute mode of each of its layers, in layer order."""
-    out = []
-    for modes in config.stage_modes():
-        out.append([mode for mode in _LAYER_ORDER for _ in range(modes.get(mode, 0))])
-    return out
+def stage_recompute(config: CandidateConfig) -> list[RecomputeSplit]:
+    """Per stage, its layers per recompute mode."""
+    if config.recompute_per_stage is not None:
+        return list(config.recompute_per_stage)
+    return [RecomputeSplit(**{config.recompute: n}) for n in config.layers_per_stage]
 
 
 def build_executor_config(
@@ -47,9 +42,9 @@ def build_executor_config(
     (the schedule's ``meta``), kept so that rebuilding it does not search again."""
     stages = []
     first = 0
-    for modes in stage_recompute(config):
-        stages.append({"first_layer": first, "recompute": modes})
-        first += len(modes)
+    for split in stage_recompute(config):
+        stages.append({"first_layer": first, "recompute": split})
+        first += split.total
     data = {
         "format": EXECUTOR_CONFIG_FORMAT,
         "model": request.model,

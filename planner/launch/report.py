@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.launch.config import Prediction
-from planner.specs import Precision, Recompute
+from planner.specs import Precision, RecomputeSplit
 
 __all__ = [
     "RUN_REPORT_FORMAT",
@@ -107,7 +107,9 @@ class RunSummary(_Spec):
     num_microbatches: int
     precision: Precision
     sequence_parallel: bool
-    recompute_per_stage: list[list[Recompute]]
+    recompute_per_stage: list[RecomputeSplit] = Field(
+        description="Layers of each stage per recompute mode."
+    )
     world_size: int
 
 

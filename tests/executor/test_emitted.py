@@ -130,7 +130,9 @@ def test_the_emitted_torchrun_line_runs_and_trains_like_one_process(
     config = ExecutorConfig.model_validate_json((folder / "executor-config.json").read_text())
     assert run.num_steps == STEPS and len(run.ranks) == 4
     assert run.config.schedule == schedule and run.config.precision == "bf16"
-    assert {mode for stage in run.config.recompute_per_stage for mode in stage} == {recompute}
+    assert {mode for stage in run.config.recompute_per_stage for mode in stage.as_dict()} == {
+        recompute
+    }
     if script:
         assert run.verification is not None and run.verification.passed
         assert run.verification.checked > 0

@@ -22,6 +22,7 @@ from planner.launch import (
     MEGATRON_FLAGS,
     SCHEDULE_REFERENCE_FORMAT,
     ExecutorConfig,
+    StageSpec,
     materialize_launch,
     stage_recompute,
 )
@@ -155,6 +156,7 @@ def test_executor_config_is_the_typed_document_of_the_candidate(candidate):
     )
     assert [s.num_layers for s in document.stages] == config.layers_per_stage
     assert [s.recompute for s in document.stages] == stage_recompute(config)
+    assert [s.recompute.total for s in document.stages] == config.layers_per_stage
     starts = [s.first_layer for s in document.stages]
     assert starts == [sum(config.layers_per_stage[:i]) for i in range(len(starts))]
     coords = {document.coords_of(r) for r in range(document.world_size)}
@@ -187,7 +189,10 @@ def test_per_stage_recompute_puts_full_layers_first():
             RecomputeSplit(none=2),
         ],
     )
-    assert stage_recompute(config) == [["full", "selective", "none"], ["none", "none"]]
+    first, second = stage_recompute(config)
+    stage = StageSpec(first_layer=0, recompute=first)
+    assert stage.layer_modes() == ["full", "selective", "none"]
+    assert StageSpec(first_layer=3, recompute=second).layer_modes() == ["none", "none"]
 
 
 def _document(**changes: Any) -> dict[str, Any]:
@@ -206,7 +211,7 @@ def _document(**changes: Any) -> dict[str, Any]:
     [
         ({"format": "stagewright.executor-config/1"}, "plan again with this version"),
         ({"stages__1__first_layer": 5}, "should start at"),
-        ({"stages__1__recompute": []}, "at least 1 item"),
+        ({"stages__1__recompute": {"none": 0}}, "a stage needs at least one layer"),
         ({"parallel__p": 4}, "parallel.p is 4"),
         ({"num_microbatches": 3}, "micro-batches per batch"),
         ({"training__global_batch_size": 5}, "global_batch_size is 5"),
