@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from planner.errors import StagewrightError
 from planner.launch import ExecutorConfig
+from planner.launch.runtimes import executor_problem
 
 __all__ = ["BadInput", "check_writable", "read_config"]
 
@@ -35,6 +36,11 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
             f"{path} is not a valid executor config ({where}: {first['msg']}); use a "
             f"candidate's executor config from stagewright plan --emit DIR"
         ) from None
+    problem = executor_problem(
+        config.model, config.training, config.parallel.t, config.ir.name
+    )
+    if problem is not None:
+        raise BadInput(f"{path}: this executor cannot run it: {problem}")
     if lr is not None:
         if not lr > 0:
             raise BadInput(f"the learning rate must be positive, got {lr}")

@@ -252,7 +252,11 @@ def plan_request(run: MeasuredRun) -> PlanRequest:
         cluster=run.cluster,
         training=run.training,
         search=SearchSpec(
-            schedules=[c.schedule], recompute=[c.recompute], micro_batch_sizes=[c.micro_batch_size]
+            schedules=[c.schedule],
+            recompute=[c.recompute],
+            micro_batch_sizes=[c.micro_batch_size],
+            # A measured run of a stale-weight schedule describes what ran; nothing to opt into.
+            allow_stale_weights=schedule_family(c.schedule).semantics != "synchronous",
         ),
     )
 

@@ -237,3 +237,31 @@ async def candidate_launch(
     torch.distributed.pipelining CSV (what `stagewright run` and torchrun need)."""
     body = await offload(state, launches.candidate_launch, state, plan_id, candidate)
     return Response(content=body, media_type="application/json")
+
+
+@router.get(
+    "/{plan_id}/launch.tar.gz",
+    response_class=Response,
+    summary="Every ranked candidate's launch artefacts, as stagewright plan --emit writes them",
+    responses={
+        200: {
+            "content": {"application/gzip": {}},
+            "description": "A gzipped tar of one folder per ranked candidate (candidate-1 is "
+            "the best): executor-config.json, run-node<i>.sh with the torchrun line of node i, "
+            "Megatron-LM arguments and scripts and the torch.distributed.pipelining CSV where "
+            "those runtimes can run it; plan.json and README.md.",
+        },
+        **problems_of(401, 403, 404, 409, 413, 422, 503),
+    },
+)
+async def plan_launch_archive(plan_id: PlanId, state: StateDep) -> Response:
+    """The files a person needs to launch any ranked candidate: the same files, made by the
+    same code, as `stagewright plan REQUEST.json --emit DIR`."""
+    body = await offload(state, launches.plan_archive, state, plan_id)
+    return Response(
+        content=body,
+        media_type="application/gzip",
+        headers={
+            "Content-Disposition": f'attachment; filename="stagewright-plan-{plan_id}.tar.gz"'
+        },
+    )

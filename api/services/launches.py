@@ -1,4 +1,5 @@
-"""A candidate's complete launch artefacts, materialized from the plan's compact form."""
+"""Launch artefacts, materialized from the plan's compact form: one candidate's as JSON, or
+every ranked candidate's files as the archive ``stagewright plan --emit`` would write."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from api import problems
 from api.services import read_retried
 from api.services.plans import load_done_plan, ranked_candidate
 from planner.launch import materialize_launch
+from planner.launch.files import launch_archive
 from planner.schedules import schedule_actions
-from planner.specs import Candidate, PlanRequest
+from planner.specs import Candidate, Plan, PlanRequest
 
 if TYPE_CHECKING:
     from api.state import AppState
 
-__all__ = ["candidate_launch"]
+__all__ = ["candidate_launch", "plan_archive"]
 
 
 @read_retried
@@ -38,3 +40,28 @@ def candidate_launch(state: AppState, plan_id: str, candidate: int) -> bytes:
         )
     launch = materialize_launch(PlanRequest.model_validate(result["request"]), chosen)
     return launch.model_dump_json().encode()
+
+
+@read_retried
+def plan_archive(state: AppState, plan_id: str) -> bytes:
+    """Every ranked candidate's launch files (executor config, a torchrun script per node,
+    Megatron-LM arguments and launch scripts, the torch CSV, README) as a gzipped tar under
+    ``stagewright-plan-<id>/``; refused (413) when the schedules together have more actions
+    than this server materializes in one answer."""
+    with state.database.session() as session:
+        record = load_done_plan(session, plan_id, "download its launch artefacts")
+        result = record.result or {}
+    plan = Plan.model_validate(result)
+    actions = sum(
+        schedule_actions(c.config.schedule, c.config.p, c.config.num_microbatches)
+        for c in plan.candidates
+    )
+    limit = state.settings.max_launch_actions
+    if actions > limit:
+        raise problems.too_costly(
+            f"the plan's {len(plan.candidates)} candidates have about {actions:,} schedule "
+            f"actions together, more than the {limit:,} this server materializes in one "
+            "answer; download one candidate's launch (candidates/{n}/launch) or run "
+            "`stagewright plan --emit DIR` on the request"
+        )
+    return launch_archive(plan, root=f"stagewright-plan-{plan_id}")

@@ -117,6 +117,8 @@ function renderPlan(id, plan) {
       kpi("samples / s", fmt(p.samples_per_s, 3)), kpi("tokens / s", fmt(p.tokens_per_s, 0)),
       kpi("step time", fmt(p.iteration_time_s, 3) + " s"), kpi("MFU", pct(p.mfu)),
       kpi("bubble", pct(p.bubble_fraction)), kpi("peak memory", fmt(p.peak_memory_gib, 1) + " GiB")));
+    if (best.semantics === "stale") parts.push(el("div", { class: "banner bad", id: "stale-weights" },
+      `${best.config.schedule} updates weights with gradients of older weights (stale weights): it changes the training, not only its speed. The request allowed it (search.allow_stale_weights).`));
     if (best.refinement) parts.push(el("div", { class: "card" }, el("b", {}, `CP-SAT (${best.refinement.status}): `), best.refinement.changes.join("; ")));
     for (const note of best.notes || []) parts.push(el("div", { class: "muted" }, "• " + note));
   }
@@ -130,7 +132,7 @@ function renderPlan(id, plan) {
     const n = (k, word) => `${k} ${word}${k === 1 ? "" : "s"}`;
     parts.push(el("h2", {}, `Schedule timeline: ${best.config.schedule}, ${n(best.config.p, "device")}, ${n(best.config.num_microbatches, "micro-batch")}`.replace("micro-batchs", "micro-batches")), gantt);
     loadTimeline(id, gantt);
-    parts.push(el("h2", {}, "Launch"), launchBlock(best));
+    parts.push(el("h2", {}, "Launch"), launchBlock(id, best));
   }
   parts.push(el("h2", {}, `Rejected (${plan.rejected.length})`), rejectedTable(plan));
   app.replaceChildren(...parts);
@@ -167,6 +169,8 @@ function candidatesTable(plan) {
     { label: "mb", value: (r) => r.config.micro_batch_size }, { label: "m", value: (r) => r.config.num_microbatches },
     { label: "recompute", value: (r) => r.config.recompute, left: true },
     { label: "schedule", value: (r) => r.config.schedule, left: true },
+    { label: "weights", value: (r) => r.semantics || "synchronous", text: (r) => r.semantics === "stale" ? "stale (1 step)" : "synchronous", left: true },
+    { label: "runs on", value: (r) => (r.runtimes || []).join(", "), left: true },
     { label: "step s", value: (r) => r.predicted.iteration_time_s, text: (r) => fmt(r.predicted.iteration_time_s, 3) },
     { label: "samples/s", value: (r) => r.predicted.samples_per_s, text: (r) => fmt(r.predicted.samples_per_s, 3) },
     { label: "MFU", value: (r) => r.predicted.mfu, text: (r) => pct(r.predicted.mfu) },
@@ -181,6 +185,7 @@ function scheduleTable(plan) {
   const rows = plan.by_schedule;
   return sortableTable("by-schedule", [
     { label: "schedule", value: (r) => r.schedule, left: true },
+    { label: "weights", value: (r) => r.semantics || "synchronous", text: (r) => r.semantics === "stale" ? "stale (1 step)" : "synchronous", left: true },
     { label: "fit", value: (r) => r.feasible },
     { label: "best configuration", value: (r) => r.best_config ? cfgText(r.best_config) : "", left: true },
     { label: "step s", value: (r) => r.best_iteration_time_s ?? Infinity, text: (r) => fmt(r.best_iteration_time_s, 3) },
@@ -386,14 +391,20 @@ function gantt(timeline) {
 }
 
 // ------------------------------------------------------------------ launch artefacts
-function launchBlock(best) {
+function launchBlock(id, best) {
+  const limits = Object.entries(best.runtime_limits || {}).map(([runtime, why]) => `${runtime}: ${why}`);
   const items = [
     ["torchrun (one command per node)", (best.launch.torchrun || []).join("\n")],
     ["Megatron-LM arguments", best.launch.megatron_args || "(Megatron-LM has no such schedule or split)"],
     ["torch.distributed.pipelining CSV", best.launch.torch_pipelining_csv || "(not expressible in that runtime)"],
     ["executor config (stagewright run CONFIG.json)", JSON.stringify(best.launch.executor_config, null, 1)],
   ];
-  return el("div", {}, items.map(([title, text], i) => el("div", { class: "artefact card" },
+  const download = el("p", {},
+    el("a", { id: "launch-archive", href: `/v1/plans/${id}/launch.tar.gz`, download: `stagewright-plan-${id}.tar.gz` },
+      "Download every candidate's launch files (.tar.gz)"),
+    " — the executor config, a torchrun script per node, Megatron-LM arguments and the torch CSV, as stagewright plan --emit writes them.",
+    el("br"), `Runs as planned on: ${(best.runtimes || []).join(", ") || "none"}` + (limits.length ? ` (not on ${limits.join("; ")})` : ""));
+  return el("div", {}, download, items.map(([title, text], i) => el("div", { class: "artefact card" },
     el("b", {}, title),
     el("button", { class: "copy", "data-copy": i, onclick: (ev) => copy(text, ev.target) }, "copy"),
     el("pre", {}, text.length > 20000 ? text.slice(0, 20000) + "\n… (copy gets all of it)" : text))));

@@ -30,7 +30,6 @@ from planner.errors import StagewrightError
 from planner.placement import Assignment, Placement, place
 from planner.schedules import (
     MEMORY_LIMIT,
-    NUM_BATCHES,
     PassTimes,
     Schedule,
     schedule_family,
@@ -309,14 +308,14 @@ def _problems(config: ExecutorConfig, trusted: bool) -> list[str]:
     model, training = config.model, config.training
     out: list[str] = []
     if trusted:
-        devices, microbatches, stages, batches = _schedule_shape(config.schedule)
+        devices, microbatches, stages = _schedule_shape(config.schedule)
     else:
         try:
             schedule = validate(config.ir)
         except StagewrightError as exc:
             return [f"schedule: {exc}"]
         devices, microbatches = schedule.num_devices, schedule.num_microbatches
-        stages, batches = schedule.num_stages, schedule.num_batches
+        stages = schedule.num_stages
     if devices != p:
         out.append(f"schedule runs {devices} devices but parallel.p is {p}")
     if microbatches != config.num_microbatches:
@@ -342,21 +341,11 @@ def _problems(config: ExecutorConfig, trusted: bool) -> list[str]:
             f"t = {t} must divide the {model.num_attention_heads} attention heads and the "
             f"MLP size {model.ffn}"
         )
-    if training.sequence_parallel and t > 1 and model.seq_length % t:
-        out.append(
-            f"sequence parallelism splits the {model.seq_length} tokens of a sequence over "
-            f"t = {t} ranks; choose a seq_length divisible by t or turn it off"
-        )
     batch = config.micro_batch_size * config.num_microbatches * d
     if batch != training.global_batch_size:
         out.append(
             f"micro_batch_size x num_microbatches x d = {batch}, but training.global_batch_size "
             f"is {training.global_batch_size}"
-        )
-    if training.precision == "fp16" and batches > 1:
-        out.append(
-            "fp16 needs every stage to agree on skipping a step when the loss scale overflows, "
-            "which takes a flush; this schedule runs batches without one: use bf16"
         )
     predicted = config.predicted
     if predicted is not None and not (
@@ -373,21 +362,19 @@ def _is_reference(schedule: dict[str, Any]) -> bool:
     return schedule.get("format") == SCHEDULE_REFERENCE_FORMAT
 
 
-def _schedule_shape(schedule: dict[str, Any]) -> tuple[int, int, int, int]:
-    """(devices, micro-batches per batch, stages, batches) of a schedule the planner built,
-    without building it again."""
+def _schedule_shape(schedule: dict[str, Any]) -> tuple[int, int, int]:
+    """(devices, micro-batches per batch, stages) of a schedule the planner built, without
+    building it again."""
     if not _is_reference(schedule):
         return (
             int(schedule["num_devices"]),
             int(schedule["num_microbatches"]),
             int(schedule["num_stages"]),
-            int(schedule["num_batches"]),
         )
     reference = ScheduleReference.model_validate(schedule)
     family = schedule_family(reference.name)
     stages = family.num_stages(reference.num_devices, reference.parameters)
-    batches = int(family.resolve(reference.parameters).get(NUM_BATCHES.name, 1))
-    return reference.num_devices, reference.num_microbatches, stages, batches
+    return reference.num_devices, reference.num_microbatches, stages
 
 
 def _placement_problems(config: ExecutorConfig) -> list[str]:

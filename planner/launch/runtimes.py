@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from planner.launch.megatron import recompute_problem
 from planner.schedules import RUNTIMES, Runtime, schedule_family
-from planner.specs import CandidateConfig, PlanRequest
+from planner.specs import CandidateConfig, ModelSpec, PlanRequest, TrainingSpec
 
-__all__ = ["RUNTIME_TITLES", "runtime_limits", "runtimes_of"]
+__all__ = ["RUNTIME_TITLES", "executor_problem", "runtime_limits", "runtimes_of"]
 
 RUNTIME_TITLES: dict[Runtime, str] = {
     "stagewright": "stagewright's executor",
@@ -39,7 +39,7 @@ def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtim
         if problem is not None:
             limits["megatron"] = problem
     if "stagewright" not in limits:
-        problem = _executor_problem(request, config)
+        problem = executor_problem(request.model, request.training, config.t, config.schedule)
         if problem is not None:
             limits["stagewright"] = problem
     return limits
@@ -50,14 +50,22 @@ def runtimes_of(limits: dict[Runtime, str]) -> list[Runtime]:
     return [runtime for runtime in RUNTIMES if runtime not in limits]
 
 
-def _executor_problem(request: PlanRequest, config: CandidateConfig) -> str | None:
-    model, t = request.model, config.t
+def executor_problem(
+    model: ModelSpec, training: TrainingSpec, t: int, schedule: str
+) -> str | None:
+    """Why stagewright's executor cannot run this, or None."""
+    if training.precision == "fp16" and not schedule_family(schedule).flush_per_batch:
+        return (
+            "fp16 needs every stage to agree on skipping a step when the loss scale "
+            "overflows, which takes a flush, and this schedule runs batches without one: use "
+            "bf16"
+        )
     if model.vocab_size % t:
         return (
             f"its output layer is split over the vocabulary, and t = {t} does not divide the "
             f"vocabulary of {model.vocab_size}"
         )
-    if request.training.sequence_parallel and t > 1 and model.seq_length % t:
+    if training.sequence_parallel and t > 1 and model.seq_length % t:
         return (
             f"sequence parallelism splits the {model.seq_length} tokens over t = {t} ranks, "
             f"which does not divide them"

@@ -39,7 +39,7 @@ from planner.costmodel.timing import time_provenance
 from planner.launch.artefacts import candidate_launch
 from planner.launch.runtimes import runtime_limits
 from planner.profiles import ProfileStore, default_store
-from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, schedule_family
+from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, RUNTIMES, schedule_family
 from planner.search.gains import limit_note
 from planner.specs import (
     DEFAULT_MICRO_BATCH_SIZES,
@@ -93,8 +93,8 @@ def search_points(request: PlanRequest) -> Iterator[tuple[SearchPoint, int]]:
     for t in _divisors(cluster.gpus_per_node):
         if t > gpus or gpus % t:
             continue
-        if model.num_attention_heads % t:
-            continue
+        if model.num_attention_heads % t or model.ffn % t:
+            continue  # Megatron's column-parallel layers split the heads and the MLP over t
         for p in _divisors(gpus // t):
             d = gpus // (t * p)
             for mb in sizes:
@@ -121,7 +121,16 @@ def schedule_problem(schedule: str, point: SearchPoint, m: int, layers: int) -> 
 
 
 def _runtime_problem(request: PlanRequest, config: CandidateConfig, runtime: str) -> str | None:
-    """Why ``runtime`` (the request's search.runtime) cannot run ``config`` as planned."""
+    """Why the request's search.runtime cannot run ``config`` as planned; with ``any``, why
+    no runtime can. (torch.distributed.pipelining runs every schedule it has as planned, so
+    the runtimes of a schedule it has are only looked at when one was asked for.)"""
+    if runtime == "any":
+        if "torch" in schedule_family(config.schedule).runtimes:
+            return None
+        limits = runtime_limits(request, config)
+        if len(limits) < len(RUNTIMES):
+            return None
+        return "no runtime can run it as planned: " + "; ".join(limits.values())
     reason = runtime_limits(request, config).get(runtime)  # type: ignore[call-overload]
     return None if reason is None else f"search.runtime is {runtime}, which cannot run it: {reason}"
 
@@ -231,7 +240,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
                 config = _config(point, m, recompute, schedule, layers)
                 evaluated += 1
                 refused = problem
-                if refused is None and wanted != "any":
+                if refused is None:
                     refused = _runtime_problem(request, config, wanted)
                 if refused is None and base is not None:
                     refused = _fallback_problem(ctx, config, base, capacity, base_fits)

@@ -63,6 +63,12 @@ def test_submit_a_request_and_read_its_plan(server, page):
     # The ranked table lists the candidates, the best first.
     rows = page.query_selector_all("#candidates tbody tr")
     assert len(rows) == len(plan["candidates"])
+    # The launch files download from the link, as a gzipped archive.
+    link = page.wait_for_selector("#launch-archive")
+    href = link.get_attribute("href")
+    assert href == f"/v1/plans/{plan_id}/launch.tar.gz"
+    download = httpx.get(server + href)
+    assert download.status_code == 200 and download.content[:2] == b"\x1f\x8b"
 
 
 def test_candidates_sort_by_a_clicked_column(server, page):

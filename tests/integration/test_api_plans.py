@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 import threading
 import time
 
@@ -417,6 +419,27 @@ def test_a_candidates_launch_artefacts_are_materialized_on_demand(client):
     assert_problem(
         client.get(f"/v1/plans/{plan['id']}/candidates/99/launch"), 404, "ranked candidates"
     )
+
+
+def test_a_plans_launch_files_download_as_emit_writes_them(client):
+    plan = client.post("/v1/plans", json=example("tiny-cpu")).json()
+    response = client.get(f"/v1/plans/{plan['id']}/launch.tar.gz")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/gzip"
+    assert f"stagewright-plan-{plan['id']}.tar.gz" in response.headers["content-disposition"]
+    root = f"stagewright-plan-{plan['id']}"
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        names = set(archive.getnames())
+        assert {f"{root}/plan.json", f"{root}/README.md"} <= names
+        for index, candidate in enumerate(plan["candidates"], start=1):
+            folder = f"{root}/candidate-{index}"
+            script = archive.getmember(f"{folder}/run-node0.sh")
+            assert script.mode == 0o755
+            text = archive.extractfile(script).read().decode()  # type: ignore[union-attr]
+            assert candidate["launch"]["torchrun"][0] in text
+            config = json.loads(archive.extractfile(f"{folder}/executor-config.json").read())  # type: ignore[union-attr]
+            assert "actions" in config["schedule"]  # written out, not the plan's reference
+    assert_problem(client.get(f"/v1/plans/{'a' * 32}/launch.tar.gz"), 404, "no plan")
 
 
 def test_a_timeline_is_windowed_and_says_where_to_continue(client):

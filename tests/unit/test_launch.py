@@ -30,7 +30,7 @@ from planner.launch.files import launch_archive, launch_files
 from planner.launch.megatron import MEGATRON_COMMIT, megatron_launch
 from planner.launch.schema import SCHEMAS, schema_text
 from planner.placement import place
-from planner.schedules import ActionKind, Schedule, generate, schedule_family
+from planner.schedules import ActionKind, Schedule, families, generate, schedule_family
 from planner.search import plan
 from planner.specs import Candidate, CandidateConfig, Plan, PlanRequest, RecomputeSplit
 
@@ -223,11 +223,17 @@ def test_a_bad_executor_config_says_what_to_change(changes, message):
         ExecutorConfig.model_validate(_document(**changes))
 
 
-def test_fp16_with_a_schedule_that_never_flushes_is_refused():
-    data = json.loads(json.dumps(candidates(schedule="2bw", p=2)[0].launch.executor_config))
-    data["training"]["precision"] = "fp16"
-    with pytest.raises(ValidationError, match="use bf16"):
-        ExecutorConfig.model_validate(data)
+def test_what_the_executor_cannot_run_is_refused_at_planning_time():
+    """fp16 with 2BW (its loss scaler needs a flush to skip a step everywhere) and a
+    vocabulary t does not divide: no runtime can run them as planned, and the plan says why."""
+    fp16 = plan(request(schedules=("2bw",), precision="fp16", recompute=("none",)))
+    assert not fp16.candidates
+    assert fp16.rejected and all("use bf16" in r.reason for r in fp16.rejected)
+    odd = request(schedules=("bpipe",), recompute=("none",)).model_dump()
+    odd["model"]["vocab_size"] = 511
+    refused = plan(PlanRequest.model_validate(odd))
+    limited = [r.reason for r in refused.rejected if r.config.t > 1 and r.config.p > 1]
+    assert limited and all("does not divide the vocabulary of 511" in r for r in limited)
 
 
 @pytest.mark.parametrize("name", list(SCHEMAS))
@@ -503,7 +509,8 @@ def test_stale_weights_need_the_request_to_allow_them_and_are_labelled():
         PlanRequest.model_validate(data)
     del data["search"]["schedules"]
     synchronous = PlanRequest.model_validate(data).search.schedules
-    assert "2bw" not in synchronous and "1f1b" in synchronous and len(synchronous) == 7
+    assert synchronous == [f.name for f in families() if f.semantics == "synchronous"]
+    assert "2bw" not in synchronous and {"1f1b", "v-zb", "bpipe"} <= set(synchronous)
     stale = [c for c in tiny_plan().candidates if c.config.schedule == "2bw"]
     assert stale and all(c.semantics == "stale" for c in stale)
     assert all(any("changes the training" in n for n in c.notes) for c in stale)
