@@ -36,9 +36,7 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
             f"{path} is not a valid executor config ({where}: {first['msg']}); use a "
             f"candidate's executor config from stagewright plan --emit DIR"
         ) from None
-    problem = executor_problem(
-        config.model, config.training, config.parallel.t, config.ir.name
-    )
+    problem = executor_problem(config.model, config.training, config.parallel.t, config.ir.name)
     if problem is not None:
         raise BadInput(f"{path}: this executor cannot run it: {problem}")
     if lr is not None:

@@ -50,9 +50,7 @@ def runtimes_of(limits: dict[Runtime, str]) -> list[Runtime]:
     return [runtime for runtime in RUNTIMES if runtime not in limits]
 
 
-def executor_problem(
-    model: ModelSpec, training: TrainingSpec, t: int, schedule: str
-) -> str | None:
+def executor_problem(model: ModelSpec, training: TrainingSpec, t: int, schedule: str) -> str | None:
     """Why stagewright's executor cannot run this, or None."""
     if training.precision == "fp16" and not schedule_family(schedule).flush_per_batch:
         return (
