@@ -79,13 +79,13 @@ def test_candidates_sort_by_a_clicked_column(server, page):
     page.click("#candidates th:has-text('peak GiB')")
     values = [
         float(td.inner_text())
-        for td in page.query_selector_all("#candidates tbody tr td:nth-child(13)")
+        for td in page.query_selector_all("#candidates tbody tr td:nth-child(15)")
     ]
     assert values == sorted(values)
     page.click("#candidates th:has-text('peak GiB')")
     values = [
         float(td.inner_text())
-        for td in page.query_selector_all("#candidates tbody tr td:nth-child(13)")
+        for td in page.query_selector_all("#candidates tbody tr td:nth-child(15)")
     ]
     assert values == sorted(values, reverse=True)
 
