@@ -123,6 +123,14 @@ def _build_parser() -> argparse.ArgumentParser:
         help="activation memory limit as a fraction of 1F1B's peak, for schedules that take "
         "one (v-adaptive, zb-adaptive; zb-adaptive at 1 is ZB-1P, at 2 ZB-2P)",
     )
+    sim.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=None,
+        help="also write FILE (.svg or .png): bubble rate against memory limit of v-adaptive "
+        "and zb-adaptive, with 1F1B as the reference, for these devices, micro-batches and "
+        "times (taken as one V stage's; the one-stage schedules run two V stages' times)",
+    )
     sim.add_argument("--width", type=int, default=100, help="columns of the text timeline")
     sim.add_argument("--json", action="store_true", help="print the contract's JSON")
     sim.set_defaults(handler=_simulate)
@@ -248,11 +256,23 @@ def _simulate(args: argparse.Namespace) -> int:
         overlap_transfers=not args.no_overlap,
     )
     result = simulate(schedule, durations)
+    if args.plot is not None:
+        _plot(args, times)
     if args.json:
         sys.stdout.write(json.dumps(result.to_contract(), indent=2) + "\n")
     else:
         sys.stdout.write(_describe(result, args.width) + "\n")
     return 0
+
+
+def _plot(args: argparse.Namespace, times: PassTimes) -> None:
+    from api.plots import write_sweep  # NumPy drawing loads only for a figure
+    from planner.memory_sweep import memory_sweep
+
+    if args.devices < 2:
+        raise StagewrightError("--plot needs at least 2 devices (a V pipeline)")
+    write_sweep(memory_sweep(args.devices, args.microbatches, times), args.plot)
+    sys.stderr.write(f"wrote {args.plot}\n")
 
 
 def _flag(dest: str) -> str:

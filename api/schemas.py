@@ -479,3 +479,31 @@ class ScheduleFamilyPublic(_ApiModel):
     uses_pass_times: bool = Field(
         description="The generator searches for the fastest order under the pass times given."
     )
+
+
+class MemorySweepRequest(_ApiModel):
+    """A pipeline to sweep memory limits on (``stagewright simulate --plot``'s figure)."""
+
+    num_devices: int = Field(ge=2, le=32, description="Pipeline devices (at most 32 here).")
+    num_microbatches: int = Field(ge=1, le=256, description="Micro-batches (at most 256).")
+    forward: StageTimes = Field(description="Forward time of one V stage (2 per device).")
+    backward: StageTimes = Field(description="Backward-for-input time of one V stage.")
+    weight: StageTimes = Field(default=0.0, description="Backward-for-weights time.")
+    comm: Seconds = Field(default=0.0, description="Time added to every edge between devices.")
+
+
+class MemorySweepPoint(_ApiModel):
+    memory_limit: float = Field(description="Fraction of 1F1B's peak activation.")
+    v_adaptive_bubble: float | None = Field(description="null: no V schedule within it.")
+    v_adaptive_peak: float | None
+    zb_adaptive_bubble: float | None = Field(description="null: no zb schedule within it.")
+    zb_adaptive_peak: float | None
+
+
+class MemorySweepResult(_ApiModel):
+    """Bubble rate against memory limit (V-shape paper, Figures 9 and 10)."""
+
+    num_devices: int
+    num_microbatches: int
+    one_f_one_b_bubble: float = Field(description="The reference (1F1B's peak is 1).")
+    points: list[MemorySweepPoint]

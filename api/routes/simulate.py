@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Depends
 
 from api.deps import WRITE, StateDep, strict_body
 from api.routes._docs import problems_of
-from api.schemas import SimulateRequest, SimulateResult
+from api.schemas import MemorySweepRequest, MemorySweepResult, SimulateRequest, SimulateResult
 from api.services import simulate
 from api.state import offload
 
@@ -58,3 +58,19 @@ async def simulate_schedule(
     ``stagewright simulate --json``. A request whose schedule would take more work to
     build and simulate than this server allows is refused (413) before any is done."""
     return await offload(state, simulate.simulate_schedule, state, body)
+
+
+@router.post(
+    "/memory-sweep",
+    response_model=MemorySweepResult,
+    dependencies=[*WRITE, Depends(strict_body(MemorySweepRequest))],
+    summary="Bubble rate against memory limit of the adaptive schedules",
+    responses=problems_of(400, 401, 403, 408, 413, 422, 503),
+)
+async def sweep_memory(body: MemorySweepRequest, state: StateDep) -> MemorySweepResult:
+    """v-adaptive and zb-adaptive searched and simulated at memory limits from the least
+    either reaches to 2 (ZB-2P), with 1F1B's bubble rate as the reference: the V-shape
+    paper's Figures 9 and 10 for this pipeline. Times are one V stage's; the one-stage
+    schedules (zb-adaptive, 1F1B) run two V stages' times per stage. The dashboard's
+    "Memory limits" page draws it."""
+    return await offload(state, simulate.sweep_memory, body)

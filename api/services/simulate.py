@@ -6,14 +6,20 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from api.limits import check_simulate_request
-from api.schemas import SimulateRequest, SimulateResult
+from api.schemas import (
+    MemorySweepRequest,
+    MemorySweepResult,
+    SimulateRequest,
+    SimulateResult,
+)
+from planner.memory_sweep import memory_sweep
 from planner.schedules import PassTimes, Schedule, generate, schedule_family
 from planner.simulate import Durations, simulate
 
 if TYPE_CHECKING:
     from api.state import AppState
 
-__all__ = ["simulate_schedule"]
+__all__ = ["simulate_schedule", "sweep_memory"]
 
 
 # Request fields that are generator parameters of the families that take them.
@@ -72,3 +78,12 @@ def simulate_schedule(state: AppState, body: SimulateRequest) -> SimulateResult:
         overlap_transfers=body.overlap_transfers,
     )
     return SimulateResult.model_validate(simulate(schedule, durations).to_contract())
+
+
+def sweep_memory(body: MemorySweepRequest) -> MemorySweepResult:
+    """Bubble rate of v-adaptive and zb-adaptive at each memory limit, 1F1B's as reference
+    (the request's size is bounded by its schema: at most 32 devices x 256 micro-batches,
+    about ten searches per limit of a second or less)."""
+    times = PassTimes(_times(body.forward), _times(body.backward), _times(body.weight), body.comm)
+    sweep = memory_sweep(body.num_devices, body.num_microbatches, times)
+    return MemorySweepResult.model_validate(sweep.to_dict())

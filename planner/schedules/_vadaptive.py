@@ -5,8 +5,9 @@ The limit is a fraction of 1F1B's peak activation (1F1B's device 0 holds p micro
 its stage, one micro-batch of the whole model). Each of the 2d V stages holds 1/2d of the
 model, so a limit X allows floor(2dX) stage activations on every device.
 
-Search space (Appendix A, Eq. 3, with the ranges of the authors' implementation,
-``v_schedule.py`` in sail-sg/zero-bubble-pipeline-parallelism): uniform offsets split at
+Search space (Appendix A, Eq. 3, with the ranges and the ceiling of 1F1B's memory of the
+authors' implementation, ``v_schedule.py`` in sail-sg/zero-bubble-pipeline-parallelism):
+uniform offsets split at
 row K, delta^0 = delta_{<K}^0 on the first K rows and delta_{>=K}^0 <= delta_{<K}^0 below,
 both in 1..5, delta^1 = 1 throughout; the first device's permutation, i.e. the three turns
 delta(F_d^0, F_d^1), delta(F_1^1, B_1^1), delta(B_d^1, B_d^0), each in 1..5; W passes
@@ -20,7 +21,8 @@ and hundreds fit a typical limit. So the search narrows in two steps, both check
 the exhaustive search in the tests:
 1. memory levels: blocks are grouped by their exact peak; the fewest bubbles come with the
    most memory (Appendix B, Figure 9; Appendix E.2's bound 6n + 6d - 3k - 1 falls with the
-   peak k), so only the ``SCREEN_LEVELS`` highest levels within the limit are considered;
+   peak k), so only the ``SCREEN_LEVELS`` highest levels within the limit are considered
+   (more on small pipelines, until ``MIN_SCREENED`` blocks);
 2. screening: each of those is built and timed with ``SCREEN_MICROBATCHES`` micro-batches
    (warm-up and cool-down, where blocks of one level differ, are all there), and the
    ``FINALISTS`` fastest are built and timed with all m micro-batches.
@@ -60,6 +62,7 @@ __all__ = [
 
 SCREEN_LEVELS = 2
 SCREEN_MICROBATCHES = 16
+MIN_SCREENED = 64
 FINALISTS = 3
 _OFFSETS = range(1, REPEAT_INTERVAL)  # 1..5 cells
 
@@ -158,14 +161,31 @@ def _units(limit: float, num_devices: int) -> int:
     return math.floor(limit * 2 * num_devices + 1e-9)
 
 
+def _shortlist(peaks: np.ndarray, within: np.ndarray) -> list[int]:
+    """The blocks to screen: the ``SCREEN_LEVELS`` highest memory levels within the limit,
+    and more levels down until at least ``MIN_SCREENED`` blocks (small pipelines have few
+    blocks a level, and every one of them is then screened)."""
+    levels = sorted(set(peaks[within].tolist()), reverse=True)
+    counts = np.bincount(peaks[within])
+    taken, floor = 0, levels[0]
+    for index, level in enumerate(levels):
+        if index >= SCREEN_LEVELS and taken >= MIN_SCREENED:
+            break
+        taken += int(counts[level])
+        floor = level
+    return [int(i) for i in within if peaks[i] >= floor]
+
+
 def smallest_v_limit(num_devices: int, num_microbatches: int) -> float:
     """The smallest memory limit any block of the search space meets."""
     return float(_peaks(num_devices, num_microbatches).min()) / (2 * num_devices)
 
 
 def largest_v_limit(num_devices: int, num_microbatches: int) -> float:
-    """The limit every block of the search space meets (a larger one changes nothing)."""
-    return float(_peaks(num_devices, num_microbatches).max()) / (2 * num_devices)
+    """The limit beyond which the search looks at no more blocks: 1F1B's memory, where it
+    stops, or less when every block needs less."""
+    peaks = _peaks(num_devices, num_microbatches)
+    return float(min(peaks.max(), 2 * num_devices)) / (2 * num_devices)
 
 
 def _pass_durations(times: PassTimes, num_devices: int) -> list[float]:
@@ -199,7 +219,9 @@ def v_adaptive_choice(
     d, m = num_devices, num_microbatches
     space = _space(d)
     peaks = _peaks(d, m)
-    allowed = _units(memory_limit, d)
+    # The authors' search stops at 1F1B's memory (2d stage activations): V-ZB's zero
+    # bubble is reached there, and a larger limit searches the same blocks.
+    allowed = min(_units(memory_limit, d), 2 * d)
     within = np.flatnonzero(peaks <= allowed)
     if len(within) == 0:
         smallest = smallest_v_limit(d, m)
@@ -208,8 +230,7 @@ def v_adaptive_choice(
             f"activations within {memory_limit:g} of 1F1B's peak; the smallest feasible "
             f"memory_limit is {smallest:.4g} ({int(peaks.min())} of {2 * d} stage activations)"
         )
-    levels = sorted(set(peaks[within].tolist()), reverse=True)[:SCREEN_LEVELS]
-    shortlist = [int(i) for i in within if peaks[i] >= levels[-1]]
+    shortlist = _shortlist(peaks, within)
     durations = _pass_durations(times, d)
     screen_m = min(m, SCREEN_MICROBATCHES)
     scored = []

@@ -111,6 +111,26 @@ def test_plans_and_hardware_pages(server, page):
     assert page.query_selector_all("#profiles tbody tr")
 
 
+def test_memory_limits_page_draws_the_sweep(server, page):
+    """Figures 9 and 10: v-adaptive and zb-adaptive bubble rates against memory limit,
+    with 1F1B as the reference line, for the pipeline in the form."""
+    page.goto(server + "/#/memory")
+    page.fill("#sweep\\.devices", "4")
+    page.fill("#sweep\\.microbatches", "8")
+    page.click("#sweep-submit")
+    page.wait_for_selector("#sweep-table tbody tr")
+    series = page.eval_on_selector_all(
+        "#sweep-svg .series", "nodes => nodes.map(n => n.dataset.series)"
+    )
+    assert sorted(series) == ["1F1B", "v-adaptive", "zb-adaptive"]
+    rows = page.query_selector_all("#sweep-table tbody tr")
+    assert len(rows) >= 10
+    # The last limit (2, ZB-2P) has both schedulers; v-adaptive has fewer bubbles.
+    last = rows[-1].inner_text().split("\t")
+    assert last[0].strip() == "2.000"
+    assert float(last[1].rstrip("%")) < float(last[3].rstrip("%"))
+
+
 def test_every_asset_comes_from_the_app_itself(server):
     html = httpx.get(server + "/").text
     assert "http://" not in html and "https://" not in html
