@@ -14,24 +14,31 @@ import numpy as np
 from planner.errors import StagewrightError
 from planner.memory_sweep import MemorySweep
 
-__all__ = ["SERIES", "sweep_png", "sweep_svg", "write_sweep"]
+__all__ = ["sweep_png", "sweep_svg", "write_sweep"]
 
 WIDTH, HEIGHT = 640, 400
 LEFT, RIGHT, TOP, BOTTOM = 64, 20, 40, 52
-SERIES = (  # label, colour, the point's value
-    ("v-adaptive", "#1f77b4", "v_adaptive_bubble"),
-    ("zb-adaptive", "#d62728", "zb_adaptive_bubble"),
-)
-REFERENCE = ("1F1B", "#7f7f7f")
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+REFERENCE_COLOUR = "#7f7f7f"
+
+
+def _series(sweep: MemorySweep) -> list[tuple[str, str, list[tuple[float, float]]]]:
+    """(name, colour, (limit, bubble) points) of each family built for a limit."""
+    return [
+        (
+            name,
+            PALETTE[i % len(PALETTE)],
+            [(p.memory_limit, b) for p in sweep.points if (b := p.bubble[name]) is not None],
+        )
+        for i, name in enumerate(sweep.schedules)
+    ]
 
 
 def _scales(
     sweep: MemorySweep,
 ) -> tuple[float, float, Callable[[float], float], Callable[[float], float]]:
     limits = [p.memory_limit for p in sweep.points]
-    values = [sweep.one_f_one_b_bubble] + [
-        v for p in sweep.points for _, _, key in SERIES if (v := getattr(p, key)) is not None
-    ]
+    values = [sweep.reference_bubble] + [v for _, _, pts in _series(sweep) for _, v in pts]
     x_max = max(limits + [1.0])
     y_max = max(0.05, float(max(values)) * 1.1)
 
@@ -74,17 +81,15 @@ def sweep_svg(sweep: MemorySweep) -> str:
         f'<text transform="translate(16 {(y0 + y(y_max)) / 2}) rotate(-90)" '
         f'text-anchor="middle">bubble rate</text>'
     )
-    label, colour = REFERENCE
-    ref = y(sweep.one_f_one_b_bubble)
+    label, colour = sweep.reference, REFERENCE_COLOUR
+    ref = y(sweep.reference_bubble)
     out.append(
         f'<line class="series" data-series="{label}" x1="{x0}" y1="{ref:.1f}" '
         f'x2="{x(x_max)}" y2="{ref:.1f}" stroke="{colour}" stroke-dasharray="6 4"/>'
     )
     legend = [(label, colour)]
-    for label, colour, key in SERIES:
-        pts = [
-            (x(p.memory_limit), y(v)) for p in sweep.points if (v := getattr(p, key)) is not None
-        ]
+    for label, colour, values in _series(sweep):
+        pts = [(x(limit), y(v)) for limit, v in values]
         path = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
         out.append(
             f'<polyline class="series" data-series="{label}" points="{path}" fill="none" '
@@ -184,14 +189,12 @@ def sweep_png(sweep: MemorySweep) -> bytes:
     for v in _ticks(y_max):
         canvas.text(x(0) - 6, y(v) - 5, f"{v:.2f}", anchor="end")
     canvas.text((x(0) + x(x_max)) / 2, HEIGHT - 22, "MEMORY LIMIT (X 1F1B PEAK)", anchor="middle")
-    label, colour = REFERENCE
-    ref = y(sweep.one_f_one_b_bubble)
+    label, colour = sweep.reference, REFERENCE_COLOUR
+    ref = y(sweep.reference_bubble)
     canvas.line((x(0), ref), (x(x_max), ref), _rgb(colour), dash=6)
     legend = [(label, colour)]
-    for label, colour, key in SERIES:
-        pts = [
-            (x(p.memory_limit), y(v)) for p in sweep.points if (v := getattr(p, key)) is not None
-        ]
+    for label, colour, values in _series(sweep):
+        pts = [(x(limit), y(v)) for limit, v in values]
         for a, b in zip(pts, pts[1:], strict=False):
             canvas.line(a, b, _rgb(colour), size=2)
         for point in pts:

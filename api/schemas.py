@@ -494,10 +494,10 @@ class MemorySweepRequest(_ApiModel):
 
 class MemorySweepPoint(_ApiModel):
     memory_limit: float = Field(description="Fraction of 1F1B's peak activation.")
-    v_adaptive_bubble: float | None = Field(description="null: no V schedule within it.")
-    v_adaptive_peak: float | None
-    zb_adaptive_bubble: float | None = Field(description="null: no zb schedule within it.")
-    zb_adaptive_peak: float | None
+    bubble: dict[str, float | None] = Field(
+        description="Per schedule built for a limit, its bubble rate (null: none within it)."
+    )
+    peak: dict[str, float | None] = Field(description="Per schedule, the peak it holds.")
 
 
 class MemorySweepResult(_ApiModel):
@@ -505,5 +505,7 @@ class MemorySweepResult(_ApiModel):
 
     num_devices: int
     num_microbatches: int
-    one_f_one_b_bubble: float = Field(description="The reference (1F1B's peak is 1).")
+    schedules: list[str] = Field(description="The schedules built for a limit, swept.")
+    reference: str = Field(description="The schedule with no limit to set (1F1B).")
+    reference_bubble: float = Field(description="Its bubble rate (its peak is 1).")
     points: list[MemorySweepPoint]

@@ -490,7 +490,7 @@ async function submitForm(form) {
 
 // ------------------------------------------------------------------ memory limits
 // Bubble rate against memory limit of the adaptive schedules (V-shape paper, Figs. 9, 10).
-const SWEEP_SERIES = [["v-adaptive", "v_adaptive_bubble", "#1f77b4"], ["zb-adaptive", "zb_adaptive_bubble", "#d62728"]];
+const SWEEP_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
 async function showMemorySweep() {
   const num = (name, value, step = "any") => el("input", { type: "number", id: name, value, step, min: 0 });
   const row = (label, input) => el("div", { class: "row" }, el("label", { for: input.id }, label), el("div", {}, input));
@@ -502,7 +502,7 @@ async function showMemorySweep() {
     el("button", { class: "primary", type: "submit", id: "sweep-submit" }, "Sweep"));
   const chart = el("div", { id: "sweep-chart" });
   form.addEventListener("submit", (ev) => { ev.preventDefault(); runSweep(chart); });
-  app.replaceChildren(el("h1", {}, "Memory limits"), el("p", { class: "muted" }, "The fewest bubbles v-adaptive and zb-adaptive (ZB-1P at 1, ZB-2P at 2) reach under each activation memory limit, a fraction of 1F1B's peak; 1F1B, which has no limit to set, is the reference. The one-stage schedules run two V stages' times per stage."), form, chart);
+  app.replaceChildren(el("h1", {}, "Memory limits"), el("p", { class: "muted" }, "The fewest bubbles each schedule built for a memory limit reaches under each activation memory limit, a fraction of 1F1B's peak (zb-adaptive at 1 is ZB-1P, at 2 ZB-2P); 1F1B, which has no limit to set, is the reference. Schedules with one stage a device run two V stages' times per stage."), form, chart);
   runSweep(chart);
 }
 async function runSweep(chart) {
@@ -518,7 +518,8 @@ async function runSweep(chart) {
 function sweepChart(sweep) {
   const W = 640, H = 360, L = 60, R = 150, T = 20, B = 44;
   const xs = sweep.points.map((p) => p.memory_limit);
-  const ys = [sweep.one_f_one_b_bubble, ...sweep.points.flatMap((p) => SWEEP_SERIES.map(([, k]) => p[k]).filter((y) => y !== null))];
+  const series = sweep.schedules.map((name, i) => [name, SWEEP_PALETTE[i % SWEEP_PALETTE.length]]);
+  const ys = [sweep.reference_bubble, ...sweep.points.flatMap((p) => sweep.schedules.map((name) => p.bubble[name]).filter((y) => y !== null))];
   const xMax = Math.max(1, ...xs), yMax = Math.max(0.05, ...ys) * 1.1;
   const x = (v) => L + v / xMax * (W - L - R), y = (v) => H - B - v / yMax * (H - T - B);
   const svg = svgEl("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, id: "sweep-svg", class: "chart" });
@@ -529,10 +530,10 @@ function sweepChart(sweep) {
   }
   const xl = svgEl("text", { x: (x(0) + x(xMax)) / 2, y: H - 8, "text-anchor": "middle" }); xl.textContent = "activation memory limit (fraction of 1F1B's peak)"; svg.append(xl);
   const yl = svgEl("text", { transform: `translate(14 ${(y(0) + y(yMax)) / 2}) rotate(-90)`, "text-anchor": "middle" }); yl.textContent = "bubble rate"; svg.append(yl);
-  svg.append(svgEl("line", { class: "series", "data-series": "1F1B", x1: x(0), y1: y(sweep.one_f_one_b_bubble), x2: x(xMax), y2: y(sweep.one_f_one_b_bubble), stroke: "#7f7f7f", "stroke-dasharray": "6 4" }));
-  const legend = [["1F1B", "#7f7f7f"]];
-  for (const [label, key, colour] of SWEEP_SERIES) {
-    const pts = sweep.points.filter((p) => p[key] !== null).map((p) => [x(p.memory_limit), y(p[key])]);
+  svg.append(svgEl("line", { class: "series", "data-series": sweep.reference, x1: x(0), y1: y(sweep.reference_bubble), x2: x(xMax), y2: y(sweep.reference_bubble), stroke: "#7f7f7f", "stroke-dasharray": "6 4" }));
+  const legend = [[sweep.reference, "#7f7f7f"]];
+  for (const [label, colour] of series) {
+    const pts = sweep.points.filter((p) => p.bubble[label] !== null).map((p) => [x(p.memory_limit), y(p.bubble[label])]);
     svg.append(svgEl("polyline", { class: "series", "data-series": label, points: pts.map((p) => p.join(",")).join(" "), fill: "none", stroke: colour, "stroke-width": 2 }));
     for (const [px, py] of pts) svg.append(svgEl("circle", { cx: px, cy: py, r: 3, fill: colour }));
     legend.push([label, colour]);
@@ -544,9 +545,10 @@ function sweepChart(sweep) {
   return svg;
 }
 function sweepTable(sweep) {
+  const heads = ["memory limit", ...sweep.schedules.flatMap((name) => [`${name} bubble`, "its peak"])];
   return el("table", { id: "sweep-table" },
-    el("thead", {}, el("tr", {}, ["memory limit", "v-adaptive bubble", "its peak", "zb-adaptive bubble", "its peak"].map((h) => el("th", {}, h)))),
-    el("tbody", {}, sweep.points.map((p) => el("tr", {}, [fmt(p.memory_limit, 3), pct(p.v_adaptive_bubble), fmt(p.v_adaptive_peak, 3), pct(p.zb_adaptive_bubble), fmt(p.zb_adaptive_peak, 3)].map((c) => el("td", {}, c))))));
+    el("thead", {}, el("tr", {}, heads.map((h) => el("th", {}, h)))),
+    el("tbody", {}, sweep.points.map((p) => el("tr", {}, [fmt(p.memory_limit, 3), ...sweep.schedules.flatMap((name) => [pct(p.bubble[name]), fmt(p.peak[name], 3)])].map((c) => el("td", {}, c))))));
 }
 
 // ------------------------------------------------------------------ hardware and profiles

@@ -29,7 +29,9 @@ from functools import cached_property
 import numpy as np
 
 from planner.errors import InvalidScheduleError
-from planner.schedules._ir import Action, ActionKind, Schedule
+from planner.schedules._ir import KIND_CODE, Action, ActionKind, Schedule
+
+K = ActionKind
 
 __all__ = [
     "COMPUTE",
@@ -158,99 +160,81 @@ def compile_schedule(schedule: Schedule) -> CompiledSchedule:
     """Resolve every action's inputs to action ids. Raises InvalidScheduleError (rule 5)
     when an input the semantics require is missing from the schedule.
 
-    Written as passes over the ids of one kind at a time rather than one loop with branches:
-    this runs once per simulation and dominates it for large pipelines."""
-    K = ActionKind
+    Works on the schedule's columns (:attr:`Schedule.columns`), one kind of action at a
+    time: this runs once per simulation and dominates it for large pipelines."""
+    c = schedule.columns
     num_stages = schedule.num_stages
     total = schedule.total_microbatches
-    stage_devices = schedule.stage_devices
-    action_of = [a for acts in schedule.actions for a in acts]
-    device_of = [d for d, acts in enumerate(schedule.actions) for _ in acts]
-    offsets = [0]
-    for acts in schedule.actions:
-        offsets.append(offsets[-1] + len(acts))
-    n = len(action_of)
-    kinds = [a.kind for a in action_of]
-    stages = [a.stage for a in action_of]
-    slots = [a.stage * total + a.microbatch for a in action_of]
-    owner = [
-        (k is K.EVICT or k is K.LOAD) and stage_devices[s] == d
-        for k, s, d in zip(kinds, stages, device_of, strict=True)
-    ]
-    lane = [_LANE[k] for k in kinds]
-    for i in range(n):
-        if lane[i] == TRANSFER and not owner[i]:
-            lane[i] = MARKER
-
-    ids: dict[ActionKind, list[int]] = {kind: [] for kind in ActionKind}
-    for i, kind in enumerate(kinds):
-        ids[kind].append(i)
+    n = len(c.kind)
+    code = KIND_CODE
+    stage_devices = np.array(schedule.stage_devices, dtype=np.int64)
+    slots = c.stage * total + c.microbatch
+    is_transfer = (c.kind == code[K.EVICT]) | (c.kind == code[K.LOAD])
+    owner = is_transfer & (stage_devices[c.stage] == c.device) if n else is_transfer
+    lane_of_kind = np.array([_LANE[kind] for kind in ActionKind], dtype=np.int64)
+    lane = lane_of_kind[c.kind]
+    lane[is_transfer & ~owner] = MARKER
     size = num_stages * total
+    index = np.arange(n, dtype=np.int64)
 
-    def table(*wanted: ActionKind, owned_only: bool = False) -> list[int]:
-        """slot -> id of the first action of a wanted kind (-1 if none)."""
-        out = [-1] * size
-        for kind in wanted:
-            for i in reversed(ids[kind]):
-                if not owned_only or owner[i]:
-                    out[slots[i]] = i
+    def of(*kinds: ActionKind) -> np.ndarray:
+        return np.isin(c.kind, [code[k] for k in kinds])
+
+    def table(mask: np.ndarray) -> np.ndarray:
+        """slot -> id of the first action in ``mask`` (-1 if none)."""
+        out = np.full(size + 1, -1, np.int64)  # the extra entry answers slot -1
+        ids = index[mask][::-1]  # reversed: the first action of a slot is written last
+        out[slots[ids]] = ids
         return out
 
-    fwd = table(K.F)
-    bwd = table(K.B, K.BW)  # whichever carries the input gradient
-    inb = table(K.B)
-    evict = table(K.EVICT, owned_only=True)
-    load = table(K.LOAD, owned_only=True)
+    forward = of(K.F)
+    backward = of(K.B, K.BW)
+    fwd, bwd, inb = table(forward), table(backward), table(of(K.B))
+    evict, load = table(of(K.EVICT) & owner), table(of(K.LOAD) & owner)
+    dep_a = np.full(n, -1, np.int64)
+    dep_b = np.full(n, -1, np.int64)
+
+    def link(targets: np.ndarray, producer: np.ndarray, shift: int, what: str) -> None:
+        """dep_a[i] = producer[slot(i) + shift] for every i in targets; all must exist."""
+        ids = index[targets]
+        found = producer[slots[ids] + shift]
+        missing = np.flatnonzero(found < 0)
+        if len(missing):
+            action = _action_at(schedule, int(ids[missing[0]]))
+            raise InvalidScheduleError(5, f"{action} needs {what}, which is not in the schedule")
+        dep_a[ids] = found
 
     last_stage = num_stages - 1
-    dep_a = [-1] * n
-    dep_b = [-1] * n
-
-    def link(targets: list[int], producer: list[int], shift: int, what: str) -> None:
-        """dep_a[i] = producer[slot(i) + shift] for every i in targets; all must exist."""
-        for i in targets:
-            j = producer[slots[i] + shift]
-            if j < 0:
-                raise InvalidScheduleError(
-                    5, f"{action_of[i]} needs {what}, which is not in the schedule"
-                )
-            dep_a[i] = j
-
-    link([i for i in ids[K.F] if stages[i] > 0], fwd, -total, "the previous stage's forward")
-    backward = ids[K.B] + ids[K.BW]
-    link(
-        [i for i in backward if stages[i] == last_stage],
-        fwd,
-        0,
-        "its own forward (it computes the loss)",
-    )
-    link(
-        [i for i in backward if stages[i] < last_stage],
-        bwd,
-        total,
-        "the backward of the next stage",
-    )
-    for i in backward:
-        dep_b[i] = load[slots[i]]
-    link(ids[K.W], inb, 0, "its B")
-    link([i for i in ids[K.EVICT] if owner[i]], fwd, 0, "its forward")
-    link([i for i in ids[K.LOAD] if owner[i]], evict, 0, "an EVICT")
-    cross_a = [j >= 0 and device_of[j] != d for j, d in zip(dep_a, device_of, strict=True)]
-    cross_b = [j >= 0 and device_of[j] != d for j, d in zip(dep_b, device_of, strict=True)]
+    link(forward & (c.stage > 0), fwd, -total, "the previous stage's forward")
+    link(backward & (c.stage == last_stage), fwd, 0, "its own forward (it computes the loss)")
+    link(backward & (c.stage < last_stage), bwd, total, "the backward of the next stage")
+    dep_b[backward] = load[slots[backward]]
+    link(of(K.W), inb, 0, "its B")
+    link(of(K.EVICT) & owner, fwd, 0, "its forward")
+    link(of(K.LOAD) & owner, evict, 0, "an EVICT")
+    device = c.device
+    cross_a = (dep_a >= 0) & (device[np.maximum(dep_a, 0)] != device)
+    cross_b = (dep_b >= 0) & (device[np.maximum(dep_b, 0)] != device)
     return CompiledSchedule(
         schedule,
-        device_of,
-        action_of,
-        lane,
-        dep_a,
-        cross_a,
-        dep_b,
-        cross_b,
-        offsets,
-        owner,
-        kinds,
-        stages,
+        device.tolist(),
+        [a for acts in schedule.actions for a in acts],
+        lane.tolist(),
+        dep_a.tolist(),
+        cross_a.tolist(),
+        dep_b.tolist(),
+        cross_b.tolist(),
+        c.offsets.tolist(),
+        owner.tolist(),
+        [a.kind for acts in schedule.actions for a in acts],
+        c.stage.tolist(),
     )
+
+
+def _action_at(schedule: Schedule, index: int) -> Action:
+    offsets = schedule.columns.offsets
+    device = int(np.searchsorted(offsets, index, side="right") - 1)
+    return schedule.actions[device][index - int(offsets[device])]
 
 
 _LANE = {

@@ -31,9 +31,11 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from planner.errors import InvalidScheduleError
 
-__all__ = ["SCHEDULE_FORMAT", "Action", "ActionKind", "Schedule"]
+__all__ = ["KIND_CODE", "SCHEDULE_FORMAT", "Action", "ActionKind", "Columns", "Schedule"]
 
 SCHEDULE_FORMAT = "stagewright.schedule/1"
 
@@ -179,6 +181,12 @@ class Schedule:
     def _chunk_of_stage(self) -> dict[int, int]:
         return _chunks(self.stage_devices)
 
+    @cached_property
+    def columns(self) -> Columns:
+        """Every action as NumPy columns, devices in order (what whole-schedule checks and
+        the timing engine's compilation work on)."""
+        return _columns(self)
+
     def chunk_of(self, stage: int) -> int:
         """The chunk (index among its device's stages) of ``stage``."""
         return self._chunk_of_stage[stage]
@@ -275,6 +283,55 @@ class Schedule:
         if not isinstance(data, dict):
             raise InvalidScheduleError(1, "schedule JSON must be an object")
         return cls.from_dict(data)
+
+
+KIND_CODE = {kind: code for code, kind in enumerate(ActionKind)}
+"""Integer code of each kind in :class:`Columns` (the enum's order)."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A schedule's actions as arrays, one entry per action, devices in order and each
+    device's list in order; ``offsets[d]`` is where device d's actions start. ``peer`` and
+    ``version`` are -1 where the action has none."""
+
+    device: np.ndarray
+    kind: np.ndarray
+    stage: np.ndarray
+    microbatch: np.ndarray
+    chunk: np.ndarray
+    peer: np.ndarray
+    version: np.ndarray
+    offsets: np.ndarray
+
+
+def _columns(schedule: Schedule) -> Columns:
+    code = KIND_CODE.__getitem__
+    rows = [list(zip(*row, strict=True)) for row in schedule.actions if row]
+    sizes = [len(row) for row in schedule.actions]
+    n = sum(sizes)
+
+    def column(index: int, missing: bool = False) -> np.ndarray:
+        if not missing:
+            return np.fromiter((x for row in rows for x in row[index]), np.int64, n)
+        if all(row[index].count(None) == len(row[index]) for row in rows):
+            return np.full(n, -1, np.int64)
+        return np.fromiter(
+            (-1 if x is None else x for row in rows for x in row[index]), np.int64, n
+        )
+
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return Columns(
+        device=np.repeat(np.arange(len(sizes), dtype=np.int64), sizes),
+        kind=np.fromiter((code(k) for row in rows for k in row[0]), np.int64, n),
+        stage=column(1),
+        microbatch=column(2),
+        chunk=column(3),
+        peer=column(4, missing=True),
+        version=column(5, missing=True),
+        offsets=offsets,
+    )
 
 
 def looped_placement(num_devices: int, num_chunks: int = 1) -> tuple[int, ...]:

@@ -122,7 +122,7 @@ def test_memory_limits_page_draws_the_sweep(server, page):
     series = page.eval_on_selector_all(
         "#sweep-svg .series", "nodes => nodes.map(n => n.dataset.series)"
     )
-    assert sorted(series) == ["1F1B", "v-adaptive", "zb-adaptive"]
+    assert sorted(series) == ["1f1b", "v-adaptive", "zb-adaptive"]
     rows = page.query_selector_all("#sweep-table tbody tr")
     assert len(rows) >= 10
     # The last limit (2, ZB-2P) has both schedulers; v-adaptive has fewer bubbles.

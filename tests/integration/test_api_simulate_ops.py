@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner.memory_sweep import memory_sweep
 from planner.schedules import SCHEDULE_NAMES, PassTimes, generate
 from planner.simulate import Durations, simulate
 from tests.integration.conftest import assert_problem, example
@@ -120,6 +121,19 @@ def test_simulate_adaptive_schedules_with_a_memory_limit(client):
 def test_simulate_memory_limit_errors(client, change, needle):
     body = {"num_devices": 4, "num_microbatches": 8, "forward": 1, "backward": 1} | change
     assert_problem(client.post("/v1/simulate", json=body), 422, needle)
+
+
+def test_memory_sweep_is_the_figure_of_the_cli(client):
+    body = {"num_devices": 4, "num_microbatches": 8, "forward": 1, "backward": 1, "weight": 1}
+    response = client.post("/v1/simulate/memory-sweep", json=body)
+    assert response.status_code == 200, response.text
+    expected = memory_sweep(4, 8, PassTimes(1.0, 1.0, 1.0))
+    assert response.json() == expected.to_dict()
+    assert_problem(
+        client.post("/v1/simulate/memory-sweep", json=body | {"num_devices": 64}),
+        422,
+        "num_devices",
+    )
 
 
 def test_schedules_lists_the_registry(client):
