@@ -83,7 +83,10 @@ class CompiledSchedule:
         dep_a, dep_b, offsets = self.dep_a, self.dep_b, self.offsets
         done = [False] * len(dep_a)
         pointer = offsets[:-1].copy()
-        waiters: dict[int, list[int]] = {}
+        # The device blocked on each action; a second one (never in the IR's dependency
+        # shapes, where an action has one consumer on another device) goes to ``more``.
+        waiting = [-1] * len(dep_a)
+        more: dict[int, list[int]] = {}
         order: list[int] = []
         append = order.append
         work = list(range(len(offsets) - 1))
@@ -93,19 +96,21 @@ class CompiledSchedule:
             stop = offsets[device + 1]
             while i < stop:
                 j = dep_a[i]
+                if j < 0 or done[j]:
+                    j = dep_b[i]
                 if j >= 0 and not done[j]:
-                    waiters.setdefault(j, []).append(device)
-                    break
-                j = dep_b[i]
-                if j >= 0 and not done[j]:
-                    waiters.setdefault(j, []).append(device)
+                    if waiting[j] < 0:
+                        waiting[j] = device
+                    else:
+                        more.setdefault(j, []).append(device)
                     break
                 done[i] = True
                 append(i)
-                if waiters:
-                    woken = waiters.pop(i, None)
-                    if woken:
-                        work.extend(woken)
+                woken = waiting[i]
+                if woken >= 0:
+                    work.append(woken)
+                    if more:
+                        work.extend(more.pop(i, ()))
                 i += 1
             pointer[device] = i
         if len(order) != len(dep_a):

@@ -21,9 +21,12 @@ from bisect import bisect_right, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
+
+import numpy as np
 
 from planner.errors import ScheduleConfigError
-from planner.schedules._ir import Action, ActionKind, Schedule, v_placement
+from planner.schedules._ir import KIND_CODE, Action, ActionKind, Columns, Schedule, v_placement
 
 __all__ = [
     "PASSES",
@@ -220,6 +223,44 @@ def time_orders(
     return start, free
 
 
+def squeeze(orders: Sequence[Sequence[int]], num_microbatches: int) -> list[int]:
+    """Step 3: the cell of every pass id (-1 for ids not in ``orders``) when each device
+    runs its order as early as its inputs allow, one cell a pass: :func:`time_orders` with
+    unit times, in integers (a generator squeezes twice)."""
+    d = len(orders)
+    dep, _ = dependencies(d, num_microbatches)
+    n = len(dep)
+    start = [-1] * n
+    waiting = [-1] * n
+    position = [0] * d
+    free = [0] * d
+    work = list(range(d))
+    while work:
+        device = work.pop()
+        order = orders[device]
+        i, t, stop = position[device], free[device], len(order)
+        while i < stop:
+            g = order[i]
+            j = dep[g]
+            if j >= 0:
+                ready = start[j]
+                if ready < 0:
+                    waiting[j] = device
+                    break
+                if ready >= t:
+                    t = ready + 1
+            start[g] = t
+            t += 1
+            woken = waiting[g]
+            if woken >= 0:
+                work.append(woken)
+            i += 1
+        position[device], free[device] = i, t
+    if any(p < len(o) for p, o in zip(position, orders, strict=True)):
+        raise ScheduleConfigError("V-shape: the device orders deadlock")  # a generator bug
+    return start
+
+
 def order_peaks(orders: Sequence[Sequence[int]]) -> list[int]:
     """Per device, the most activations saved at once by its order: a forward allocates at
     its start, a W frees at its end (so a pass sees everything started before and itself)."""
@@ -260,9 +301,8 @@ def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
     device's saved activations stay within the peak the squeezed schedule already has: the
     warm-up reorder buys throughput, never memory (the paper: "the peak of memory happens
     in the stable phase")."""
-    start, _ = time_orders(orders, m)
+    at = squeeze(orders, m)  # cell of every pass (moved forwards are updated)
     dep, _ = dependencies(len(orders), m)
-    at = [int(s) for s in start]  # cell of every pass (moved forwards are updated)
     cell_of: list[dict[int, int]] = []
     alive: list[list[int]] = []
     first_b: list[int] = []
@@ -279,17 +319,12 @@ def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
                 level[at[g - j + (W0 if j == F0 else W1)] + 1] -= 1
             elif j <= B0 and at[g] < first:
                 first = at[g]
-        running = 0
-        for t in range(horizon + 1):
-            running += level[t]
-            level[t] = running
-        alive.append(level)
+        alive.append(list(accumulate(level)))
         first_b.append(first)
     peak = [max(level) if level else 0 for level in alive]
     # Per device and chunk, the cells of its forwards, in order.
-    forwards = [
-        [sorted(at[g] for g in order if g % PASSES == chunk) for chunk in (F0, F1)]
-        for order in orders
+    forwards = [  # squeezed orders run in cell order: already sorted
+        [[at[g] for g in order if g % PASSES == chunk] for chunk in (F0, F1)] for order in orders
     ]
     # The vacant cells before each device's first B, by cell: the scan visits only those
     # (cells left by a forward that moves earlier join when they are before the first B).
@@ -345,12 +380,12 @@ def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:
         tail = order[last_f + 1 :]
         kept.append(order[: last_f + 1] + [g for g in tail if g % PASSES < W0])
         dropped.append([g for g in tail if g % PASSES >= W0])
-    start, _ = time_orders(kept, m)
+    start = squeeze(kept, m)
     result = []
     for order, ws in zip(kept, dropped, strict=True):
-        cells = {int(start[g]): g for g in order}
+        cells = {start[g]: g for g in order}
         # Each W after its B (the W's id minus the code offset gives its B's id).
-        b_cell = {g: int(start[g - g % PASSES + _B_OF_W[g % PASSES]]) for g in ws}
+        b_cell = {g: start[g - g % PASSES + _B_OF_W[g % PASSES]] for g in ws}
         waiting = sorted(ws, key=b_cell.__getitem__)
         horizon = max(cells) if cells else 0
         for t in range(horizon):
@@ -384,7 +419,8 @@ def require_block(block: VBlock, name: str) -> list[list[int]]:
 def to_schedule(
     name: str, orders: Sequence[Sequence[int]], num_microbatches: int, meta: dict[str, object]
 ) -> Schedule:
-    """The IR of V orders: each device's passes, then its two optimizer steps."""
+    """The IR of V orders: each device's passes, then its two optimizer steps. The
+    schedule's columns are filled from the pass ids at once (a V schedule is large)."""
     d, m = len(orders), num_microbatches
     kinds = (ActionKind.F, ActionKind.F, ActionKind.B, ActionKind.B, ActionKind.W, ActionKind.W)
     rows = []
@@ -397,4 +433,41 @@ def to_schedule(
             row.append(Action(kind, stage, (g // PASSES) % m, chunk))
         row += [Action(ActionKind.OPTIMIZER_STEP, stages[c], m - 1, c) for c in (0, 1)]
         rows.append(tuple(row))
-    return Schedule(name, d, m, v_placement(d), tuple(rows), split_backward=True, meta=meta)
+    schedule = Schedule(name, d, m, v_placement(d), tuple(rows), split_backward=True, meta=meta)
+    schedule.__dict__["columns"] = _columns_of(orders, m)  # what Schedule.columns would find
+    return schedule
+
+
+_STEP_CODE = KIND_CODE[ActionKind.OPTIMIZER_STEP]
+_PASS_CODE = np.array(
+    [KIND_CODE[k] for k in (ActionKind.F,) * 2 + (ActionKind.B,) * 2 + (ActionKind.W,) * 2]
+)
+
+
+def _columns_of(orders: Sequence[Sequence[int]], m: int) -> Columns:
+    """:class:`Columns` of the schedule :func:`to_schedule` makes, from the pass ids."""
+    d = len(orders)
+    sizes = [len(order) + 2 for order in orders]
+    ids = np.full(sum(sizes), -1, np.int64)
+    offsets = np.zeros(d + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    for i, order in enumerate(orders):
+        ids[offsets[i] : offsets[i + 1] - 2] = order
+    device = np.repeat(np.arange(d, dtype=np.int64), sizes)
+    is_step = ids < 0
+    # The two steps of a device: chunk 0, then chunk 1.
+    step_chunk = np.zeros(len(ids), np.int64)
+    step_chunk[offsets[1:] - 1] = 1
+    code = np.where(is_step, -1, ids % PASSES)
+    chunk = np.where(is_step, step_chunk, np.array(CHUNK)[np.maximum(code, 0)])
+    stage = np.where(chunk == 0, device, 2 * d - 1 - device)
+    return Columns(
+        device=device,
+        kind=np.where(is_step, _STEP_CODE, _PASS_CODE[np.maximum(code, 0)]),
+        stage=stage,
+        microbatch=np.where(is_step, m - 1, (ids // PASSES) % m),
+        chunk=chunk,
+        peer=np.full(len(ids), -1, np.int64),
+        version=np.full(len(ids), -1, np.int64),
+        offsets=offsets,
+    )

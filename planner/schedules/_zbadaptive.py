@@ -190,10 +190,15 @@ def smallest_zb_limit(num_devices: int) -> float:
 
 
 def zb_adaptive(
-    num_devices: int, num_microbatches: int, memory_limit: float, times: PassTimes
+    num_devices: int,
+    num_microbatches: int,
+    memory_limit: float,
+    times: PassTimes,
+    variant: int | None = None,
 ) -> Schedule:
     """The zb-adaptive schedule for p devices (one stage each), m micro-batches and
-    ``memory_limit`` (a fraction of 1F1B's peak activation), scheduled under ``times``."""
+    ``memory_limit`` (a fraction of 1F1B's peak activation), scheduled under ``times``:
+    the best of the eight variants, or only ``variant`` (a rebuild of a chosen one)."""
     p, m = num_devices, num_microbatches
     require(p >= 1, f"zb-adaptive: the number of devices must be at least 1, got {p}")
     require(m >= 1, f"zb-adaptive: the number of micro-batches must be at least 1, got {m}")
@@ -208,6 +213,8 @@ def zb_adaptive(
     limit = memory_limit * p
     best: tuple[float, int, _Heuristic] | None = None
     for rank, switches in enumerate(product((True, False), repeat=3)):
+        if variant is not None and rank != variant:
+            continue
         heuristic = _Heuristic(cost, times.comm, m, limit)
         try:
             span = heuristic.run(*switches)
@@ -234,6 +241,7 @@ def zb_adaptive(
         "heuristic_span": best[0],
         "choice": {
             "memory_limit": memory_limit,
+            "variant": best[1],
             "pass_times": {"forward": cost[F], "backward": cost[B], "weight": cost[W]},
             "comm": times.comm,
         },
@@ -254,8 +262,7 @@ def _build(p: int, m: int, params: Mapping[str, float], times: PassTimes) -> Sch
 
 
 def _rebuild(choice: Mapping[str, Any], num_devices: int, num_microbatches: int) -> Schedule:
-    """The same limit and pass times for ``num_microbatches`` (the heuristic is one greedy
-    pass per variant, as cheap as building any schedule)."""
+    """The variant chosen, with the same limit and pass times, for ``num_microbatches``."""
     times = choice["pass_times"]
     return zb_adaptive(
         num_devices,
@@ -267,6 +274,7 @@ def _rebuild(choice: Mapping[str, Any], num_devices: int, num_microbatches: int)
             tuple(times["weight"]),
             float(choice["comm"]),
         ),
+        variant=choice.get("variant"),
     )
 
 

@@ -140,7 +140,7 @@ def test_the_generators_squeeze_times_like_the_engine(name, d, m):
     it must give the engine's times, for unit durations and for real ones with
     communication, on the repeated block and on the reordered schedule."""
     from planner.schedules._engine import compile_schedule, run_timing
-    from planner.schedules._vframe import time_orders
+    from planner.schedules._vframe import squeeze, time_orders
     from planner.schedules._vshape import vshape
 
     code = {(K.F, 0): 0, (K.F, 1): 1, (K.B, 1): 2, (K.B, 0): 3, (K.W, 0): 4, (K.W, 1): 5}
@@ -163,6 +163,20 @@ def test_the_generators_squeeze_times_like_the_engine(name, d, m):
             ]
             engine = run_timing(compiled, per_action, comm=comm).start
             ours, _ = time_orders(orders, m, durations, comm)
+            if durations is None:  # the generators' integer squeeze is the same
+                assert squeeze(orders, m) == [int(x) for x in ours]
             for dev in range(d):
                 for k, g in enumerate(orders[dev]):
                     assert ours[g] == pytest.approx(engine[compiled.offsets[dev] + k])
+
+
+@pytest.mark.parametrize("name, d, m", [("v-zb", 4, 8), ("v-min", 7, 3), ("v-half", 5, 12)])
+def test_the_columns_a_v_generator_fills_are_its_actions(name, d, m):
+    """V generators fill the schedule's columns from their pass ids; reading them from the
+    actions gives the same arrays."""
+    from planner.schedules._ir import _columns
+
+    schedule = generate(name, d, m)
+    filled, read = schedule.columns, _columns(schedule)
+    for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
+        assert (getattr(filled, field) == getattr(read, field)).all(), field
