@@ -70,6 +70,10 @@ def add_executor_commands(commands: Any) -> None:
         help="steps between checkpoints (with --checkpoint-dir)",
     )
     run.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3)")
+    run.add_argument(
+        "--database-url", default=None, metavar="URL", help="the store --record writes to"
+    )
+    _add_record_option(run, "the run's step time (at least 2 steps)")
     run.set_defaults(handler=_run)
 
     profile = commands.add_parser(
@@ -102,7 +106,17 @@ def add_executor_commands(commands: Any) -> None:
         "--database-url", default=None, help="store the point in the service's SQL store instead"
     )
     profile.add_argument("--json", action="store_true", help="print the point as JSON")
+    _add_record_option(profile, "the layer's F, B and W times, as a pass of one layer")
     profile.set_defaults(handler=_profile)
+
+
+def _add_record_option(parser: Any, what: str) -> None:
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help=f"also store {what} as a measured run, for stagewright calibrate (in "
+        "--database-url, else STAGEWRIGHT_DATABASE_URL, else sqlite:///stagewright.db)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -113,6 +127,11 @@ def _run(args: argparse.Namespace) -> int:
         raise StagewrightError(
             "the executor needs torch: install it with pip install 'stagewright[executor]'"
         ) from exc
+    if args.record and args.steps < 2:
+        raise StagewrightError(
+            "--record needs at least 2 steps (--steps 2): the first includes start-up, so a "
+            "run of one step has no step time to record"
+        )
     outcome = run(
         args.config,
         nproc=args.nproc,
@@ -124,15 +143,45 @@ def _run(args: argparse.Namespace) -> int:
         lr=args.lr,
         out_dir=args.out,
     )
+    recorded = _record_run(args, outcome) if args.record and outcome.verified else None
+    if args.record and not outcome.verified:
+        sys.stderr.write("stagewright run: not recorded: the run failed verification\n")
     if args.json:
         sys.stdout.write(outcome.report.model_dump_json(indent=2) + "\n")
     else:
         sys.stdout.write(describe(outcome.report) + "\n")
         sys.stdout.write(f"report: {outcome.out_dir / 'run-report.json'}\n")
+        if recorded is not None:
+            sys.stdout.write(f"recorded in {recorded}\n")
     if not outcome.verified:
         sys.stderr.write("stagewright run: verification failed (see the mismatches above)\n")
         return 1
     return 0
+
+
+def _record_run(args: argparse.Namespace, outcome: Any) -> str:
+    """Store the run as a measured run on the hardware it ran on: 'cpu' without CUDA, else
+    the hardware its plan was made for."""
+    import datetime as dt
+
+    import torch
+
+    from api.store.profiles_io import store_measured_run
+    from executor.inputs import read_config
+    from planner.measurements import run_from_report
+
+    config = read_config(args.config)
+    if torch.cuda.is_available():
+        if config.predicted is None:
+            raise StagewrightError(
+                "--record on GPUs needs the hardware profile the run was planned for; this "
+                "config has no prediction (use a candidate's config from stagewright plan)"
+            )
+        hardware = config.predicted.hardware
+    else:
+        hardware = "cpu"
+    run = run_from_report(outcome.report, config, hardware, dt.date.today())
+    return store_measured_run(args.database_url, run)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -181,6 +230,14 @@ def _profile(args: argparse.Namespace) -> int:
                 "STAGEWRIGHT_PROFILES to a folder the planner should read"
             )
         where = str(save_point(point, folder))
+    if args.record:
+        import datetime as dt
+
+        from api.store.profiles_io import store_measured_run
+        from planner.measurements import run_from_layer_point
+
+        measured = run_from_layer_point(point, model, dt.date.today())
+        where += f"; recorded in {store_measured_run(args.database_url, measured)}"
     if args.json:
         sys.stdout.write(
             json.dumps({"stored_in": where, "point": point_to_dict(point)}, indent=2) + "\n"

@@ -30,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.costmodel.evaluate import num_stages, split_layers
 from planner.costmodel.flops import model_flops_per_step
-from planner.errors import validation_problems
+from planner.errors import StagewrightError, validation_problems
+from planner.launch.config import ExecutorConfig
+from planner.launch.report import RunReport
 from planner.profiles import LayerPoint
 from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, schedule_family
 from planner.specs import (
@@ -55,6 +57,7 @@ __all__ = [
     "measured_step_time_s",
     "plan_request",
     "run_from_layer_point",
+    "run_from_report",
 ]
 
 _MAX_TIME_S = 1e7
@@ -314,5 +317,52 @@ def run_from_layer_point(
             weight_ms=point.weight_ms,
         ),
         source=point.source or f"stagewright profile on {point.gpu}",
+        measured_on=measured_on,
+    )
+
+
+def run_from_report(
+    report: RunReport,
+    config: ExecutorConfig,
+    hardware: str,
+    measured_on: dt.date | None = None,
+) -> MeasuredRun:
+    """What ``stagewright run`` measured (its run report, of the executor ``config`` that
+    ran) as a step measurement on ``hardware``, all ranks on one node: the report's step
+    time (the median over the steps after the first, of the slowest rank). StagewrightError
+    when the run had no step past the first."""
+    step_time = report.measured.step_time_s
+    if step_time is None:
+        raise StagewrightError(
+            "a run of one step has no step time to record (the first step includes "
+            "start-up): run at least 2 steps"
+        )
+    summary = report.config
+    splits = summary.recompute_per_stage
+    heaviest = max(
+        (mode for split in splits for mode in split.as_dict()),
+        key=("none", "selective", "full").index,
+        default="none",
+    )
+    limit = config.schedule.get("parameters", {}).get(MEMORY_LIMIT.name)
+    batch = summary.micro_batch_size * summary.num_microbatches * summary.d
+    return MeasuredRun(
+        model=config.model,
+        cluster=ClusterSpec(gpu=hardware, num_nodes=1, gpus_per_node=summary.world_size),
+        training=config.training.model_copy(update={"global_batch_size": batch}),
+        config=RunConfig(
+            t=summary.t,
+            p=summary.p,
+            d=summary.d,
+            micro_batch_size=summary.micro_batch_size,
+            recompute=heaviest,
+            schedule=summary.schedule,
+            layers_per_stage=[split.total for split in splits],
+            recompute_per_stage=list(splits),
+            memory_limit=limit,
+        ),
+        measured=StepMeasurement(step_time_s=step_time),
+        source=f"stagewright run on {hardware}: {summary.world_size} ranks, "
+        f"{report.num_steps} steps from step {report.first_step}",
         measured_on=measured_on,
     )

@@ -1,6 +1,6 @@
 """One-call writes to the store for command-line tools (``stagewright profile
---database-url``): no server needed; the database is migrated and the bundled profiles
-loaded first."""
+--database-url``, ``stagewright run --record``): no server needed; the database is migrated
+and the bundled profiles loaded first."""
 
 from __future__ import annotations
 
@@ -15,9 +15,35 @@ from api.store.profiles import (
     require_hardware,
     upsert_layer_point,
 )
+from planner.measurement_files import ParsedRun
+from planner.measurements import MeasuredRun
 from planner.profiles import LayerPoint
 
-__all__ = ["store_layer_point", "stored_profiles"]
+__all__ = ["store_layer_point", "store_measured_run", "stored_profiles"]
+
+
+def store_measured_run(database_url: str | None, run: MeasuredRun) -> str:
+    """Store a run the executor measured (kept once if identical); where it went. A run
+    the store cannot take (its hardware has no profile, say) raises, naming the field."""
+    from api.service import prepare_database
+    from api.store.measured_runs import add_runs
+
+    settings = Settings.from_env(database_url=database_url)
+    prepare_database(settings)
+    database = Database(settings.database_url)
+    try:
+        with database.session() as session:
+            report = add_runs(
+                session=session,
+                runs=[ParsedRun("the measured run", run)],
+                origin="executor",
+                name="the measured run",
+            )
+            session.commit()
+        state = "stored" if report.created else "already stored"
+        return f"{describe_url(database.url)} (measured run {report.ids[0]}, {state})"
+    finally:
+        database.dispose()
 
 
 @contextmanager

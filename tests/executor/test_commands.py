@@ -5,6 +5,7 @@ failing on a mismatch with the rank, stage and tensor named."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -159,3 +160,67 @@ def test_profile_needs_a_destination(capsys, tmp_path, monkeypatch):
     model.write_text(json.dumps(TINY))
     assert main(["profile", str(model), "--repeats", "1"]) == 2
     assert "say where to store the point" in capsys.readouterr().err
+
+
+def test_run_and_profile_record_measured_runs_that_calibrate_reads(capsys, job, tmp_path):
+    """`--record` stores what the executor measured as measured runs of the hardware it ran
+    on (cpu here): the run's step time, the profiled layer's passes; calibrate fits them."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    code = main(
+        [
+            "run",
+            str(job),
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+            "--record",
+            "--database-url",
+            url,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and re.search(r"recorded in sqlite:.*\(measured run \d+, stored\)", out)
+    report = json.loads((tmp_path / "o" / "run-report.json").read_text())
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(TINY))
+    code = main(
+        [
+            "profile",
+            str(model),
+            "--out",
+            str(tmp_path / "p"),
+            "--repeats",
+            "1",
+            "--record",
+            "--database-url",
+            url,
+        ]
+    )
+    assert code == 0 and "recorded in" in capsys.readouterr().out
+    assert main(["measurements", "list", "--gpu", "cpu", "--json", "--database-url", url]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["origin"] for r in runs] == ["executor", "executor"]
+    step, passes = runs[0], runs[1]
+    assert step["measured"]["step_time_s"] == report["measured"]["step_time_s"]
+    assert step["config"]["schedule"] == report["config"]["schedule"] == "bpipe"
+    assert step["cluster"] == {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 2}
+    assert passes["measured"]["kind"] == "pass" and passes["measured"]["forward_ms"] > 0
+    code = main(
+        [
+            "calibrate",
+            "--hardware",
+            "cpu",
+            "--parameter",
+            "gemm_efficiency",
+            "--dry-run",
+            "--database-url",
+            url,
+        ]
+    )
+    assert code == 0 and "fitted to 2 measured run(s)" in capsys.readouterr().out
+
+
+def test_record_needs_two_steps(capsys, job):
+    assert main(["run", str(job), "--steps", "1", "--record"]) == 2
+    assert "--record needs at least 2 steps" in capsys.readouterr().err
