@@ -484,12 +484,23 @@ class ScheduleFamilyPublic(_ApiModel):
 class MemorySweepRequest(_ApiModel):
     """A pipeline to sweep memory limits on (``stagewright simulate --plot``'s figure)."""
 
-    num_devices: int = Field(ge=2, le=32, description="Pipeline devices (at most 32 here).")
-    num_microbatches: int = Field(ge=1, le=256, description="Micro-batches (at most 256).")
+    num_devices: int = Field(ge=2, le=16, description="Pipeline devices (at most 16 here).")
+    num_microbatches: int = Field(ge=1, le=64, description="Micro-batches (at most 64).")
     forward: StageTimes = Field(description="Forward time of one V stage (2 per device).")
     backward: StageTimes = Field(description="Backward-for-input time of one V stage.")
     weight: StageTimes = Field(default=0.0, description="Backward-for-weights time.")
     comm: Seconds = Field(default=0.0, description="Time added to every edge between devices.")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> MemorySweepRequest:
+        # About 25 searches of both schedulers: a few seconds at 512 cells on one core.
+        if self.num_devices * self.num_microbatches > 512:
+            raise ValueError(
+                f"num_devices x num_microbatches = {self.num_devices * self.num_microbatches} "
+                "is above 512 for a memory sweep; sweep fewer micro-batches (the CLI's "
+                "--plot has no limit)"
+            )
+        return self
 
 
 class MemorySweepPoint(_ApiModel):

@@ -81,9 +81,9 @@ def simulate_schedule(state: AppState, body: SimulateRequest) -> SimulateResult:
 
 
 def sweep_memory(body: MemorySweepRequest) -> MemorySweepResult:
-    """Bubble rate of v-adaptive and zb-adaptive at each memory limit, 1F1B's as reference
-    (the request's size is bounded by its schema: at most 32 devices x 256 micro-batches,
-    about ten searches per limit of a second or less)."""
+    """Bubble rate of each schedule built for a memory limit at each limit, the baseline's
+    as reference (the request's size is bounded by its schema: at most 16 devices, 64
+    micro-batches and 512 cells, a few seconds of searches)."""
     times = PassTimes(_times(body.forward), _times(body.backward), _times(body.weight), body.comm)
     sweep = memory_sweep(body.num_devices, body.num_microbatches, times)
     return MemorySweepResult.model_validate(sweep.to_dict())

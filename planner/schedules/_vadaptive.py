@@ -48,6 +48,7 @@ from planner.schedules._vframe import (
     VBlock,
     build_orders,
     order_peaks,
+    repeat,
     time_orders,
     to_schedule,
 )
@@ -63,6 +64,7 @@ __all__ = [
 SCREEN_LEVELS = 2
 SCREEN_MICROBATCHES = 16
 MIN_SCREENED = 64
+MAX_SCREENED = 256  # distinct repeated orders at most (short runs make many blocks alike)
 FINALISTS = 3
 _OFFSETS = range(1, REPEAT_INTERVAL)  # 1..5 cells
 
@@ -162,9 +164,10 @@ def _units(limit: float, num_devices: int) -> int:
 
 
 def _shortlist(peaks: np.ndarray, within: np.ndarray) -> list[int]:
-    """The blocks to screen: the ``SCREEN_LEVELS`` highest memory levels within the limit,
-    and more levels down until at least ``MIN_SCREENED`` blocks (small pipelines have few
-    blocks a level, and every one of them is then screened)."""
+    """The blocks to screen, highest level first: the ``SCREEN_LEVELS`` highest memory
+    levels within the limit, and more levels down until at least ``MIN_SCREENED`` blocks
+    (small pipelines have few blocks a level, and every one of them is then screened); the
+    search stops after ``MAX_SCREENED`` distinct ones."""
     levels = sorted(set(peaks[within].tolist()), reverse=True)
     counts = np.bincount(peaks[within])
     taken, floor = 0, levels[0]
@@ -173,7 +176,8 @@ def _shortlist(peaks: np.ndarray, within: np.ndarray) -> list[int]:
             break
         taken += int(counts[level])
         floor = level
-    return [int(i) for i in within if peaks[i] >= floor]
+    chosen = [int(i) for i in within if peaks[i] >= floor]
+    return sorted(chosen, key=lambda i: (-int(peaks[i]), i))
 
 
 def smallest_v_limit(num_devices: int, num_microbatches: int) -> float:
@@ -217,7 +221,6 @@ def v_adaptive_choice(
     """Appendix A's search (see the module docstring). Raises ScheduleConfigError naming
     the smallest feasible limit when no block fits ``memory_limit``."""
     d, m = num_devices, num_microbatches
-    space = _space(d)
     peaks = _peaks(d, m)
     # The authors' search stops at 1F1B's memory (2d stage activations): V-ZB's zero
     # bubble is reached there, and a larger limit searches the same blocks.
@@ -230,12 +233,31 @@ def v_adaptive_choice(
             f"activations within {memory_limit:g} of 1F1B's peak; the smallest feasible "
             f"memory_limit is {smallest:.4g} ({int(peaks.min())} of {2 * d} stage activations)"
         )
+    return _choose(d, m, allowed, times)
+
+
+@lru_cache(maxsize=128)
+def _choose(
+    num_devices: int, num_microbatches: int, allowed: int, times: PassTimes
+) -> AdaptiveChoice:
+    """The search for ``allowed`` stage activations (limits that allow as many share it)."""
+    d, m = num_devices, num_microbatches
+    space, peaks = _space(d), _peaks(d, m)
+    within = np.flatnonzero(peaks <= allowed)
     shortlist = _shortlist(peaks, within)
     durations = _pass_durations(times, d)
     screen_m = min(m, SCREEN_MICROBATCHES)
     scored = []
+    seen: set[tuple[tuple[int, ...], ...]] = set()
     for index in shortlist:
         cells = space.cells[index].tolist()
+        # Blocks whose repeated orders are the same build the same schedule: build one.
+        key = tuple(map(tuple, repeat(cells, screen_m)))
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > MAX_SCREENED:
+            break
         orders = build_orders(cells, screen_m)
         _, finish = time_orders(orders, screen_m, durations, times.comm)
         # Fewest bubbles first; then the least memory; then the search order (stable).
@@ -251,7 +273,7 @@ def v_adaptive_choice(
     makespan, _, index, orders = scored[0]
     peak = max(order_peaks(orders))
     assert peak <= allowed, (peak, allowed)  # reordering never raises the peak
-    evaluated = len(shortlist) + (min(FINALISTS, len(shortlist)) if screen_m < m else 0)
+    evaluated = len(seen) + (min(FINALISTS, len(scored)) if screen_m < m else 0)
     return AdaptiveChoice(space.blocks[index], orders, peak, makespan, len(within), evaluated)
 
 

@@ -160,8 +160,15 @@ def repeat(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
     orders = []
     for i, row in enumerate(cells):
         base = i * m * PASSES
-        by_residue = sorted(range(PASSES), key=lambda j: row[j] % REPEAT_INTERVAL)
         rounds = [row[j] // REPEAT_INTERVAL for j in range(PASSES)]
+        if max(rounds) - min(rounds) > 4 * m:
+            # Few micro-batches for a long block: sort the 6m passes by cell directly.
+            timed = sorted(
+                (row[j] + REPEAT_INTERVAL * k, j, k) for j in range(PASSES) for k in range(m)
+            )
+            orders.append([base + k * PASSES + j for _, j, k in timed])
+            continue
+        by_residue = sorted(range(PASSES), key=lambda j: row[j] % REPEAT_INTERVAL)
         order = []
         for r in range(min(rounds), max(rounds) + m):
             for j in by_residue:

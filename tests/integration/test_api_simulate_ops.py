@@ -134,6 +134,8 @@ def test_memory_sweep_is_the_figure_of_the_cli(client):
         422,
         "num_devices",
     )
+    too_many = body | {"num_devices": 16, "num_microbatches": 64}
+    assert_problem(client.post("/v1/simulate/memory-sweep", json=too_many), 422, "above 512")
 
 
 def test_schedules_lists_the_registry(client):
