@@ -7,16 +7,9 @@ it; :func:`schedule_family` answers every question about a family (see
 
 from __future__ import annotations
 
-# Generator modules register their families on import: this order is the listing order.
-# isort: off
-from planner.schedules import _basic  # noqa: F401  gpipe, 1f1b, interleaved
-from planner.schedules import _bpipe  # noqa: F401  bpipe
-from planner.schedules import _vshape  # noqa: F401  v-min, v-half, v-zb
-from planner.schedules import _pipedream_2bw  # noqa: F401  2bw
-from planner.schedules import _vadaptive  # noqa: F401  v-adaptive
-from planner.schedules import _zbadaptive  # noqa: F401  zb-adaptive
+import importlib
+import pkgutil
 
-# isort: on
 from planner.schedules._bpipe import bpipe_mu_opt, plan_transfers
 from planner.schedules._comm import with_communication
 from planner.schedules._format import format_grid, format_timeline
@@ -82,6 +75,12 @@ __all__ = [
     "weight_version_2bw",
     "with_communication",
 ]
+
+# Generator modules register their families on import: import every module of the package,
+# so that a new schedule is one new module (listing order: ScheduleFamily.listing).
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 SCHEDULE_NAMES = schedule_names()
 """Every registered schedule, in listing order."""

@@ -143,6 +143,7 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
 register(
     ScheduleFamily(
         name="gpipe",
+        listing=10,
         title="GPipe",
         citation="Huang et al., GPipe, NeurIPS 2019",
         build=lambda p, m, _, __: gpipe(p, m),
@@ -154,6 +155,7 @@ register(
 register(
     ScheduleFamily(
         name="1f1b",
+        listing=20,
         title="1F1B (PipeDream-Flush)",
         citation="Narayanan et al., PipeDream-2BW/Flush, ICML 2021; Megatron-LM's default",
         build=lambda p, m, _, __: one_f_one_b(p, m),
@@ -166,6 +168,7 @@ register(
 register(
     ScheduleFamily(
         name="interleaved",
+        listing=30,
         title="Interleaved 1F1B",
         citation="Narayanan et al., Efficient Large-Scale Language Model Training on GPU "
         "Clusters Using Megatron-LM, SC 2021",

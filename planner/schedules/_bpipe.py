@@ -28,7 +28,7 @@ from planner.schedules._basic import interleaved, one_f_one_b, require
 from planner.schedules._engine import compile_schedule, run_timing
 from planner.schedules._inflight import saved_peak
 from planner.schedules._ir import Action, ActionKind, Schedule
-from planner.schedules._registry import ScheduleFamily, register
+from planner.schedules._registry import NUM_CHUNKS, Parameter, ScheduleFamily, register
 
 __all__ = ["bpipe", "bpipe_mu_opt", "plan_transfers"]
 
@@ -210,6 +210,7 @@ def _add_acceptor_mirrors(
 register(
     ScheduleFamily(
         name="bpipe",
+        listing=40,
         title="BPipe",
         citation="Kim et al., BPipe: Memory-Balanced Pipeline Parallelism for Training Large "
         "Language Models, ICML 2023",
@@ -220,5 +221,26 @@ register(
         memory_rule="1F1B with evictions to the pair device: at most ceil((p + 2) / 2) "
         "micro-batches per stage (§3.3)",
         memory_fallback_for="1f1b",
+    )
+)
+
+# Interleaved BPipe (Appendix A): interleaved 1F1B's looped placement with v chunks, balanced
+# to p * v + 1 chunk-micro-batches. One chunk is plain BPipe, listed on its own.
+_CHUNKS = Parameter(NUM_CHUNKS.name, "Stages per device (v); one is plain bpipe.", 2, 2)
+register(
+    ScheduleFamily(
+        name="bpipe-interleaved",
+        title="Interleaved BPipe",
+        citation="Kim et al., BPipe: Memory-Balanced Pipeline Parallelism for Training Large "
+        "Language Models, ICML 2023, Appendix A",
+        build=lambda p, m, params, _: bpipe(p, m, int(params[_CHUNKS.name])),
+        parameters=(_CHUNKS,),
+        transfers=True,
+        min_devices=2,
+        microbatches_multiple_of_devices=True,
+        idle_vs_1f1b=0.5,  # interleaved 1F1B's 1/v with v = 2; its transfers hide behind compute
+        memory_rule="interleaved 1F1B with evictions to the pair device: at most p v + 1 "
+        "chunk-micro-batches per device (Appendix A)",
+        memory_fallback_for="interleaved",
     )
 )

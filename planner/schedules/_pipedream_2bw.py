@@ -65,6 +65,7 @@ def pipedream_2bw(num_devices: int, num_microbatches: int, num_batches: int = 2)
 register(
     ScheduleFamily(
         name="2bw",
+        listing=80,
         title="PipeDream-2BW",
         citation="Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training, ICML 2021",
         build=lambda p, m, params, _: pipedream_2bw(p, m, int(params[NUM_BATCHES.name])),

@@ -5,8 +5,9 @@ comparing a schedule's name: the cost model (stages per device, placement, in-fl
 weight copies, transfers), the search (which (p, m) a family can run), launch (which runtimes
 can run it), the API and CLI (names, parameters) and the dashboard. A schedule name is data.
 
-Adding a schedule is one module: its generator plus a :func:`register` call with its entry,
-imported by ``planner/schedules/__init__.py``; registration order is listing order.
+Adding a schedule is one module in this package: its generator plus a :func:`register` call
+with its entry (``planner/schedules/__init__.py`` imports every module of the package, so
+nothing else names it). Listings follow :attr:`ScheduleFamily.listing`, then the name.
 """
 
 from __future__ import annotations
@@ -186,6 +187,10 @@ class ScheduleFamily:
     idle_at_limit: Callable[[float], float] | None = None
     """For a family with a memory limit: :attr:`idle_vs_1f1b` as a function of the limit
     (ranking only; the simulator prices the real schedule)."""
+    listing: int = 100
+    """Where the family appears in listings (the CLI's choices, ``GET /v1/schedules``, the
+    dashboard, a plan's default search): by this number, then by name. The eight names of
+    the service contract come first, in its order (10 to 80)."""
 
     # ------------------------------------------------------------------ questions
     @property
@@ -308,15 +313,16 @@ def schedule_family(name: str) -> ScheduleFamily:
     found = _FAMILIES.get(name)
     if found is None:
         raise ScheduleConfigError(
-            f"unknown schedule {name!r}; choose one of {', '.join(map(repr, _FAMILIES))}"
+            f"unknown schedule {name!r}; choose one of {', '.join(map(repr, schedule_names()))}"
         )
     return found
 
 
 def families() -> tuple[ScheduleFamily, ...]:
     """Every registered family, in listing order."""
-    return tuple(_FAMILIES.values())
+    return tuple(sorted(_FAMILIES.values(), key=lambda f: (f.listing, f.name)))
 
 
 def schedule_names() -> tuple[str, ...]:
-    return tuple(_FAMILIES)
+    """Every registered name, in listing order."""
+    return tuple(f.name for f in families())

@@ -363,6 +363,7 @@ def _idle_at_limit(limit: float) -> float:
 register(
     ScheduleFamily(
         name="v-adaptive",
+        listing=90,
         title="V-shape adaptive (any memory limit)",
         citation='Qi et al., "Pipeline Parallelism with Controllable Memory", 2024, Appendix A',
         build=_build,

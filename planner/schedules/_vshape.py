@@ -129,11 +129,17 @@ def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = T
 
 
 def _register(
-    name: str, title: str, idle: float, saturation: Callable[[int], int], memory: str
+    name: str,
+    title: str,
+    idle: float,
+    saturation: Callable[[int], int],
+    memory: str,
+    listing: int,
 ) -> None:
     register(
         ScheduleFamily(
             name=name,
+            listing=listing,
             title=title,
             citation='Qi et al., "Pipeline Parallelism with Controllable Memory", 2024',
             build=lambda p, m, _, __: vshape(name, p, m),
@@ -154,6 +160,6 @@ def _register(
 # Idle time relative to 1F1B's: Table 1 (V-Min 4d/6d, V-Half 3d/6d, V-ZB about 0, counted
 # here as one stage time in six). In-flight profiles fill after p + 1 micro-batches (V-Min,
 # V-Half) or 2p (V-ZB).
-_register("v-min", "V-Min", 4 / 6, lambda p: p + 1, "about 1/3 of 1F1B's peak (Table 1)")
-_register("v-half", "V-Half", 3 / 6, lambda p: p + 1, "about 1/2 of 1F1B's peak (Table 1)")
-_register("v-zb", "V-ZB", 1 / 6, lambda p: 2 * p, "1F1B's peak, about zero bubble (Table 1)")
+_register("v-min", "V-Min", 4 / 6, lambda p: p + 1, "about 1/3 of 1F1B's peak (Table 1)", 50)
+_register("v-half", "V-Half", 3 / 6, lambda p: p + 1, "about 1/2 of 1F1B's peak (Table 1)", 60)
+_register("v-zb", "V-ZB", 1 / 6, lambda p: 2 * p, "1F1B's peak, about zero bubble (Table 1)", 70)

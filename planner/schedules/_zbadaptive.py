@@ -292,6 +292,7 @@ def _idle_at_limit(limit: float) -> float:
 register(
     ScheduleFamily(
         name="zb-adaptive",
+        listing=91,
         title="Zero bubble adaptive (ZB-1P at 1, ZB-2P at 2)",
         citation='Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1',
         build=_build,

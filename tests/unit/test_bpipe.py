@@ -7,6 +7,7 @@ from functools import cache
 
 import pytest
 
+from planner.errors import ScheduleConfigError
 from planner.schedules import ActionKind, bpipe_mu_opt, generate, plan_transfers, validate
 from planner.schedules._bpipe import bpipe
 from planner.simulate import Durations, simulate
@@ -190,3 +191,22 @@ def test_interleaved_variant_of_appendix_a():
     result = simulate(schedule, Durations(0.5, 1.0, transfer=0.2))
     # Peaks in chunk-micro-batches: each chunk is 1/8 of the model here.
     assert max(result.peak_activation) * 8 <= 9 + 1e-9
+
+
+def test_interleaved_bpipe_is_a_registered_schedule():
+    """Appendix A's variant as the registry builds it: interleaved 1F1B's placement and
+    order plus the transfers, every device within p v + 1 chunk-micro-batches; one chunk is
+    plain BPipe, which has its own name."""
+    schedule = generate("bpipe-interleaved", 4, 8)
+    assert schedule.actions == bpipe(4, 8, num_chunks=2).actions
+    base = generate("interleaved", 4, 8)
+    assert schedule.stage_devices == base.stage_devices
+    compute = [[a for a in row if a.kind.is_compute] for row in schedule.actions]
+    assert compute == [list(row) for row in base.actions]
+    peaks = simulate(schedule, Durations(0.5, 1.0, transfer=0.2)).peak_activation
+    assert max(peaks) * 8 <= 9 + 1e-9
+    assert generate("bpipe-interleaved", 4, 12, num_chunks=3).num_stages == 12
+    with pytest.raises(ScheduleConfigError, match="num_chunks must be at least 2"):
+        generate("bpipe-interleaved", 4, 8, num_chunks=1)
+    with pytest.raises(ScheduleConfigError, match="multiple of the number of devices"):
+        generate("bpipe-interleaved", 4, 6)
