@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/executor_vs_torch.py              # about 3 minutes on 2 cores
     .venv/bin/python benchmarks/executor_vs_torch.py --pairs 5 --steps 6   # tighter timings
 
-Compares stagewright's ``1f1b`` with torch's ``Schedule1F1B`` and stagewright's ``v-zb`` with
-torch's ``ScheduleZBVZeroBubble``: one GPT (hidden 256, 8 layers, 8 heads, seq 128, vocab 1024
-by default), the same full weights (``executor.model.init_full_weights``), the same layer split
+Compares stagewright's ``1f1b`` with torch's ``Schedule1F1B``, ``interleaved`` (2 stages per
+rank) with ``ScheduleInterleaved1F1B`` and ``v-zb`` with ``ScheduleZBVZeroBubble``: one GPT
+(hidden 256, 8 layers, 8 heads, seq 128, vocab 1024 by default), the same full weights
+(``executor.model.init_full_weights``), the same layer split
 (``planner.costmodel.evaluate.split_layers``), the same stage -> rank placement (V placement
 for ZBV: rank r holds stages r and 2p-1-r), the same batches, micro-batch size 1, 8
 micro-batches, gloo on loopback, one thread per rank, and the same plain SGD update after the
@@ -33,6 +34,9 @@ compared as a check that the two compute the same thing.
    (``stage_backward_input`` keeps the gradients at the nodes where the weight paths branch off,
    ``stage_backward_weight`` starts from there); then where stagewright is slower, and how much
    of the v-zb difference this split predicts.
+4. stagewright against the planner (``benchmarks/_predicted_vs_measured.py``): saved
+   activations per rank against the prediction with each recompute mode, and the step time of
+   1f1b, 2bw and v-zb against the prediction after profiling the exact layer shape here.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._predicted_vs_measured import (  # noqa: E402
+    memory_against_prediction,
+    step_time_against_prediction,
+)
 from executor.launcher import torchrun_command  # noqa: E402
 from executor.reporting import REPORT_FILE  # noqa: E402
 from planner.costmodel.evaluate import num_stages, split_layers  # noqa: E402
@@ -59,7 +67,11 @@ from planner.placement import place  # noqa: E402
 from planner.specs import CandidateConfig, PlanRequest  # noqa: E402
 
 TORCH_WORKER = Path(__file__).resolve().parent / "_pipelining_worker.py"
-TORCH_NAME = {"1f1b": "Schedule1F1B", "v-zb": "ScheduleZBVZeroBubble"}
+TORCH_NAME = {
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "v-zb": "ScheduleZBVZeroBubble",
+}
 LR = 0.05
 
 
@@ -105,8 +117,8 @@ class RunFailed(RuntimeError):
     pass
 
 
-def launch(side: str, config: Path, nproc: int, steps: int, out: Path, *extra: str) -> list[dict]:
-    """One torchrun of ``side`` ("stagewright" or "torch"); the rank reports."""
+def _torchrun(side: str, config: Path, nproc: int, steps: int, out: Path, *extra: str) -> None:
+    """One torchrun of ``side`` ("stagewright" or "torch") writing its reports to ``out``."""
     target = ["-m", "executor.worker"] if side == "stagewright" else [str(TORCH_WORKER)]
     command = torchrun_command(
         nproc, *target, str(config), "--steps", str(steps), "--out", str(out), *extra
@@ -123,7 +135,7 @@ def launch(side: str, config: Path, nproc: int, steps: int, out: Path, *extra: s
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=600,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
@@ -131,9 +143,20 @@ def launch(side: str, config: Path, nproc: int, steps: int, out: Path, *extra: s
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise RunFailed(f"{side} on {nproc} ranks exited {done.returncode}:\n{tail}")
+
+
+def run_report(config: Path, nproc: int, steps: int, out: Path) -> RunReport:
+    """stagewright's executor on ``config``; its run report."""
+    _torchrun("stagewright", config, nproc, steps, out)
+    return RunReport.model_validate_json((out / REPORT_FILE).read_text())
+
+
+def launch(side: str, config: Path, nproc: int, steps: int, out: Path, *extra: str) -> list[dict]:
+    """One run of ``side``; per rank, its steps' figures (the same keys on both sides)."""
     if side == "torch":
+        _torchrun(side, config, nproc, steps, out, *extra)
         return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
-    report = RunReport.model_validate_json((out / REPORT_FILE).read_text())
+    report = run_report(config, nproc, steps, out)
     return [
         {
             "rank": r.rank,
@@ -411,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-prediction", action="store_true")
+    parser.add_argument(
+        "--prediction-runs", type=int, default=3, help="runs per schedule against the prediction"
+    )
     args = parser.parse_args(argv)
     model = {
         "name": "bench-gpt",
@@ -441,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             return path
 
         if not args.skip_timing:
-            two = {name: write(name, 2) for name in ("1f1b", "v-zb")}
+            two = {name: write(name, 2) for name in TORCH_NAME}
             print(
                 f"\n## Timing at 2 ranks ({args.pairs} alternating pairs A B A B, 1 warm-up + "
                 f"{args.steps} timed steps per run; per run the median over its timed steps)\n"
@@ -454,13 +481,35 @@ def main(argv: list[str] | None = None) -> int:
                 "the stage)."
             )
         if not args.skip_memory:
-            four = {name: write(name, 4) for name in ("1f1b", "v-zb")}
+            four = {name: write(name, 4) for name in TORCH_NAME}
             print("\n## Peak saved-activation memory per rank at 4 ranks (second step)\n")
             print("\n".join(memory(four, work, notes)))
             print(
                 "\nA few KiB of difference: torch's micro-batches are views of the whole batch's "
                 "token and target tensors, whose single storage (m x (seq + 1) int64) counts "
                 "whole; stagewright copies each micro-batch's rows."
+            )
+        if not args.skip_prediction:
+            print(
+                "\n## Saved activations per rank against the planner's prediction, per recompute "
+                "mode (planned on the bundled cpu profile; second step)\n"
+            )
+            print("\n".join(memory_against_prediction(model, m, work, run_report, notes)))
+            print(
+                "\n## Step time against the planner's prediction (after `stagewright profile` of "
+                f"the exact layer shape; {args.prediction_runs} runs of 1 + {args.steps} steps)\n"
+            )
+            print(
+                "\n".join(
+                    step_time_against_prediction(
+                        model, m, args.steps, args.prediction_runs, work, run_report
+                    )
+                )
+            )
+            print(
+                "\ncalibrated = the planner's step time x (measured busy / predicted busy): the "
+                "prediction on the run's own pass times, which on a shared machine stretch with "
+                "the load; what remains is the schedule model (fill, drain, bubbles)."
             )
     zbv_layers = split_layers(args.layers, 4)
     stage_layers = zbv_layers[1] if zbv_layers else 1

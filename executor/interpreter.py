@@ -45,9 +45,10 @@ from executor.model import (
     init_full_weights,
     model_options,
 )
+from executor.optimizer import LossScaler
 from executor.split_backward import Pending, backward_input, backward_weight
 from executor.transfers import Transfers
-from executor.weights import LossScaler, StageWeights
+from executor.weights import StageWeights
 from planner.launch import ExecutorConfig
 from planner.launch.report import StepMeasure
 from planner.schedules import Action, ActionKind, Schedule, with_communication

@@ -5,13 +5,20 @@ it for tensor parallelism t: heads / t heads and ffn / t MLP columns, without th
 collectives, which the planner prices from the links) at a micro-batch size, plus the bytes
 the embedding saves on the first stage and the head and loss on the last, and stores the
 point where the planner reads profiles. Times are medians of several runs after warm-up.
+
+On CPU a rank runs one thread on a core of its own (torchrun starts each rank with
+``OMP_NUM_THREADS=1``), so the layer is timed the same way: with one thread, and in CPU
+seconds of that thread, which is the time the pass takes on a core of its own even while other
+processes share the machine (wall time there would count their turns too, and a second
+thread spinning on a busy core inflated a 0.1 ms pass to 250 ms).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -91,6 +98,31 @@ def profile_layer(
     """Time F, B (input gradient) and W (weight gradient) of one layer and count its saved
     bytes, and the first/last stage extras, in ``precision`` with ``recompute`` on the local
     device (the executor's model, dropout included)."""
+    with _one_thread():
+        return _profile(model, micro_batch, t, gpu, repeats, warmup, precision, recompute, dropout)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _profile(
+    model: ModelSpec,
+    micro_batch: int,
+    t: int,
+    gpu: str,
+    repeats: int,
+    warmup: int,
+    precision: Precision,
+    recompute: Recompute,
+    dropout: float,
+) -> LayerPoint:
     torch.manual_seed(0)
     shape = GPTShape.of(model)
     one = GPTShape(
@@ -118,13 +150,13 @@ def profile_layer(
     for i in range(warmup + repeats):
         x = torch.randn(size, dtype=dtype, requires_grad=True)
         grad = torch.randn(size, dtype=dtype)
-        started = time.perf_counter()
+        started = time.thread_time()
         layer_bytes, out = saved_bytes(partial(layer, x, key), [*params, *layer.buffers()])
-        mid = time.perf_counter()
+        mid = time.thread_time()
         torch.autograd.grad(out, x, grad, retain_graph=True)
-        after_b = time.perf_counter()
+        after_b = time.thread_time()
         torch.autograd.backward(out, grad, inputs=params)
-        done = time.perf_counter()
+        done = time.thread_time()
         for p in params:
             p.grad = None
         if i >= warmup:
@@ -155,7 +187,8 @@ def profile_layer(
         weight_ms=statistics.median(weight) * 1e3,
         activation_bytes=float(layer_bytes),
         includes_tp_comm=t == 1,
-        source=f"stagewright profile on {gpu} (median of {repeats}, torch {torch.__version__})",
+        source=f"stagewright profile on {gpu} (median of {repeats}, one thread, CPU time, "
+        f"torch {torch.__version__})",
         first_stage_extra_bytes=float(first_extra),
         last_stage_extra_bytes=float(last_extra),
     )

@@ -26,8 +26,8 @@ from executor.model import (
     init_full_weights,
     model_options,
 )
+from executor.optimizer import LossScaler, make_optimizer
 from executor.tensor_parallel import TensorParallel
-from executor.weights import LossScaler, make_optimizer
 from planner.launch import ExecutorConfig
 
 __all__ = ["local_view", "reference_gradients", "reference_run", "reference_weights"]

@@ -151,5 +151,9 @@ def backward_weight(pending: Pending) -> None:
             edges, wanted, grad_outputs=grads, allow_unused=True, retain_graph=True
         )
         for p, g in zip(wanted, found, strict=True):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g
+            else:  # in place: the gradient may be a view of the stage's fp32 buffer
+                p.grad.add_(g)

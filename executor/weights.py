@@ -1,4 +1,5 @@
-"""A stage's weights and its optimizer step: master weights, torch.optim, weight versions.
+"""A stage's weights: compute weights per version, fp32 master weights and gradients, the
+optimizer step on them (the optimizer and loss scaler themselves: :mod:`executor.optimizer`).
 
 Mixed precision as Megatron-LM does it: the forward and backward use weights in the compute
 precision (bf16 or fp16); gradients accumulate in an fp32 buffer; the optimizer (``torch.optim``
@@ -35,32 +36,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from executor.model import Stage
+from executor.optimizer import make_optimizer, optimizer_slots
 from planner.launch import ExecutorConfig
 
-__all__ = ["LossScaler", "StageWeights", "make_optimizer"]
-
-
-class LossScaler:
-    """Megatron-LM's dynamic loss scale (fp16 only; a constant 1 otherwise)."""
-
-    def __init__(self, config: ExecutorConfig) -> None:
-        settings = config.optimizer
-        self.enabled = config.training.precision == "fp16"
-        self.scale = settings.initial_loss_scale if self.enabled else 1.0
-        self.window = settings.loss_scale_window
-        self.minimum = settings.min_loss_scale
-        self._clean = 0
-
-    def update(self, overflow: bool) -> None:
-        if not self.enabled:
-            return
-        if overflow:
-            self.scale = max(self.scale / 2, self.minimum)
-            self._clean = 0
-            return
-        self._clean += 1
-        if self._clean % self.window == 0:
-            self.scale *= 2
+__all__ = ["StageWeights"]
 
 
 class StageWeights:
@@ -110,6 +89,14 @@ class StageWeights:
         self._own: dict[str, Tensor] = dict(module.named_parameters())
         self.versions: dict[int, dict[str, Tensor]] = {0: self._own}
         self.current = 0
+        # fp32 weights accumulate their gradients straight into the fp32 buffer: each one's
+        # ``.grad`` is a view of it, which autograd adds to in place (as torch's own
+        # pipelining accumulates into ``.grad``); no copy per micro-batch. Lower precisions
+        # accumulate in fp32 as Megatron's main_grad does, so their gradients are added.
+        self._grad_ptrs: dict[str, int] = {}
+        self._attach_gradient_buffer(self._own)
+        # Only fp16 with its loss scaler acts on overflow; elsewhere nothing reads the check.
+        self.check_finite = config.training.precision == "fp16"
 
     # ------------------------------------------------------------------ forward / backward
     def forward(self, *args: Any) -> Tensor:
@@ -126,17 +113,27 @@ class StageWeights:
         return self.versions[self.current]
 
     def collect_gradients(self, tensors: dict[str, Tensor]) -> None:
-        """Move the gradients a backward left in ``tensors``' ``.grad`` into the fp32 buffer."""
+        """Move the gradients a backward left in ``tensors``' ``.grad`` into the fp32 buffer
+        (those that are views of it already hold their share)."""
         for name, tensor in tensors.items():
             grad = tensor.grad
-            if grad is not None:
+            if grad is not None and grad.data_ptr() != self._grad_ptrs.get(name):
                 self.grad[self.slices[name]] += grad.reshape(-1)
                 tensor.grad = None
+
+    def _attach_gradient_buffer(self, tensors: dict[str, Tensor]) -> None:
+        """Make fp32 ``tensors``' ``.grad`` views of the gradient buffer."""
+        for name, tensor in tensors.items():
+            if tensor.dtype == torch.float32:
+                view = self.grad[self.slices[name]].view(self.shapes[name])
+                tensor.grad = view
+                self._grad_ptrs[name] = view.data_ptr()
 
     # ------------------------------------------------------------------ optimizer step
     def reduce_gradients(self, loss_scale: float) -> bool:
         """Average the accumulated gradients over tensor-parallel partial sums and data
-        replicas, undo the loss scale; True when they are all finite."""
+        replicas, undo the loss scale; False when fp16 gradients overflowed (checked with
+        fp16 only: no other precision acts on it)."""
         grad = self.grad
         if self.tp_group is not None:
             for part in self.partial:
@@ -156,7 +153,7 @@ class StageWeights:
             grad /= self.d
         if loss_scale != 1.0:
             grad /= loss_scale
-        return bool(torch.isfinite(grad[self.shard]).all())
+        return not self.check_finite or bool(torch.isfinite(grad[self.shard]).all())
 
     def gradients_by_name(self) -> dict[str, Tensor]:
         """The reduced gradients by parameter name (with the distributed optimizer each
@@ -201,6 +198,7 @@ class StageWeights:
             for name in self.names
         }
         self.versions[version] = fresh
+        self._attach_gradient_buffer(fresh)
         # A batch runs on the version before its own (batch b uses max(b - 1, 0)): once
         # version v exists, nothing older than v - 1 is used again.
         for old in [v for v in self.versions if v < version - 1]:
@@ -225,7 +223,7 @@ class StageWeights:
         before its first step, so that a checkpoint can be loaded into a fresh stage."""
         out = {"master": self.master}
         current = self.optimizer.state.get(self.shard_param, {})
-        for key, empty in _optimizer_slots(self.config, self.shard_param).items():
+        for key, empty in optimizer_slots(self.config, self.shard_param).items():
             value = current.get(key, empty)
             out[f"optim.{key}"] = value if isinstance(value, Tensor) else torch.tensor(value)
         return out
@@ -239,31 +237,6 @@ class StageWeights:
         self.apply(skip=True)
         if self.versions.keys() != {0}:
             self.restart_versions()
-
-
-def _optimizer_slots(config: ExecutorConfig, param: Tensor) -> dict[str, Tensor]:
-    """The per-parameter state torch.optim keeps for the config's optimizer."""
-    if config.training.optimizer == "adam":
-        return {
-            "step": torch.tensor(0.0),
-            "exp_avg": torch.zeros_like(param),
-            "exp_avg_sq": torch.zeros_like(param),
-        }
-    return {"momentum_buffer": torch.zeros_like(param)}
-
-
-def make_optimizer(config: ExecutorConfig, param: nn.Parameter) -> torch.optim.Optimizer:
-    """The config's optimizer (torch.optim) over one flat parameter."""
-    settings = config.optimizer
-    if config.training.optimizer == "adam":
-        return torch.optim.Adam(
-            [param],
-            lr=settings.lr,
-            betas=(settings.adam_beta1, settings.adam_beta2),
-            eps=settings.adam_eps,
-            foreach=False,
-        )
-    return torch.optim.SGD([param], lr=settings.lr, momentum=settings.sgd_momentum, foreach=False)
 
 
 def _set_parameter(module: nn.Module, name: str, value: Tensor) -> None:

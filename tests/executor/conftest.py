@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch", reason="the executor tests need torch (make test installs it)")
+# The references these tests compute in-process run on one thread, as each rank does: with a
+# second thread spinning for a core that other processes hold, one reference step took minutes.
+torch.set_num_threads(1)
 
 from executor.launcher import torchrun_command  # noqa: E402
 from executor.reporting import REPORT_FILE  # noqa: E402

@@ -42,10 +42,12 @@ def test_run_prints_each_rank_next_to_the_prediction(capsys, job, tmp_path):
     [
         (lambda tmp: tmp / "missing.json", "cannot read"),
         (lambda tmp: tmp, "cannot read"),  # a folder, not a file
+        # Unreadable as text (as root, permissions cannot make a file unreadable here).
+        (lambda tmp: _bytes(tmp, b"\xff\xfe{"), "cannot read"),
         (lambda tmp: _text(tmp, "{not json"), "is not a valid executor config"),
         (lambda tmp: _text(tmp, '{"format": "stagewright.executor-config/1"}'), "plan again"),
     ],
-    ids=["missing", "a folder", "not JSON", "older format"],
+    ids=["missing", "a folder", "not UTF-8", "not JSON", "older format"],
 )
 def test_a_config_that_cannot_be_used_is_a_one_line_error(capsys, tmp_path, make, message):
     assert main(["run", str(make(tmp_path))]) == 2
@@ -56,6 +58,12 @@ def test_a_config_that_cannot_be_used_is_a_one_line_error(capsys, tmp_path, make
 def _text(folder, content: str):
     path = folder / "config.json"
     path.write_text(content)
+    return path
+
+
+def _bytes(folder, content: bytes):
+    path = folder / "config.json"
+    path.write_bytes(content)
     return path
 
 

@@ -32,7 +32,9 @@ MODEL = {
     "seq_length": 32,
     "vocab_size": 128,
 }
-# (schedule, recompute, nodes, through the launch script with --verify)
+# (schedule, recompute, nodes, through the launch script with --verify): every schedule once,
+# each recompute mode on at least two schedules; a covering set, not the 24-run cross product
+# (each run is a 4-rank job).
 CASES = [
     ("gpipe", "none", 1, False),
     ("1f1b", "selective", 1, True),
@@ -42,6 +44,8 @@ CASES = [
     ("v-half", "none", 1, True),
     ("v-zb", "selective", 1, False),
     ("2bw", "full", 2, True),
+    ("1f1b-v", "none", 1, False),
+    ("bpipe-interleaved", "selective", 1, True),
 ]
 STEPS = 3  # what the worker runs when the line does not say
 LATER_REL = 1e-3
