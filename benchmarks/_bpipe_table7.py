@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from planner.costmodel.allowance import MemoryLabel  # noqa: E402
 from planner.costmodel.evaluate import PlanContext, estimate, price, split_layers  # noqa: E402
 from planner.costmodel.memory import GIB  # noqa: E402
-from planner.profiles import HardwareProfile  # noqa: E402
+from planner.profiles import HardwareProfile, Link  # noqa: E402
 from planner.specs import (  # noqa: E402
     CandidateConfig,
     ClusterSpec,
@@ -46,7 +47,18 @@ FIGURE3_NAME, FIGURE3_LAYERS, FIGURE3_HIDDEN, FIGURE3_HEADS = "gpt3-13b", 40, 51
 FIGURE3_GPUS, FIGURE3_BATCH = 8, 32
 FIGURE3_IMBALANCE_GIB = 37.0
 
+# BPipe §4.1: four 200 Gb/s HDR HCAs per 8-GPU node = 100 GB/s per node, 12.5 GB/s per GPU.
+PAPER_HCAS_PER_NODE, HDR_GBPS = 4, 200 / 8
+
 Row = dict[str, Any]
+
+
+def paper_cluster(hardware: HardwareProfile) -> HardwareProfile:
+    """``hardware`` with the inter-node link of the BPipe paper's cluster: the node's four
+    HDR HCAs shared by its eight GPUs (the latency is the profile's)."""
+    per_gpu = PAPER_HCAS_PER_NODE * HDR_GBPS / GPUS_PER_NODE
+    link = Link(f"{PAPER_HCAS_PER_NODE}x hdr per node", per_gpu, hardware.inter_node.latency_us)
+    return replace(hardware, inter_node=link)
 
 
 def average_ranks(values: Sequence[float]) -> list[float]:

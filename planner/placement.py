@@ -20,7 +20,7 @@ from typing import Literal
 
 from planner.errors import StagewrightError
 
-__all__ = ["Assignment", "Placement", "pair_order", "place"]
+__all__ = ["Assignment", "Placement", "context_groups_within_nodes", "pair_order", "place"]
 
 Assignment = Literal["standard", "pair-adjacent", "optimized"]
 
@@ -104,6 +104,14 @@ class Placement:
                 cells.append(f"TP{tp}/DP{dp}/PP{pp}")
             lines.append(f"node {node}: " + " ".join(cells))
         return lines
+
+
+def context_groups_within_nodes(t: int, cp: int, gpus_per_node: int) -> bool:
+    """Whether every context-parallel group stays inside a node. Megatron-LM orders ranks
+    tensor, context, data, pipeline (fastest first), so a tensor group and its cp - 1
+    context peers are t x cp consecutive ranks: one node holds them when t x cp divides the
+    GPUs per node (the planner places a cp > 1 candidate as ``place(t x cp, p, d)``)."""
+    return gpus_per_node % (t * cp) == 0
 
 
 @lru_cache(maxsize=512)

@@ -95,16 +95,56 @@ class _Spec(BaseModel):
 
 
 class ModelSpec(_Spec):
-    """A GPT-style decoder: the shapes that set FLOPs, parameters and activations."""
+    """A decoder-only transformer: the shapes that set FLOPs, parameters and activations.
+
+    The defaults describe GPT as Megatron-LM builds it by default (multi-head attention, a
+    GeLU MLP of 4h, LayerNorm, learned positions, the output layer tied to the word
+    embedding); Llama-style models set ``num_query_groups`` (grouped-query attention),
+    ``activation`` swiglu, ``normalization`` rmsnorm, ``position_embedding`` rope,
+    ``untie_embeddings_and_output_weights`` and ``add_bias_linear`` false."""
 
     name: str = Field(
         description="A label for the model, e.g. 'gpt3-96b'.", min_length=1, max_length=200
     )
     num_layers: int = Field(description="Transformer layers (L).", ge=1)
     hidden_size: int = Field(description="Hidden size (h).", ge=1)
-    num_attention_heads: int = Field(description="Attention heads (a).", ge=1)
+    num_attention_heads: int = Field(description="Attention (query) heads (a).", ge=1)
+    num_query_groups: int | None = Field(
+        default=None,
+        ge=1,
+        description="Key/value heads (g) of grouped-query attention: every a / g query heads "
+        "share one key and one value head. null means g = a (multi-head attention); 1 is "
+        "multi-query attention. Must divide num_attention_heads.",
+    )
     ffn_hidden_size: int | None = Field(
-        default=None, description="MLP inner size; null means 4 x hidden_size.", ge=1
+        default=None,
+        description="MLP inner size (f); with swiglu the width of each of the gate and up "
+        "projections. null means 4 x hidden_size for gelu and, as Megatron-LM sets it, "
+        "int(8 x hidden_size / 3 / 64) x 64 for swiglu.",
+        ge=1,
+    )
+    activation: Literal["gelu", "swiglu"] = Field(
+        default="gelu",
+        description="MLP: gelu (two matrices, h x f and f x h) or swiglu (a gated MLP of "
+        "three: gate and up h x f, down f x h).",
+    )
+    normalization: Literal["layernorm", "rmsnorm"] = Field(
+        default="layernorm",
+        description="layernorm (scale and shift) or rmsnorm (scale only).",
+    )
+    position_embedding: Literal["learned", "rope"] = Field(
+        default="learned",
+        description="learned (a seq_length x h table added to the word embedding) or rope "
+        "(rotary embeddings applied to queries and keys; no table).",
+    )
+    untie_embeddings_and_output_weights: bool = Field(
+        default=False,
+        description="The output layer has its own V x h matrix instead of reusing the word "
+        "embedding.",
+    )
+    add_bias_linear: bool = Field(
+        default=True,
+        description="Biases on the linear layers (GPT has them; Llama has none).",
     )
     seq_length: int = Field(description="Tokens per sample (s).", ge=1)
     vocab_size: int = Field(description="Vocabulary size (V).", ge=1)
@@ -118,9 +158,49 @@ class ModelSpec(_Spec):
             )
         return self
 
+    @model_validator(mode="after")
+    def _groups_divide_heads(self) -> ModelSpec:
+        groups = self.num_query_groups
+        if groups is not None and self.num_attention_heads % groups:
+            raise ValueError(
+                f"num_query_groups {groups} does not divide num_attention_heads "
+                f"{self.num_attention_heads}; each key/value head serves the same number of "
+                f"query heads: choose a divisor of {self.num_attention_heads}, or null for "
+                f"multi-head attention"
+            )
+        if self.activation == "swiglu" and self.ffn_hidden_size is None and self.ffn < 1:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is too small for the default swiglu MLP "
+                f"(int(8h / 3 / 64) x 64 = 0); give ffn_hidden_size"
+            )
+        return self
+
     @property
     def ffn(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
+        """f: the MLP width (each of swiglu's gate and up projections)."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.activation == "swiglu":
+            # Megatron-LM's default (megatron/training/arguments.py, validate_args): 2/3 of
+            # 4h, so three matrices hold about as many parameters as GeLU's two, in
+            # multiples of 64.
+            return int((4 * self.hidden_size * 2 / 3) / 64) * 64
+        return 4 * self.hidden_size
+
+    @property
+    def query_groups(self) -> int:
+        """g: key/value heads (a without grouped-query attention)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the keys (and of the values): g x h / a."""
+        return self.query_groups * (self.hidden_size // self.num_attention_heads)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (swiglu: three matrices, fc1 produces 2f)."""
+        return self.activation == "swiglu"
 
 
 class ClusterSpec(_Spec):
@@ -191,6 +271,14 @@ class SearchSpec(_Spec):
         description="Micro-batch sizes to consider; null means 1, 2, 4, 8 (those that divide "
         "the batch).",
     )
+    context_parallel: list[int] | None = Field(
+        default=None,
+        description="Context-parallel degrees (cp) to consider: the sequence of each sample "
+        "is split over cp ranks and attention runs as a ring passing key/value chunks. null "
+        "means 1 without flash attention (Megatron-LM runs context parallelism only through "
+        "its flash/fused attention) and, with it, also every cp > 1 that keeps t x cp inside "
+        "one node.",
+    )
     method: Literal["grid", "cpsat"] = Field(default="grid", description="Search method.")
     time_limit_s: float = Field(
         default=10.0,
@@ -230,6 +318,21 @@ class SearchSpec(_Spec):
             raise ValueError(f"{value} lists an entry twice; list each once")
         return value
 
+    @field_validator("context_parallel")
+    @classmethod
+    def _context_parallel_sizes(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError(
+                "context_parallel is empty; give at least one degree (1: none) or null"
+            )
+        if any(v < 1 for v in value):
+            raise ValueError(f"context_parallel degrees must be positive, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"context_parallel {value} lists a degree twice")
+        return sorted(value)
+
     @field_validator("micro_batch_sizes")
     @classmethod
     def _positive_sizes(cls, value: list[int] | None) -> list[int] | None:
@@ -259,6 +362,7 @@ class PlanRequest(_Spec):
         # Some (mb, d) with batch % (mb x d) == 0 exists exactly when some mb divides the
         # batch, since d = 1 always divides the GPU count: no loop over the GPUs (a
         # request may name billions of them, and validation must stay instant).
+        self._context_parallel_can_run()
         if not any(batch % mb == 0 for mb in sizes):
             raise ValueError(
                 f"global_batch_size {batch} is not divisible by micro_batch_size x "
@@ -266,6 +370,26 @@ class PlanRequest(_Spec):
                 f"that is a multiple of one of them"
             )
         return self
+
+    def _context_parallel_can_run(self) -> None:
+        """An explicit cp > 1 needs flash attention and a sequence Megatron-LM can split."""
+        wanted = [c for c in self.search.context_parallel or [] if c > 1]
+        if not wanted:
+            return
+        if not self.training.flash_attention:
+            raise ValueError(
+                f"search.context_parallel {self.search.context_parallel} asks for context "
+                f"parallelism, which Megatron-LM runs only with flash (or fused) attention: "
+                f"set training.flash_attention to true, or search context_parallel [1]"
+            )
+        s = self.model.seq_length
+        bad = [c for c in wanted if s % (2 * c)]
+        if bad:
+            raise ValueError(
+                f"seq_length {s} is not a multiple of 2 x cp for cp in {bad}: context "
+                f"parallelism splits each sequence into 2 x cp chunks (two per rank, to balance "
+                f"the causal mask); choose degrees with s divisible by 2 x cp"
+            )
 
 
 class RecomputeSplit(_Spec):
@@ -294,6 +418,12 @@ class CandidateConfig(_Spec):
     t: int = Field(description="Tensor-parallel degree.", ge=1)
     p: int = Field(description="Pipeline-parallel degree (devices in a pipeline).", ge=1)
     d: int = Field(description="Data-parallel degree.", ge=1)
+    cp: int = Field(
+        default=1,
+        ge=1,
+        description="Context-parallel degree: each sample's sequence is split over cp ranks "
+        "(ring attention); world size = t x cp x p x d.",
+    )
     micro_batch_size: int = Field(description="Samples per micro-batch.", ge=1)
     num_microbatches: int = Field(description="Micro-batches per pipeline per step.", ge=1)
     recompute: Recompute = Field(description="Activation recomputation mode.")
@@ -341,6 +471,18 @@ class CandidateConfig(_Spec):
                     f"stage has {layers}"
                 )
         return self
+
+    @property
+    def weight_replicas(self) -> int:
+        """Ranks holding the same weights, whose gradients are reduced together and over
+        which the distributed optimizer shards: d x cp (Megatron-LM's data-parallel group
+        with context parallelism)."""
+        return self.d * self.cp
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the candidate: t x cp x p x d."""
+        return self.t * self.cp * self.p * self.d
 
     def stage_modes(self) -> list[dict[Recompute, int]]:
         """Per stage: layers per recompute mode (all ``recompute`` when no split is given)."""

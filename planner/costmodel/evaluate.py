@@ -119,7 +119,9 @@ def device_memory(
     the in-flight counts of a schedule already built (else they come from the schedule's
     shape, or for one built for a memory limit from the limit itself)."""
     r = ctx.request
-    weight_b, grad_b, opt_b = stored_bytes_per_parameter(r.training, config.d, config.schedule)
+    weight_b, grad_b, opt_b = stored_bytes_per_parameter(
+        r.training, config.weight_replicas, config.schedule
+    )
     per_param = weight_b + grad_b + opt_b
     by_device = stages_by_device(config.schedule, config.p)
     params = _device_sums(costs.parameters, by_device)
@@ -161,7 +163,7 @@ def adaptive_limit(ctx: PlanContext, config: CandidateConfig, costs: StageCosts)
     """For a schedule built for a memory limit: the limit that uses what each device has
     left for activations on this hardware (see :mod:`planner.costmodel.adaptive`)."""
     weight_b, grad_b, opt_b = stored_bytes_per_parameter(
-        ctx.request.training, config.d, config.schedule
+        ctx.request.training, config.weight_replicas, config.schedule
     )
     workspace, fragmentation = memory_allowance(ctx.hardware)
     return memory_limit_for(
@@ -192,8 +194,9 @@ def _data_parallel_seconds(
 ) -> float:
     """Gradient synchronisation once per step: with the distributed optimizer a
     reduce-scatter of the fp32 gradients and an all-gather of the updated 16-bit weights,
-    otherwise an all-reduce; ring volume (d - 1) / d of the buffer each way."""
-    d = config.d
+    otherwise an all-reduce; ring volume (d - 1) / d of the buffer each way. With context
+    parallelism the ring spans the d x cp ranks that hold the same weights."""
+    d = config.weight_replicas
     if d == 1:
         return 0.0
     r = ctx.request
@@ -214,8 +217,8 @@ def _optimizer_seconds(ctx: PlanContext, config: CandidateConfig, params: float)
     and the matching shard of gradients and weights (all of them without the distributed
     optimizer)."""
     training = ctx.request.training
-    weight_b, grad_b, opt_b = bytes_per_parameter(training, config.d)
-    shard = config.d if training.distributed_optimizer else 1
+    weight_b, grad_b, opt_b = bytes_per_parameter(training, config.weight_replicas)
+    shard = config.weight_replicas if training.distributed_optimizer else 1
     moved = params * opt_b + params / shard * (weight_b + grad_b)
     return 2 * moved / (ctx.hardware.memory_bandwidth_gbps * 1e9)
 

@@ -7,6 +7,11 @@ f = 4h giving their 24bsh^2 + 4bs^2h):
 - linear layers (QKV, projection, two MLP matmuls): 2bs(4h^2 + 2hf) forward;
 - attention core (QK^T and attention x V): 4bs^2h forward.
 
+For Llama-style layers the linear count generalises to 2bs(h(h + 2k) + h^2 + 3hf): with
+grouped-query attention the K and V projections are h x k, k = g h / a (g key/value heads),
+and SwiGLU's MLP has three h x f matrices (gate, up, down). The attention core stays 4bs^2h:
+every one of the a query heads attends, sharing its key and value head with a / g - 1 others.
+
 The backward for the input (B) repeats the linear FLOPs and doubles the attention core (both
 operands of each attention matmul get gradients); the backward for the weights (W) repeats the
 linear FLOPs only (the attention core has no weights). So F + B + W = 3 x F, Megatron's rule.
@@ -26,9 +31,12 @@ __all__ = [
 
 
 def linear_flops(model: ModelSpec, micro_batch: int) -> float:
-    """Forward FLOPs of one layer's four matmuls (whole layer, before tensor parallelism)."""
+    """Forward FLOPs of one layer's linear layers (QKV, projection, MLP; whole layer, before
+    tensor parallelism): 2bs(h(h + 2k) + h^2 + 2hf), 3hf for a gated MLP."""
     b, s, h, f = micro_batch, model.seq_length, model.hidden_size, model.ffn
-    return 2.0 * b * s * (4 * h * h + 2 * h * f)
+    attention = h * (h + 2 * model.kv_size) + h * h
+    mlp = (3 if model.gated else 2) * h * f
+    return 2.0 * b * s * (attention + mlp)
 
 
 def attention_flops(model: ModelSpec, micro_batch: int) -> float:
@@ -38,13 +46,15 @@ def attention_flops(model: ModelSpec, micro_batch: int) -> float:
 
 
 def layer_pass_flops(
-    model: ModelSpec, micro_batch: int, recompute: Recompute
+    model: ModelSpec, micro_batch: int, recompute: Recompute, cp: int = 1
 ) -> tuple[float, float, float]:
     """(F, B, W) FLOPs of one layer for one micro-batch, recomputation included in B
     (Megatron recomputes before the backward: the whole forward for ``full``, the attention
-    core for ``selective``, Korthikanti et al. 2022 §5)."""
-    lin = linear_flops(model, micro_batch)
-    att = attention_flops(model, micro_batch)
+    core for ``selective``, Korthikanti et al. 2022 §5); per rank of a context-parallel
+    group of cp, which takes s / cp of the tokens and, with the causal load balance, 1 / cp
+    of the attention."""
+    lin = linear_flops(model, micro_batch) / cp
+    att = attention_flops(model, micro_batch) / cp
     forward = lin + att
     backward_input = lin + 2 * att
     weight = lin

@@ -15,16 +15,40 @@ Forward (F), in Megatron's order:
   reduce-scatter [all-reduce]; bias-dropout-add.
 Input gradient (B): the data gradient of every GEMM (m x k x n of its forward), the
   backward of every memory-bound op, the attention core's four GEMMs (or the flash
-  backward), and the same four collectives. With SP, Megatron all-gathers each layer-norm
-  output again for the weight gradients; it overlaps that with the data-gradient GEMM, so it
-  is not counted here.
+  backward), and the transposes of the forward's collectives: the all-gathers before the
+  row-parallel data gradients (FC2, projection) block, as in the forward.
 Weight gradient (W): every GEMM's weight gradient (n x k x T, accumulated into the fp32
   gradient buffer: Megatron's gradient-accumulation fusion) and the bias gradients.
+Overlapped collectives (Megatron-LM v3 ``LinearWithGradAccumulationAndAsyncCommunication``
+  .backward, the column-parallel QKV, FC1 and output layers): the reduce-scatter of the input
+  gradient (all-reduce without SP) is issued asynchronously and runs under the layer's
+  weight-gradient GEMM; with SP the layer-norm output is all-gathered again for that GEMM,
+  asynchronously under the data-gradient GEMM. Only what outlasts the GEMM it runs under
+  is counted (``... (exposed)`` ops, zero at the papers' shapes): the reduce-scatter in W,
+  where the weight-gradient GEMM is, the re-gather in B. (A schedule that defers W, as
+  zero-bubble ones do, leaves the reduce-scatter to run under whatever compute follows B;
+  it is counted the same way.)
+Llama-style layers (:class:`planner.specs.ModelSpec`): with grouped-query attention the QKV
+  GEMM is T x (h + 2k)/t x h, k = g h / a the key width (a smaller K/V part), the attention
+  core unchanged (every query head attends, its K/V head shared); SwiGLU's gate and up
+  projections run as one FC1 GEMM of T x 2f/t x h (Megatron's fused ``linear_fc1``), its
+  SwiGLU reads 2f and writes f per token, and FC2 is unchanged; RMSNorm moves the same bytes
+  as LayerNorm (memory-bound either way); rotary embeddings rotate Q and K (one pass over
+  them each way) and drop the position-table add of the embedding; without linear biases the
+  bias gradients go.
+Context parallelism (cp): each rank holds s / cp tokens (two chunks of s / 2cp, so the causal
+  mask leaves every rank the same work) and every token-wise op runs on them; attention runs
+  as a ring: cp - 1 times, each rank passes its K/V chunk (2 s/cp b k/t elements) to the next
+  and attends to the one received, the backward passes K/V and their gradients (twice the
+  bytes). Assumed overlapped as Transformer Engine does it, each transfer with the attention
+  of the chunk in hand: a step costs max(transfer, that attention), so only the excess is
+  priced ("ring attention exposed").
 Recomputation re-runs, in B, exactly what its mode drops: the attention core for
   ``selective`` (Korthikanti et al. 2022 §5), the whole forward with its collectives for
   ``full``.
-Tensor-parallel collectives are not overlapped with compute (Megatron's default): a ring of
-  t ranks moves (t - 1) / t of the tensor in t - 1 steps.
+The forward's tensor-parallel collectives and their transposes in B block the compute
+  stream (Megatron's default); the backward's asynchronous ones are described above. A ring
+  of t ranks moves (t - 1) / t of the tensor in t - 1 steps.
 
 The first stage adds the embedding (vocabulary-parallel lookup, its reduce, position add,
 dropout; the weight gradient scattered into the table), the last stage the final layer
@@ -95,36 +119,56 @@ def ring_seconds(cost: CollectiveCost, num_bytes: float, ranks: int) -> float:
 
 @dataclass(frozen=True)
 class _Shape:
-    """The sizes every op of a layer needs, after the tensor split."""
+    """The sizes every op of a layer needs, after the tensor (and context) split."""
 
-    tokens: int  # T = s b
+    tokens: int  # T = s b / cp
     norm_tokens: int  # tokens a layer norm / dropout sees (T / t with SP)
-    seq: int
+    seq: int  # queries on this rank: s / cp
+    kv_seq: int  # keys each query attends over: s
     hidden: int
     heads: int  # heads on this rank (a / t)
     head_dim: int
+    qkv: int  # (h + 2k) / t
+    kv: int  # k / t
     ffn: int  # f / t
+    fc1: int  # FC1 outputs on this rank: f / t, 2f / t gated
+    gated: bool
+    rope: bool
+    bias: bool
     batch: int
     t: int
+    cp: int
     eb: int  # bytes per activation element
     sequence_parallel: bool
     flash: bool
     fused_softmax: bool
 
 
-def _shape(model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int) -> _Shape:
-    tokens = model.seq_length * micro_batch
+def _shape(
+    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, cp: int = 1
+) -> _Shape:
+    seq = model.seq_length // cp
+    tokens = seq * micro_batch
     sp = training.sequence_parallel and t > 1
+    ffn = model.ffn // t
     return _Shape(
         tokens=tokens,
         norm_tokens=tokens // t if sp else tokens,
-        seq=model.seq_length,
+        seq=seq,
+        kv_seq=model.seq_length,
         hidden=model.hidden_size,
         heads=model.num_attention_heads // t,
         head_dim=model.hidden_size // model.num_attention_heads,
-        ffn=model.ffn // t,
+        qkv=(model.hidden_size + 2 * model.kv_size) // t,
+        kv=model.kv_size // t,
+        ffn=ffn,
+        fc1=2 * ffn if model.gated else ffn,
+        gated=model.gated,
+        rope=model.position_embedding == "rope",
+        bias=model.add_bias_linear,
         batch=micro_batch,
         t=t,
+        cp=cp,
         eb=4 if training.precision == "fp32" else 2,
         sequence_parallel=sp,
         flash=training.flash_attention,
@@ -182,7 +226,7 @@ _UNFUSED_SOFTMAX_BYTES = {2: (36, 40, 5), 4: (24, 28, 3)}
 
 
 def _softmax_op(rates: DeviceRates, s: _Shape, phase: Phase, backward: bool) -> Op:
-    scores = s.batch * s.heads * s.seq * s.seq
+    scores = s.batch * s.heads * s.seq * s.kv_seq
     suffix = " backward" if backward else ""
     if s.fused_softmax:
         per = _FUSED_SOFTMAX_BYTES[1 if backward else 0]
@@ -197,15 +241,38 @@ def _softmax_op(rates: DeviceRates, s: _Shape, phase: Phase, backward: bool) -> 
     )
 
 
-def _attention_core_forward(rates: DeviceRates, s: _Shape, phase: Phase) -> list[Op]:
-    """Scores, softmax, dropout, context (or the flash kernel), in ``phase``."""
-    scores = s.batch * s.heads * s.seq * s.seq
+def _ring_exposed(s: _Shape, ring: Link | None, attention: float, volume: float) -> float:
+    """Seconds of a context-parallel ring pass not hidden behind the attention: cp - 1 steps,
+    each sending ``volume`` bytes of K/V (and, in the backward, their gradients) while the
+    chunk in hand is attended (``attention`` / cp of the pass's attention seconds)."""
+    if s.cp <= 1 or ring is None:
+        return 0.0
+    step = ring.seconds(volume)  # a point-to-point send, priced as the pipeline's hops
+    return (s.cp - 1) * max(0.0, step - attention / s.cp)
+
+
+def _attention_core_forward(
+    rates: DeviceRates, s: _Shape, phase: Phase, ring: Link | None = None
+) -> list[Op]:
+    """Scores, softmax, dropout, context (or the flash kernel), in ``phase``; with context
+    parallelism, the ring's exposed K/V transfers."""
+    scores = s.batch * s.heads * s.seq * s.kv_seq
     if s.flash:
         flops = 0.5 * 4.0 * scores * s.head_dim  # causal: half of the blocks are skipped
-        return [Op("flash attention", phase, "flash", flash_attention_seconds(rates, flops))]
+        seconds = flash_attention_seconds(rates, flops)
+        ops = [Op("flash attention", phase, "flash", seconds)]
+        exposed = _ring_exposed(s, ring, seconds, 2.0 * s.tokens * s.kv * s.eb)
+        if exposed > 0:
+            ops.append(Op("ring attention K/V exposed", phase, "collective", exposed))
+        return ops
     bh = s.batch * s.heads
     return [
-        Op("attention scores", phase, "gemm", gemm_seconds(rates, s.seq, s.seq, s.head_dim, bh)),
+        Op(
+            "attention scores",
+            phase,
+            "gemm",
+            gemm_seconds(rates, s.seq, s.kv_seq, s.head_dim, bh),
+        ),
         _softmax_op(rates, s, phase, backward=False),
         Op(
             "attention dropout",
@@ -213,41 +280,89 @@ def _attention_core_forward(rates: DeviceRates, s: _Shape, phase: Phase) -> list
             "memory",
             memory_seconds(rates, (2 * s.eb + _MASK_BYTES) * scores),
         ),
-        Op("attention context", phase, "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.seq, bh)),
+        Op(
+            "attention context",
+            phase,
+            "gemm",
+            gemm_seconds(rates, s.seq, s.head_dim, s.kv_seq, bh),
+        ),
     ]
 
 
-def _forward(rates: DeviceRates, s: _Shape, cost: CollectiveCost, phase: Phase) -> list[Op]:
+def _activation(rates: DeviceRates, s: _Shape, phase: Phase, backward: bool) -> Op:
+    """GeLU reads and writes f per token (its backward also reads the gradient); SwiGLU
+    reads gate and up (2f) and writes f (its backward reads 2f and the gradient, writes 2f)."""
+    T, eb = s.tokens, s.eb
+    if s.gated:
+        per_token = 5 if backward else 3
+        return Op(
+            "SwiGLU backward" if backward else "SwiGLU",
+            phase,
+            "memory",
+            memory_seconds(rates, per_token * eb * T * s.ffn),
+        )
+    per_token = 3 if backward else 2
+    name = "GeLU backward" if backward else "bias-GeLU"
+    return Op(name, phase, "memory", memory_seconds(rates, per_token * eb * T * s.ffn))
+
+
+def _rotary(rates: DeviceRates, s: _Shape, phase: Phase, backward: bool) -> list[Op]:
+    """Rotary embeddings: one pass reading and writing Q and K (their gradients in B)."""
+    if not s.rope:
+        return []
+    seconds = memory_seconds(rates, 2 * s.eb * s.tokens * (s.qkv - s.kv))
+    return [Op("rotary embedding" + (" backward" if backward else ""), phase, "memory", seconds)]
+
+
+def _forward(
+    rates: DeviceRates,
+    s: _Shape,
+    cost: CollectiveCost,
+    phase: Phase,
+    ring: Link | None = None,
+) -> list[Op]:
     T, h, eb, norm = s.tokens, s.hidden, s.eb, s.norm_tokens
     layer_norm = memory_seconds(rates, 2 * eb * norm * h)
     bias_dropout_add = memory_seconds(rates, (3 * eb + _MASK_BYTES) * norm * h)
     ops = [Op("layer norm 1", phase, "memory", layer_norm)]
     ops += _gather(s, cost, phase)
-    ops.append(Op("QKV GEMM", phase, "gemm", gemm_seconds(rates, T, 3 * h // s.t, h)))
-    ops += _attention_core_forward(rates, s, phase)
+    ops.append(Op("QKV GEMM", phase, "gemm", gemm_seconds(rates, T, s.qkv, h)))
+    ops += _rotary(rates, s, phase, backward=False)
+    ops += _attention_core_forward(rates, s, phase, ring)
     ops.append(Op("projection GEMM", phase, "gemm", gemm_seconds(rates, T, h, h // s.t)))
     ops += _reduce(s, cost, phase)
     ops.append(Op("bias-dropout-add 1", phase, "memory", bias_dropout_add))
     ops.append(Op("layer norm 2", phase, "memory", layer_norm))
     ops += _gather(s, cost, phase)
-    ops.append(Op("FC1 GEMM", phase, "gemm", gemm_seconds(rates, T, s.ffn, h)))
-    ops.append(Op("bias-GeLU", phase, "memory", memory_seconds(rates, 2 * eb * T * s.ffn)))
+    ops.append(Op("FC1 GEMM", phase, "gemm", gemm_seconds(rates, T, s.fc1, h)))
+    ops.append(_activation(rates, s, phase, backward=False))
     ops.append(Op("FC2 GEMM", phase, "gemm", gemm_seconds(rates, T, h, s.ffn)))
     ops += _reduce(s, cost, phase)
     ops.append(Op("bias-dropout-add 2", phase, "memory", bias_dropout_add))
     return ops
 
 
-def _attention_core_backward(rates: DeviceRates, s: _Shape) -> list[Op]:
-    scores = s.batch * s.heads * s.seq * s.seq
+def _attention_core_backward(rates: DeviceRates, s: _Shape, ring: Link | None = None) -> list[Op]:
+    scores = s.batch * s.heads * s.seq * s.kv_seq
     if s.flash:
         # Recomputes the scores, then dV, dP, dQ, dK: five GEMM-sized passes (FlashAttention-2).
         flops = 0.5 * 10.0 * scores * s.head_dim
-        return [Op("flash attention backward", "B", "flash", flash_attention_seconds(rates, flops))]
+        seconds = flash_attention_seconds(rates, flops)
+        ops = [Op("flash attention backward", "B", "flash", seconds)]
+        # K/V and their gradients travel the ring: twice the forward's bytes.
+        exposed = _ring_exposed(s, ring, seconds, 4.0 * s.tokens * s.kv * s.eb)
+        if exposed > 0:
+            ops.append(Op("ring attention K/V backward exposed", "B", "collective", exposed))
+        return ops
     bh, eb = s.batch * s.heads, s.eb
     return [
-        Op("context grad (probs)", "B", "gemm", gemm_seconds(rates, s.seq, s.seq, s.head_dim, bh)),
-        Op("context grad (V)", "B", "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.seq, bh)),
+        Op(
+            "context grad (probs)",
+            "B",
+            "gemm",
+            gemm_seconds(rates, s.seq, s.kv_seq, s.head_dim, bh),
+        ),
+        Op("context grad (V)", "B", "gemm", gemm_seconds(rates, s.kv_seq, s.head_dim, s.seq, bh)),
         Op(
             "attention dropout backward",
             "B",
@@ -255,52 +370,80 @@ def _attention_core_backward(rates: DeviceRates, s: _Shape) -> list[Op]:
             memory_seconds(rates, (2 * eb + _MASK_BYTES) * scores),
         ),
         _softmax_op(rates, s, "B", backward=True),
-        Op("scores grad (Q)", "B", "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.seq, bh)),
-        Op("scores grad (K)", "B", "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.seq, bh)),
+        Op("scores grad (Q)", "B", "gemm", gemm_seconds(rates, s.seq, s.head_dim, s.kv_seq, bh)),
+        Op("scores grad (K)", "B", "gemm", gemm_seconds(rates, s.kv_seq, s.head_dim, s.seq, bh)),
     ]
 
 
-def _input_gradient(rates: DeviceRates, s: _Shape, cost: CollectiveCost) -> list[Op]:
+def _exposed(collective: list[Op], under: Op, phase: Phase) -> list[Op]:
+    """A collective issued asynchronously under ``under`` (a GEMM on the compute stream):
+    only the part that outlasts the GEMM delays the pass (see the module docstring)."""
+    return [
+        Op(f"{op.name} (exposed)", phase, "collective", max(0.0, op.seconds - under.seconds))
+        for op in collective
+    ]
+
+
+def _regather(s: _Shape, cost: CollectiveCost, data_grad: Op) -> list[Op]:
+    """With SP: the layer-norm output all-gathered again for a column-parallel weight
+    gradient, under that layer's data-gradient GEMM."""
+    return _exposed(_gather(s, cost, "B"), data_grad, "B") if s.sequence_parallel else []
+
+
+def _input_gradient(
+    rates: DeviceRates, s: _Shape, cost: CollectiveCost, ring: Link | None = None
+) -> list[Op]:
     T, h, eb, norm = s.tokens, s.hidden, s.eb, s.norm_tokens
     # Dropout backward, then the residual branch's gradient added to the main one.
     residual = memory_seconds(rates, (2 * eb + _MASK_BYTES) * norm * h + 3 * eb * norm * h, 2)
     layer_norm = memory_seconds(rates, 3 * eb * norm * h)
     # The transposes of the forward's collectives: the gradient of a reduce-scatter is an
-    # all-gather and vice versa; without SP the all-reduce moves to the column-parallel side.
+    # all-gather (blocking); the column-parallel side's reduce-scatter (all-reduce without
+    # SP) runs under the weight-gradient GEMM and is counted in W.
     ops = [Op("bias-dropout-add 2 backward", "B", "memory", residual)]
     ops += _gather(s, cost, "B")
     ops.append(Op("FC2 data grad", "B", "gemm", gemm_seconds(rates, T, s.ffn, h)))
-    ops.append(Op("GeLU backward", "B", "memory", memory_seconds(rates, 3 * eb * T * s.ffn)))
-    ops.append(Op("FC1 data grad", "B", "gemm", gemm_seconds(rates, T, h, s.ffn)))
-    ops += _reduce(s, cost, "B")
+    ops.append(_activation(rates, s, "B", backward=True))
+    fc1 = Op("FC1 data grad", "B", "gemm", gemm_seconds(rates, T, h, s.fc1))
+    ops += [fc1, *_regather(s, cost, fc1)]
     ops.append(Op("layer norm 2 backward", "B", "memory", layer_norm))
     ops.append(Op("bias-dropout-add 1 backward", "B", "memory", residual))
     ops += _gather(s, cost, "B")
     ops.append(Op("projection data grad", "B", "gemm", gemm_seconds(rates, T, h // s.t, h)))
-    ops += _attention_core_backward(rates, s)
-    ops.append(Op("QKV data grad", "B", "gemm", gemm_seconds(rates, T, h, 3 * h // s.t)))
-    ops += _reduce(s, cost, "B")
+    ops += _attention_core_backward(rates, s, ring)
+    ops += _rotary(rates, s, "B", backward=True)
+    qkv = Op("QKV data grad", "B", "gemm", gemm_seconds(rates, T, h, s.qkv))
+    ops += [qkv, *_regather(s, cost, qkv)]
     ops.append(Op("layer norm 1 backward", "B", "memory", layer_norm))
     return ops
 
 
-def _weight_gradient(rates: DeviceRates, s: _Shape) -> list[Op]:
+def _weight_gradient(rates: DeviceRates, s: _Shape, cost: CollectiveCost) -> list[Op]:
     T, h, eb, norm = s.tokens, s.hidden, s.eb, s.norm_tokens
     fp32 = 8.0  # read and write the fp32 gradient buffer
-    qkv = 3 * h // s.t
-    bias_bytes = eb * (T * qkv + norm * h + T * s.ffn + norm * h)
-    return [
-        Op("QKV weight grad", "W", "gemm", gemm_seconds(rates, qkv, h, T, output_bytes=fp32)),
+    qkv_grad = Op(
+        "QKV weight grad", "W", "gemm", gemm_seconds(rates, s.qkv, h, T, output_bytes=fp32)
+    )
+    fc1_grad = Op(
+        "FC1 weight grad", "W", "gemm", gemm_seconds(rates, s.fc1, h, T, output_bytes=fp32)
+    )
+    ops = [
+        qkv_grad,
+        *_exposed(_reduce(s, cost, "W"), qkv_grad, "W"),
         Op(
             "projection weight grad",
             "W",
             "gemm",
             gemm_seconds(rates, h, h // s.t, T, output_bytes=fp32),
         ),
-        Op("FC1 weight grad", "W", "gemm", gemm_seconds(rates, s.ffn, h, T, output_bytes=fp32)),
+        fc1_grad,
+        *_exposed(_reduce(s, cost, "W"), fc1_grad, "W"),
         Op("FC2 weight grad", "W", "gemm", gemm_seconds(rates, h, s.ffn, T, output_bytes=fp32)),
-        Op("bias grads", "W", "memory", memory_seconds(rates, bias_bytes, 4)),
     ]
+    if s.bias:
+        bias_bytes = eb * (T * s.qkv + norm * h + T * s.fc1 + norm * h)
+        ops.append(Op("bias grads", "W", "memory", memory_seconds(rates, bias_bytes, 4)))
+    return ops
 
 
 def layer_ops(
@@ -311,19 +454,23 @@ def layer_ops(
     t: int,
     recompute: Recompute,
     collectives: CollectiveCost,
+    cp: int = 1,
+    ring: Link | None = None,
 ) -> tuple[Op, ...]:
-    """Every kernel of one layer's F, B (recomputation included) and W, in order."""
-    s = _shape(model, training, micro_batch, t)
-    ops = _forward(rates, s, collectives, "F")
+    """Every kernel of one layer's F, B (recomputation included) and W, in order, on one rank
+    of a tensor (t) and context (cp) parallel group; ``ring`` is the link of the
+    context-parallel K/V ring (inside a node when t x cp fits one)."""
+    s = _shape(model, training, micro_batch, t, cp)
+    ops = _forward(rates, s, collectives, "F", ring)
     if recompute == "full":
         ops += [Op(f"recompute {op.name}", "B", op.kind, op.seconds) for op in ops]
     elif recompute == "selective":
         ops += [
             Op(f"recompute {op.name}", "B", op.kind, op.seconds)
-            for op in _attention_core_forward(rates, s, "B")
+            for op in _attention_core_forward(rates, s, "B", ring)
         ]
-    ops += _input_gradient(rates, s, collectives)
-    ops += _weight_gradient(rates, s)
+    ops += _input_gradient(rates, s, collectives, ring)
+    ops += _weight_gradient(rates, s, collectives)
     return tuple(ops)
 
 
@@ -334,25 +481,36 @@ def embedding_ops(
     micro_batch: int,
     t: int,
     collectives: CollectiveCost,
+    cp: int = 1,
 ) -> tuple[Op, ...]:
     """The first stage's extra work: the vocabulary-parallel word embedding (each rank
-    looks up its slice, then a reduce over t), the position embedding add and dropout; in
-    W, the lookup's gradient scattered into the rank's slice of the table, accumulated in
-    fp32."""
-    s = _shape(model, training, micro_batch, t)
+    looks up its slice, then a reduce over t), the learned position embedding's add (none
+    with rotary embeddings) and dropout; in W, the lookup's gradient scattered into the
+    rank's slice of the table, accumulated in fp32."""
+    s = _shape(model, training, micro_batch, t, cp)
     T, h, eb = s.tokens, s.hidden, s.eb
     reduce = _reduce(s, collectives, "F")
     gather = _gather(s, collectives, "B")
     table = model.vocab_size // t * h
-    return (
-        Op("embedding lookup", "F", "memory", memory_seconds(rates, 2 * eb * T * h)),
-        *reduce,
+    position = (
         Op(
             "position add + dropout",
             "F",
             "memory",
             memory_seconds(rates, (3 * eb + (2 * eb + _MASK_BYTES)) * s.norm_tokens * h, 2),
-        ),
+        )
+        if not s.rope
+        else Op(
+            "embedding dropout",
+            "F",
+            "memory",
+            memory_seconds(rates, (2 * eb + _MASK_BYTES) * s.norm_tokens * h),
+        )
+    )
+    return (
+        Op("embedding lookup", "F", "memory", memory_seconds(rates, 2 * eb * T * h)),
+        *reduce,
+        position,
         Op(
             "embedding dropout backward",
             "B",
@@ -376,16 +534,22 @@ def output_ops(
     micro_batch: int,
     t: int,
     collectives: CollectiveCost,
+    cp: int = 1,
 ) -> tuple[Op, ...]:
     """The last stage's extra work: final layer norm, [SP: all-gather], the logits GEMM
-    (T x V/t x h, the tied embedding), the fp32 cross-entropy over the rank's vocabulary
-    slice, and their gradients."""
-    s = _shape(model, training, micro_batch, t)
+    (T x V/t x h, tied to the embedding or its own matrix: the same work), the fp32
+    cross-entropy over the rank's vocabulary slice, and their gradients (the output layer is
+    column-parallel: its input gradient's reduce-scatter runs under its weight-gradient GEMM,
+    as in a layer)."""
+    s = _shape(model, training, micro_batch, t, cp)
     T, h, eb = s.tokens, s.hidden, s.eb
     vocab = model.vocab_size // t
     logits = T * vocab
     gather = _gather(s, collectives, "F")
-    scatter = _reduce(s, collectives, "B")
+    data_grad = Op("logits data grad", "B", "gemm", gemm_seconds(rates, T, h, vocab))
+    weight_grad = Op(
+        "logits weight grad", "W", "gemm", gemm_seconds(rates, vocab, h, T, output_bytes=8.0)
+    )
     return (
         Op("final layer norm", "F", "memory", memory_seconds(rates, 2 * eb * s.norm_tokens * h)),
         *gather,
@@ -397,20 +561,16 @@ def output_ops(
             "memory",
             memory_seconds(rates, _LOSS_BACKWARD_BYTES * logits, 3),
         ),
-        Op("logits data grad", "B", "gemm", gemm_seconds(rates, T, h, vocab)),
-        *scatter,
+        data_grad,
+        *_regather(s, collectives, data_grad),
         Op(
             "final layer norm backward",
             "B",
             "memory",
             memory_seconds(rates, 3 * eb * s.norm_tokens * h),
         ),
-        Op(
-            "logits weight grad",
-            "W",
-            "gemm",
-            gemm_seconds(rates, vocab, h, T, output_bytes=8.0),
-        ),
+        weight_grad,
+        *_exposed(_reduce(s, collectives, "W"), weight_grad, "W"),
     )
 
 

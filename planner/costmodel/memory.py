@@ -1,21 +1,27 @@
 """Memory per device: parameters, gradients, optimizer states, activations, allowance.
 
 Sources:
-- Parameters per layer: attention 4h^2 + 4h, MLP 2hf + f + h, two layer norms 4h
-  (Megatron-LM's GPT layer; 12h^2 + 13h for f = 4h, Narayanan et al. 2021 §5.1).
+- Parameters per layer (Megatron-LM's GPT layer, Narayanan et al. 2021 §5.1, generalised):
+  attention h^2 (Q) + 2 h k (K and V, k = g h / a the key width of grouped-query attention
+  with g key/value heads) + h^2 (projection), biases h + 2k + h; MLP 2hf (GeLU) or 3hf
+  (SwiGLU: gate, up and down), biases f + h or 2f + h; two norms, 4h for LayerNorm (scale
+  and shift), 2h for RMSNorm (scale). GPT (g = a, f = 4h, biases, LayerNorm): 12h^2 + 13h.
 - Bytes per parameter with mixed precision and Adam: 2 (bf16/fp16 weight) + 4 (fp32 gradient
   buffer) + 12 (fp32 master weight, Adam m and v) = 18; the distributed optimizer (ZeRO-1)
   shards the 12 optimizer bytes over d data-parallel ranks (Megatron-LM,
-  docs/source/api-guide/distrib_optimizer.md). fp32 training: 4 + 4 + 8. SGD with momentum
-  keeps 8 optimizer bytes (master + momentum) instead of 12.
-- Activations per layer per micro-batch (Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models", Table 2), 16-bit activations:
-  none: sbh (10 + 24/t + 5as/(ht)); with sequence parallelism sbh/t (34 + 5as/h);
-  selective: sbh (10 + 24/t), with sequence parallelism 34 sbh/t; full: 2sbh (the layer
-  input; with sequence parallelism Megatron keeps only the local sequence shard, 2sbh/t).
-  Flash attention never stores the s x s scores, which removes the 5as/h term. Where
-  Megatron cannot use its fused softmax kernel (``layer_ops.fused_softmax_available``), its
-  fp32 fallback keeps the softmax output in fp32: 2 more bytes per score, 7as/h.
+  docs/source/api-guide/distrib_optimizer.md; with context parallelism over the d x cp ranks
+  that hold the same weights). fp32 training: 4 + 4 + 8. SGD with momentum keeps 8 optimizer
+  bytes (master + momentum) instead of 12.
+- Activations per layer per micro-batch: Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", §4.1 and Table 2, re-derived term by term for
+  grouped-query attention and gated MLPs in :func:`activation_bytes_per_layer`; for GPT
+  (16-bit) they are Table 2's sbh (10 + 24/t + 5as/(ht)), sbh/t (34 + 5as/h) with sequence
+  parallelism; selective drops the 5as/h scores; full keeps 2sbh (2sbh/t with sequence
+  parallelism, Megatron keeping only the local sequence shard). Flash attention never
+  stores the s x s scores. Where Megatron cannot use its fused softmax kernel
+  (``layer_ops.fused_softmax_available``), its fp32 fallback keeps the softmax output in
+  fp32: 2 more bytes per score, 7as/h. Context parallelism splits s over cp ranks: every
+  term is per token, so each divides by cp.
 - Output layer and loss on the last stage: 4sbh/t (1 + V/h) bytes (Korthikanti et al. §4.3).
   Embedding on the first stage: its token ids (8sb) and its dropout mask (sbh, /t with
   sequence parallelism), which the per-layer counts leave out.
@@ -34,8 +40,11 @@ __all__ = [
     "bytes_per_parameter",
     "embedding_activation_bytes",
     "embedding_parameters",
+    "final_norm_parameters",
     "layer_parameters",
+    "model_parameters",
     "output_activation_bytes",
+    "output_parameters",
     "recompute_working_bytes",
 ]
 
@@ -43,16 +52,46 @@ GIB = float(1 << 30)
 
 
 def layer_parameters(model: ModelSpec) -> int:
-    """Parameters of one transformer layer (before tensor parallelism)."""
-    h, f = model.hidden_size, model.ffn
-    return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    """Parameters of one transformer layer (before tensor parallelism): see the module
+    docstring for the terms."""
+    h, f, k = model.hidden_size, model.ffn, model.kv_size
+    attention = 2 * h * h + 2 * h * k
+    mlp = (3 if model.gated else 2) * h * f
+    norms = (4 if model.normalization == "layernorm" else 2) * h
+    biases = 0
+    if model.add_bias_linear:
+        biases = (h + 2 * k + h) + ((2 if model.gated else 1) * f + h)
+    return attention + mlp + norms + biases
 
 
 def embedding_parameters(model: ModelSpec) -> int:
-    """Word embedding (V x h) plus learned positions (s x h): held by the first stage, and
-    the word embedding again by the last stage for the tied output layer (plus its final
-    layer norm, 2h)."""
-    return model.vocab_size * model.hidden_size + model.seq_length * model.hidden_size
+    """The first stage's embedding: the word table (V x h) plus, with learned positions, the
+    position table (s x h); rotary embeddings have none."""
+    positions = model.seq_length * model.hidden_size if model.position_embedding == "learned" else 0
+    return model.vocab_size * model.hidden_size + positions
+
+
+def final_norm_parameters(model: ModelSpec) -> int:
+    """The final norm before the output layer: 2h for LayerNorm, h for RMSNorm."""
+    return (2 if model.normalization == "layernorm" else 1) * model.hidden_size
+
+
+def output_parameters(model: ModelSpec, num_stages: int) -> int:
+    """What the last stage holds for the output layer: its own V x h matrix when untied; when
+    tied, a copy of the word embedding unless the last stage is also the first (one stage),
+    as Megatron-LM keeps one and all-reduces their gradients; plus the final norm."""
+    own = model.untie_embeddings_and_output_weights or num_stages > 1
+    return (model.vocab_size * model.hidden_size if own else 0) + final_norm_parameters(model)
+
+
+def model_parameters(model: ModelSpec) -> int:
+    """The model's distinct parameters (a tied output layer counted once): the number a
+    model card gives, e.g. 8.03B for Llama 3 8B."""
+    return (
+        model.num_layers * layer_parameters(model)
+        + embedding_parameters(model)
+        + output_parameters(model, 1)
+    )
 
 
 def bytes_per_parameter(training: TrainingSpec, data_parallel: int) -> tuple[float, float, float]:
@@ -78,10 +117,39 @@ def stored_bytes_per_parameter(
 
 
 def activation_bytes_per_layer(
-    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, recompute: Recompute
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    recompute: Recompute,
+    cp: int = 1,
 ) -> float:
-    """Saved activations of one layer for one micro-batch on one tensor-parallel rank."""
-    s, b, h, a = model.seq_length, micro_batch, model.hidden_size, model.num_attention_heads
+    """Saved activations of one layer for one micro-batch on one tensor-parallel (and
+    context-parallel) rank.
+
+    Korthikanti et al. (§4.1) count, in bytes of 16-bit activations, with k = g h / a the
+    width of the keys and of the values (k = h without grouped-query attention) and f the
+    MLP width:
+
+    - attention block: QKV input 2sbh; Q and K for Q K^T, 2sbh + 2sbk; softmax output
+      2as^2b and its dropout mask as^2b; dropout output 2as^2b and V, 2sbk, for the product
+      with V; projection input 2sbh; output dropout mask sbh. Total 7sbh + 4sbk + 5as^2b
+      (Korthikanti's 11sbh + 5as^2b when k = h). Rotary embeddings add nothing: their
+      backward needs only the cos/sin tables, and the Q, K kept are the rotated ones.
+    - MLP, GeLU: fc1 input 2sbh, GeLU input 2sbf, fc2 input 2sbf, dropout mask sbh: 3sbh +
+      4sbf (19sbh when f = 4h). SwiGLU: fc1 input 2sbh; fc1's output, gate and up (2f wide),
+      which the SwiGLU backward reads, 4sbf; fc2 input 2sbf; dropout mask sbh: 3sbh + 6sbf.
+    - two norms: each keeps its input, 4sbh (LayerNorm and RMSNorm alike).
+
+    With tensor parallelism the norms' inputs, the QKV and fc1 inputs and the two dropout
+    masks (10sbh) are replicated and the rest divides by t; with sequence parallelism
+    everything divides by t. Per sbh, with r = k / h and q = f / h:
+    10 + (4 + 4r + (4 or 6) q + 5as/h) / t, or (14 + 4r + (4 or 6) q + 5as/h) / t with
+    sequence parallelism; GPT's r = 1, q = 4 give Table 2's 10 + 24/t and 34/t exactly.
+    Selective recomputation drops the 5as/h; full keeps the layer input, 2sbh (/t with
+    sequence parallelism). Context parallelism keeps s / cp tokens per rank (flash attention
+    only, so no scores term)."""
+    s, b, h, a = model.seq_length // cp, micro_batch, model.hidden_size, model.num_attention_heads
     sbh = s * b * h
     if training.flash_attention:
         scores = 0.0
@@ -96,39 +164,47 @@ def activation_bytes_per_layer(
         return scale * (2.0 * sbh / t if sp else 2.0 * sbh)
     if recompute == "selective":
         scores = 0.0
+    split = 4.0 + 4.0 * model.kv_size / h + (6.0 if model.gated else 4.0) * model.ffn / h
     if sp:
-        return scale * sbh / t * (34.0 + scores)
-    return scale * sbh * (10.0 + 24.0 / t + scores / t)
+        return scale * sbh / t * (10.0 + split + scores)
+    return scale * sbh * (10.0 + split / t + scores / t)
 
 
 def recompute_working_bytes(
-    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, recompute: Recompute
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    recompute: Recompute,
+    cp: int = 1,
 ) -> float:
     """Transient memory while a recomputed layer runs its backward: the activations of that one
     layer as if nothing were recomputed (full), or its attention scores (selective)."""
     if recompute == "none":
         return 0.0
-    full_layer = activation_bytes_per_layer(model, training, micro_batch, t, "none")
+    full_layer = activation_bytes_per_layer(model, training, micro_batch, t, "none", cp)
     if recompute == "full":
         return full_layer
-    return full_layer - activation_bytes_per_layer(model, training, micro_batch, t, "selective")
+    return full_layer - activation_bytes_per_layer(model, training, micro_batch, t, "selective", cp)
 
 
 def embedding_activation_bytes(
-    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int
+    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, cp: int = 1
 ) -> float:
     """Embedding activations on the first stage: the token ids it looks up (int64, 8sb) and
     the mask of the dropout after it (one byte per element, sbh; sbh/t with sequence
     parallelism, which drops out only the rank's shard). Korthikanti et al.'s per-layer count
-    leaves them out; next to a fully recomputed layer (2sbh) they are not small."""
-    sb = model.seq_length * micro_batch
+    leaves them out; next to a fully recomputed layer (2sbh) they are not small. s / cp
+    tokens per rank with context parallelism."""
+    sb = model.seq_length // cp * micro_batch
     shard = t if training.sequence_parallel and t > 1 else 1
     return 8.0 * sb + sb * model.hidden_size / shard
 
 
 def output_activation_bytes(
-    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int
+    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, cp: int = 1
 ) -> float:
-    """Output layer and cross-entropy activations on the last stage: 4sbh/t (1 + V/h)."""
-    sbh = model.seq_length * micro_batch * model.hidden_size
+    """Output layer and cross-entropy activations on the last stage: 4sbh/t (1 + V/h), with
+    s / cp tokens per rank under context parallelism (tied or untied alike)."""
+    sbh = model.seq_length // cp * micro_batch * model.hidden_size
     return 4.0 * sbh / t * (1.0 + model.vocab_size / model.hidden_size)

@@ -231,7 +231,8 @@ COLLECTIVE_EFFICIENCY = register(
         upper=1.0,
         unit="fraction of link bandwidth",
         source="NCCL all-gather/reduce-scatter bus bandwidth on 8-GPU NVSwitch nodes is about "
-        "230-240 GB/s of NVLink3's 300 GB/s per direction (nccl-tests)",
+        "230-240 GB/s of NVLink3's 300 GB/s per direction (nccl-tests); BPipe Table 7's step "
+        "runs, less the five the model cannot explain, fit 0.76 (benchmarks/residual_terms.py)",
         doc="Share of the intra-node link's bandwidth a tensor-parallel ring reaches.",
     )
 )

@@ -17,6 +17,7 @@ from planner.costmodel.memory import (
     embedding_parameters,
     layer_parameters,
     output_activation_bytes,
+    output_parameters,
     recompute_working_bytes,
 )
 from planner.costmodel.timing import (
@@ -27,7 +28,7 @@ from planner.costmodel.timing import (
     layer_times,
     p2p_bytes,
 )
-from planner.placement import Assignment, Placement, pair_order, place
+from planner.placement import Assignment, Placement, context_groups_within_nodes, pair_order, place
 from planner.profiles import HardwareProfile, LayerPoint, Link, ProfileStore
 from planner.schedules import schedule_family
 from planner.specs import CandidateConfig, PlanRequest, Recompute
@@ -82,9 +83,9 @@ class PlanContext:
     hardware: HardwareProfile
     points: list[LayerPoint]
     placements: dict[tuple[int, int, int, str], Placement] = field(default_factory=dict)
-    _layers: dict[tuple[int, int, str], LayerTimes] = field(default_factory=dict)
-    _ends: dict[tuple[int, int], EndStageTimes] = field(default_factory=dict)
-    _collectives: dict[tuple[int, int, str], float] = field(default_factory=dict)
+    _layers: dict[tuple[int, int, str, int], LayerTimes] = field(default_factory=dict)
+    _ends: dict[tuple[int, int, int], EndStageTimes] = field(default_factory=dict)
+    _collectives: dict[tuple[int, int, str, int], float] = field(default_factory=dict)
 
     @classmethod
     def from_store(cls, request: PlanRequest, store: ProfileStore) -> PlanContext:
@@ -92,34 +93,61 @@ class PlanContext:
         hardware = store.hardware(request.cluster.gpu)
         return cls(request, hardware, list(store.layer_points(hardware.name)))
 
-    def layer(self, micro_batch: int, t: int, recompute: Recompute) -> LayerTimes:
-        """One layer's F, B, W on one tensor rank (measured point or model)."""
+    def ring_link(self, t: int, cp: int) -> Link | None:
+        """The link of the context-parallel K/V ring: inside a node when the placement keeps
+        each t x cp group on one (Megatron's rank order, tensor then context fastest), else
+        the network; None without context parallelism."""
+        if cp == 1:
+            return None
+        inside = context_groups_within_nodes(t, cp, self.request.cluster.gpus_per_node)
+        return _link(self.hardware, inside)
+
+    def layer(self, micro_batch: int, t: int, recompute: Recompute, cp: int = 1) -> LayerTimes:
+        """One layer's F, B, W on one tensor (and context) rank (measured point or model)."""
         r = self.request
         return _cached(
             self._layers,
-            (micro_batch, t, recompute),
+            (micro_batch, t, recompute, cp),
             lambda: layer_times(
-                self.points, self.hardware, r.model, r.training, micro_batch, t, recompute
+                self.points,
+                self.hardware,
+                r.model,
+                r.training,
+                micro_batch,
+                t,
+                recompute,
+                cp,
+                self.ring_link(t, cp),
             ),
         )
 
-    def end_stages(self, micro_batch: int, t: int) -> EndStageTimes:
+    def end_stages(self, micro_batch: int, t: int, cp: int = 1) -> EndStageTimes:
         """Embedding and output-layer times of this request's model."""
         r = self.request
         return _cached(
             self._ends,
-            (micro_batch, t),
-            lambda: end_stage_times(self.hardware, r.model, r.training, micro_batch, t),
+            (micro_batch, t, cp),
+            lambda: end_stage_times(self.hardware, r.model, r.training, micro_batch, t, cp),
         )
 
-    def layer_collectives(self, micro_batch: int, t: int, recompute: Recompute) -> float:
-        """Tensor-parallel collectives inside one layer's F + B."""
+    def layer_collectives(
+        self, micro_batch: int, t: int, recompute: Recompute, cp: int = 1
+    ) -> float:
+        """Tensor-parallel collectives inside one layer's F + B (and the context-parallel
+        ring's exposed transfers)."""
         r = self.request
         return _cached(
             self._collectives,
-            (micro_batch, t, recompute),
+            (micro_batch, t, recompute, cp),
             lambda: layer_collective_seconds(
-                self.hardware, r.model, r.training, micro_batch, t, recompute
+                self.hardware,
+                r.model,
+                r.training,
+                micro_batch,
+                t,
+                recompute,
+                cp,
+                self.ring_link(t, cp),
             ),
         )
 
@@ -154,14 +182,16 @@ def placement_for(
 ) -> Placement:
     """An optimized placement when one was computed for this (t, p, d, schedule) (CP-SAT
     plans), else BPipe's pair-adjacent assignment (§3.5) for BPipe and Megatron's for the
-    rest."""
-    if overrides:
+    rest. With context parallelism each t x cp group is placed as one tensor group would be
+    (Megatron's order: tensor ranks, then context ranks, fastest), so it stays inside a node
+    whenever t x cp divides the GPUs per node."""
+    if overrides and config.cp == 1:
         found = overrides.get((config.t, config.p, config.d, config.schedule))
         if found is not None:
             return found
     transfers = schedule_family(config.schedule).transfers
     assignment: Assignment = "pair-adjacent" if transfers else "standard"
-    return place(config.t, config.p, config.d, gpus_per_node, assignment)
+    return place(config.t * config.cp, config.p, config.d, gpus_per_node, assignment)
 
 
 def _link(hw: HardwareProfile, same_node: bool) -> Link:
@@ -174,7 +204,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     embedding, the last the output layer and loss)."""
     r = ctx.request
     model, training, hw = r.model, r.training, ctx.hardware
-    mb, t = config.micro_batch_size, config.t
+    mb, t, cp = config.micro_batch_size, config.t, config.cp
     modes = config.stage_modes()
     count = len(modes)
     per_layer_params = layer_parameters(model) / t
@@ -183,17 +213,17 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     for stage_modes in modes:
         for mode in stage_modes:
             if mode not in per_mode:
-                layer = ctx.layer(mb, t, mode)
+                layer = ctx.layer(mb, t, mode, cp)
                 measured = layer.activation_bytes
                 per_mode[mode] = (
                     layer.forward,
                     layer.backward,
                     layer.weight,
                     measured
-                    if measured is not None
-                    else activation_bytes_per_layer(model, training, mb, t, mode),
-                    ctx.layer_collectives(mb, t, mode),
-                    recompute_working_bytes(model, training, mb, t, mode),
+                    if measured is not None and cp == 1
+                    else activation_bytes_per_layer(model, training, mb, t, mode, cp),
+                    ctx.layer_collectives(mb, t, mode, cp),
+                    recompute_working_bytes(model, training, mb, t, mode, cp),
                 )
     forward, backward, weight, activation, params, tp_comm, working = [], [], [], [], [], [], []
     # Stages mostly repeat a few compositions (n layers of one mode): price each once.
@@ -222,30 +252,29 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
         working.append(work)
     # The embedding on the first stage; the final layer norm, output layer and loss on the
     # last (a one-stage pipeline has both).
-    ends = ctx.end_stages(mb, t)
+    ends = ctx.end_stages(mb, t, cp)
     for stage, (f, b, w) in ((0, ends.first), (count - 1, ends.last)):
         forward[stage] += f
         backward[stage] += b
         weight[stage] += w
-    probe = ctx.layer(mb, t, config.recompute)
+    probe = ctx.layer(mb, t, config.recompute, cp)
     activation[-1] += (
         probe.last_stage_extra_bytes
-        if probe.last_stage_extra_bytes is not None
-        else output_activation_bytes(model, training, mb, t)
+        if probe.last_stage_extra_bytes is not None and cp == 1
+        else output_activation_bytes(model, training, mb, t, cp)
     )
     activation[0] += (
         probe.first_stage_extra_bytes
-        if probe.first_stage_extra_bytes is not None
-        else embedding_activation_bytes(model, training, mb, t)
+        if probe.first_stage_extra_bytes is not None and cp == 1
+        else embedding_activation_bytes(model, training, mb, t, cp)
     )
     params[0] += embedding_parameters(model) / t
-    # The output layer reuses the word embedding (tied weights): the last stage keeps its own
-    # copy unless it is also the first stage. Plus the final layer norm.
-    tied_copy = model.vocab_size * model.hidden_size if count > 1 else 0
-    params[-1] += (tied_copy + 2 * model.hidden_size) / t
+    # The output layer: its own matrix, or a copy of the tied word embedding unless the last
+    # stage is also the first; plus the final norm.
+    params[-1] += output_parameters(model, count) / t
     placement = placement_for(config, r.cluster.gpus_per_node, ctx.placements)
     devices = config.p
-    hop_bytes = p2p_bytes(model, training, mb, t)
+    hop_bytes = p2p_bytes(model, training, mb, t, cp)
     crosses = _crosses_nodes(placement, config.schedule)
     worst = 0.0 if count == 1 else _link(hw, not crosses).seconds(hop_bytes)
     transfer = 0.0
@@ -262,7 +291,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
         worst,
         transfer,
         working,
-        ctx.layer(mb, t, config.recompute),
+        ctx.layer(mb, t, config.recompute, cp),
     )
 
 

@@ -26,7 +26,7 @@ from planner.costmodel.layer_ops import (
     output_ops,
     phase_seconds,
 )
-from planner.profiles import HardwareProfile, LayerPoint
+from planner.profiles import HardwareProfile, LayerPoint, Link
 from planner.specs import ModelSpec, Recompute, TimeSource, TrainingSpec
 
 __all__ = [
@@ -74,10 +74,13 @@ def _element_bytes(training: TrainingSpec) -> int:
     return 4 if training.precision == "fp32" else 2
 
 
-def p2p_bytes(model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int) -> float:
+def p2p_bytes(
+    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, cp: int = 1
+) -> float:
     """Bytes one micro-batch sends between adjacent stages: an s x b x h activation, of which
-    each tensor rank sends 1/t with sequence parallelism (Megatron's scatter/gather)."""
-    volume = model.seq_length * micro_batch * model.hidden_size * _element_bytes(training)
+    each tensor rank sends 1/t with sequence parallelism (Megatron's scatter/gather), and
+    each context-parallel rank its s / cp tokens."""
+    volume = model.seq_length // cp * micro_batch * model.hidden_size * _element_bytes(training)
     return volume / t if training.sequence_parallel and t > 1 else volume
 
 
@@ -153,9 +156,13 @@ def layer_times(
     micro_batch: int,
     t: int,
     recompute: Recompute,
+    cp: int = 1,
+    ring: Link | None = None,
 ) -> LayerTimes:
-    """F, B, W of one layer (see the module docstring for how points are used)."""
-    flops = layer_pass_flops(model, micro_batch, recompute)[0]
+    """F, B, W of one layer (see the module docstring for how points are used); with context
+    parallelism (cp > 1, ``ring`` its link) a measured point, taken without it, is carried to
+    the rank's share by the model's ratio."""
+    flops = layer_pass_flops(model, micro_batch, recompute, cp)[0]
     usable = [p for p in points if _matches(p, model, training, t, hw)]
     exact_mode = [p for p in usable if p.recompute == recompute]
     pool = exact_mode or [p for p in usable if p.recompute == "none"]
@@ -169,6 +176,7 @@ def layer_times(
             point.seq_length == model.seq_length
             and point.micro_batch_size == micro_batch
             and point.recompute == recompute
+            and cp == 1
         ):
             return LayerTimes(  # a point of exactly this shape: used as measured
                 *_measured_times(
@@ -184,8 +192,8 @@ def layer_times(
         distance = abs(ratio - 1) + (0.0 if point.seq_length == model.seq_length else 1.0)
         near.append((distance, point))
     if not near:
-        return modelled_layer_times(hw, model, training, micro_batch, t, recompute)
-    target = _model_seconds(hw, model, training, micro_batch, t, recompute)
+        return modelled_layer_times(hw, model, training, micro_batch, t, recompute, cp, ring)
+    target = _model_seconds(hw, model, training, micro_batch, t, recompute, cp, ring)
     same_seq = [p for _, p in near if p.seq_length == model.seq_length]
     below = [p for p in same_seq if p.micro_batch_size < micro_batch]
     above = [p for p in same_seq if p.micro_batch_size > micro_batch]
@@ -224,10 +232,14 @@ def _model_seconds(
     micro_batch: int,
     t: int,
     recompute: Recompute,
+    cp: int = 1,
+    ring: Link | None = None,
 ) -> tuple[float, float, float]:
     """(F, B, W) seconds of one layer by the shape-aware model."""
     rates = device_rates(hw, training.precision)
-    return _layer_seconds(rates, collective_cost(hw), model, training, micro_batch, t, recompute)
+    return _layer_seconds(
+        rates, collective_cost(hw), model, training, micro_batch, t, recompute, cp, ring
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -239,8 +251,11 @@ def _layer_seconds(
     micro_batch: int,
     t: int,
     recompute: Recompute,
+    cp: int,
+    ring: Link | None,
 ) -> tuple[float, float, float]:
-    return phase_seconds(layer_ops(rates, model, training, micro_batch, t, recompute, collectives))
+    ops = layer_ops(rates, model, training, micro_batch, t, recompute, collectives, cp, ring)
+    return phase_seconds(ops)
 
 
 def modelled_layer_times(
@@ -250,9 +265,13 @@ def modelled_layer_times(
     micro_batch: int,
     t: int,
     recompute: Recompute,
+    cp: int = 1,
+    ring: Link | None = None,
 ) -> LayerTimes:
     """The shape-aware model's F, B, W of one layer (no measured point involved)."""
-    forward, backward, weight = _model_seconds(hw, model, training, micro_batch, t, recompute)
+    forward, backward, weight = _model_seconds(
+        hw, model, training, micro_batch, t, recompute, cp, ring
+    )
     return LayerTimes(forward, backward, weight, f"shape-aware model ({hw.name})")
 
 
@@ -266,15 +285,20 @@ class EndStageTimes:
 
 
 def end_stage_times(
-    hw: HardwareProfile, model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int
+    hw: HardwareProfile,
+    model: ModelSpec,
+    training: TrainingSpec,
+    micro_batch: int,
+    t: int,
+    cp: int = 1,
 ) -> EndStageTimes:
     """The shape-aware model's embedding and output-layer work (measured layer points do not
     include it: they time one transformer layer)."""
     rates = device_rates(hw, training.precision)
     collectives = collective_cost(hw)
     return EndStageTimes(
-        phase_seconds(embedding_ops(rates, model, training, micro_batch, t, collectives)),
-        phase_seconds(output_ops(rates, model, training, micro_batch, t, collectives)),
+        phase_seconds(embedding_ops(rates, model, training, micro_batch, t, collectives, cp)),
+        phase_seconds(output_ops(rates, model, training, micro_batch, t, collectives, cp)),
     )
 
 
@@ -285,10 +309,15 @@ def layer_collective_seconds(
     micro_batch: int,
     t: int,
     recompute: Recompute,
+    cp: int = 1,
+    ring: Link | None = None,
 ) -> float:
-    """Tensor-parallel collectives inside one layer's F + B (recomputation included)."""
+    """Tensor-parallel collectives inside one layer's F + B (recomputation included), and
+    the context-parallel ring's exposed transfers."""
     rates = device_rates(hw, training.precision)
-    ops = layer_ops(rates, model, training, micro_batch, t, recompute, collective_cost(hw))
+    ops = layer_ops(
+        rates, model, training, micro_batch, t, recompute, collective_cost(hw), cp, ring
+    )
     return sum(op.seconds for op in ops if op.kind == "collective")
 
 

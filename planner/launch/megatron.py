@@ -17,6 +17,12 @@ What Megatron-LM can express (``pretrain_gpt.py``):
   may pick one) is not expressible, and the candidate's ``runtimes`` then omit megatron;
 - attention: ``--attention-backend flash`` with flash attention, else ``unfused`` (the kernels
   whose saved scores Korthikanti et al. count);
+- the architecture: grouped-query attention ``--group-query-attention --num-query-groups g``
+  (Megatron ignores the group count without the switch), ``--swiglu``, ``--normalization
+  RMSNorm``, ``--position-embedding-type rope``, ``--untie-embeddings-and-output-weights``,
+  ``--disable-bias-linear``; GPT's defaults need none of them;
+- context parallelism: ``--context-parallel-size`` (it runs through flash/fused attention;
+  the planner searches cp > 1 only with flash attention);
 - vocabulary: ``--vocab-size`` with ``--make-vocab-size-divisible-by`` chosen so that Megatron's
   padding (to a multiple of that times t) keeps the planned size; ``NullTokenizer`` with
   ``--mock-data`` (the launch script's defaults) runs without data files, to be replaced by
@@ -47,12 +53,15 @@ MEGATRON_FLAGS = frozenset(
     {
         "--attention-backend",
         "--bf16",
+        "--context-parallel-size",
         "--data-path",
         "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers",
+        "--disable-bias-linear",
         "--ffn-hidden-size",
         "--fp16",
         "--global-batch-size",
+        "--group-query-attention",
         "--hidden-size",
         "--lr",
         "--make-vocab-size-divisible-by",
@@ -60,21 +69,26 @@ MEGATRON_FLAGS = frozenset(
         "--max-position-embeddings",
         "--micro-batch-size",
         "--mock-data",
+        "--normalization",
         "--num-attention-heads",
         "--num-layers",
         "--num-layers-per-virtual-pipeline-stage",
+        "--num-query-groups",
         "--optimizer",
         "--pipeline-model-parallel-layout",
         "--pipeline-model-parallel-size",
+        "--position-embedding-type",
         "--recompute-granularity",
         "--recompute-method",
         "--recompute-modules",
         "--recompute-num-layers",
         "--seq-length",
         "--sequence-parallel",
+        "--swiglu",
         "--tensor-model-parallel-size",
         "--tokenizer-type",
         "--train-iters",
+        "--untie-embeddings-and-output-weights",
         "--use-distributed-optimizer",
         "--vocab-file",
         "--vocab-size",
@@ -114,11 +128,13 @@ def megatron_launch(
         f"--hidden-size {m.hidden_size}",
         f"--num-attention-heads {m.num_attention_heads}",
         f"--ffn-hidden-size {m.ffn}",
+        *_architecture_args(request),
         f"--seq-length {m.seq_length}",
         f"--max-position-embeddings {m.seq_length}",
         *vocab_args,
         f"--tensor-model-parallel-size {config.t}",
         f"--pipeline-model-parallel-size {config.p}",
+        *([f"--context-parallel-size {config.cp}"] if config.cp > 1 else []),
         *_layout_args(config),
         f"--micro-batch-size {config.micro_batch_size}",
         f"--global-batch-size {tr.global_batch_size}",
@@ -135,6 +151,25 @@ def megatron_launch(
         args.append("--use-distributed-optimizer")
     args += recompute
     return MegatronLaunch(args=tuple(args), env=env, notes=tuple(notes))
+
+
+def _architecture_args(request: PlanRequest) -> list[str]:
+    """The switches of a Llama-style model (none for GPT's defaults)."""
+    m = request.model
+    args = []
+    if m.query_groups != m.num_attention_heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.query_groups}"]
+    if m.activation == "swiglu":
+        args.append("--swiglu")
+    if m.normalization == "rmsnorm":
+        args.append("--normalization RMSNorm")
+    if m.position_embedding == "rope":
+        args.append("--position-embedding-type rope")
+    if m.untie_embeddings_and_output_weights:
+        args.append("--untie-embeddings-and-output-weights")
+    if not m.add_bias_linear:
+        args.append("--disable-bias-linear")
+    return args
 
 
 def _vocab_args(vocab: int, t: int) -> tuple[list[str], list[str]]:

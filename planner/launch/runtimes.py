@@ -8,6 +8,8 @@ have a schedule at all (:attr:`planner.schedules.ScheduleFamily.runtimes`); beyo
 - stagewright's executor splits the output layer over the vocabulary and, with sequence
   parallelism, the sequence over the tensor-parallel ranks, so both must divide by t;
 - torch.distributed.pipelining runs any schedule it has on the stage modules it is given.
+Context parallelism (cp > 1) only Megatron-LM runs, and only with flash attention: neither
+stagewright's executor nor torch.distributed.pipelining's stages split a sequence over ranks.
 """
 
 from __future__ import annotations
@@ -34,8 +36,19 @@ def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtim
         for runtime in RUNTIMES
         if runtime not in family.runtimes
     }
+    if config.cp > 1:
+        for runtime in ("stagewright", "torch"):
+            limits.setdefault(
+                runtime,
+                f"{RUNTIME_TITLES[runtime]} does not run context parallelism (cp = {config.cp})",
+            )
     if "megatron" not in limits:
         problem = recompute_problem(config)
+        if problem is None and config.cp > 1 and not request.training.flash_attention:
+            problem = (
+                "Megatron-LM runs context parallelism only with flash (or fused) attention; "
+                "set training.flash_attention"
+            )
         if problem is not None:
             limits["megatron"] = problem
     if "stagewright" not in limits:
@@ -52,6 +65,12 @@ def runtimes_of(limits: dict[Runtime, str]) -> list[Runtime]:
 
 def executor_problem(model: ModelSpec, training: TrainingSpec, t: int, schedule: str) -> str | None:
     """Why stagewright's executor cannot run this, or None."""
+    llama = _llama_features(model)
+    if llama:
+        return (
+            f"it builds Megatron-LM's GPT layer (multi-head attention, GeLU MLP, LayerNorm, "
+            f"learned positions, tied output layer, biases), not {', '.join(llama)}"
+        )
     if training.precision == "fp16" and not schedule_family(schedule).flush_per_batch:
         return (
             "fp16 needs every stage to agree on skipping a step when the loss scale "
@@ -69,3 +88,21 @@ def executor_problem(model: ModelSpec, training: TrainingSpec, t: int, schedule:
             f"which does not divide them"
         )
     return None
+
+
+def _llama_features(model: ModelSpec) -> list[str]:
+    """The model's departures from GPT, as a person would name them."""
+    found = []
+    if model.query_groups != model.num_attention_heads:
+        found.append(f"grouped-query attention ({model.query_groups} key/value heads)")
+    if model.activation != "gelu":
+        found.append(model.activation)
+    if model.normalization != "layernorm":
+        found.append(model.normalization)
+    if model.position_embedding != "learned":
+        found.append(f"{model.position_embedding} positions")
+    if model.untie_embeddings_and_output_weights:
+        found.append("an untied output layer")
+    if not model.add_bias_linear:
+        found.append("linear layers without biases")
+    return found

@@ -24,8 +24,8 @@ MASTER_PORT = 29500  # torchrun's default rendezvous port
 
 
 def node_layout(request: PlanRequest, config: CandidateConfig) -> tuple[int, int]:
-    """(nodes, processes per node) of the candidate's t x p x d ranks."""
-    world = config.t * config.p * config.d
+    """(nodes, processes per node) of the candidate's t x cp x p x d ranks."""
+    world = config.world_size
     per_node = min(request.cluster.gpus_per_node, world)
     return max(1, world // per_node), per_node
 

@@ -109,7 +109,7 @@ def search_cost(request: PlanRequest) -> SearchCost:
             if schedule_problem(schedule, point, m, layers) is not None:
                 continue
             priceable += recompute
-            world = point.t * point.p * point.d
+            world = point.t * point.cp * point.p * point.d
             shape = _Shape(schedule, point.p, m, max(1, world // per_node), point.p * point.d)
             shapes.append((shape, num_stages(schedule, point.p)))
             largest = max(largest, point.p)

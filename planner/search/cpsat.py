@@ -119,11 +119,15 @@ def _data(
         layer = costs.layer
         layer_time[mode] = round(layer.total * _US)
         layer_act[mode] = round(
-            activation_bytes_per_layer(r.model, r.training, coarse.micro_batch_size, coarse.t, mode)
+            activation_bytes_per_layer(
+                r.model, r.training, coarse.micro_batch_size, coarse.t, mode, coarse.cp
+            )
             / _KIB
         )
         working[mode] = round(
-            recompute_working_bytes(r.model, r.training, coarse.micro_batch_size, coarse.t, mode)
+            recompute_working_bytes(
+                r.model, r.training, coarse.micro_batch_size, coarse.t, mode, coarse.cp
+            )
             / _KIB
         )
     # Per-stage extras: what a stage costs beyond its layers (output layer, embeddings).
@@ -134,7 +138,9 @@ def _data(
         for f, b, w in zip(base.forward, base.backward, base.weight, strict=True)
     ]
     extra_act = [round(a / _KIB) for a in base.activation_bytes]
-    weight_b, grad_b, opt_b = stored_bytes_per_parameter(r.training, coarse.d, coarse.schedule)
+    weight_b, grad_b, opt_b = stored_bytes_per_parameter(
+        r.training, coarse.weight_replicas, coarse.schedule
+    )
     per_param = weight_b + grad_b + opt_b
     layer_static = round(layer_parameters(r.model) / coarse.t * per_param / _KIB)
     extra_static = [round(p * per_param / _KIB) for p in base.parameters]

@@ -1,7 +1,8 @@
 """Grid search over (t, p, d, micro-batch size, recompute, schedule).
 
-Constraints (BPipe §4.2, generalised): heads % t == 0; t divides the GPUs per node;
-t x p x d == number of GPUs; global batch % (mb x d) == 0; layers spread over the schedule's
+Constraints (BPipe §4.2, generalised): heads % t == 0 and key/value heads % t == 0; t divides
+the GPUs per node; t x cp x p x d == number of GPUs (cp the context-parallel degree, see
+:func:`context_degrees`); global batch % (mb x d) == 0; layers spread over the schedule's
 stages with no empty middle stage; interleaved needs m % p == 0 and p >= 2; 2BW needs m >= p;
 BPipe and V-shape need p >= 2. Every point that breaks one is listed as rejected with the
 reason, as is every candidate over the device's memory (with its predicted numbers).
@@ -70,12 +71,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SearchPoint:
-    """(t, p, d, micro-batch size) of the search space."""
+    """(t, p, d, micro-batch size, cp) of the search space."""
 
     t: int
     p: int
     d: int
     mb: int
+    cp: int = 1
 
 
 def _divisors(n: int) -> list[int]:
@@ -84,8 +86,24 @@ def _divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
+def context_degrees(request: PlanRequest, t: int) -> list[int]:
+    """Context-parallel degrees searched with tensor-parallel degree t: the request's
+    ``search.context_parallel``, or by default 1 and, with flash attention (Megatron-LM runs
+    context parallelism only through it), every cp > 1 that keeps the t x cp group inside a
+    node and splits the sequence into 2 x cp equal chunks."""
+    wanted = request.search.context_parallel
+    if wanted is not None:
+        return wanted
+    if not request.training.flash_attention:
+        return [1]
+    seq = request.model.seq_length
+    return [
+        cp for cp in _divisors(request.cluster.gpus_per_node // t) if cp == 1 or seq % (2 * cp) == 0
+    ]
+
+
 def search_points(request: PlanRequest) -> Iterator[tuple[SearchPoint, int]]:
-    """(t, p, d, mb) that meet the parallelism and batch constraints, with m."""
+    """(t, p, d, mb, cp) that meet the parallelism and batch constraints, with m."""
     model, cluster, training = request.model, request.cluster, request.training
     gpus = cluster.num_gpus
     sizes = request.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
@@ -93,14 +111,17 @@ def search_points(request: PlanRequest) -> Iterator[tuple[SearchPoint, int]]:
     for t in _divisors(cluster.gpus_per_node):
         if t > gpus or gpus % t:
             continue
-        if model.num_attention_heads % t or model.ffn % t:
+        if model.num_attention_heads % t or model.query_groups % t or model.ffn % t:
             continue  # Megatron's column-parallel layers split the heads and the MLP over t
-        for p in _divisors(gpus // t):
-            d = gpus // (t * p)
-            for mb in sizes:
-                if batch % (mb * d):
-                    continue
-                yield SearchPoint(t, p, d, mb), batch // (mb * d)
+        for cp in context_degrees(request, t):
+            if gpus % (t * cp):
+                continue
+            for p in _divisors(gpus // (t * cp)):
+                d = gpus // (t * cp * p)
+                for mb in sizes:
+                    if batch % (mb * d):
+                        continue
+                    yield SearchPoint(t, p, d, mb, cp), batch // (mb * d)
 
 
 def schedule_problem(schedule: str, point: SearchPoint, m: int, layers: int) -> str | None:
@@ -125,7 +146,7 @@ def _runtime_problem(request: PlanRequest, config: CandidateConfig, runtime: str
     no runtime can. (torch.distributed.pipelining runs every schedule it has as planned, so
     the runtimes of a schedule it has are only looked at when one was asked for.)"""
     if runtime == "any":
-        if "torch" in schedule_family(config.schedule).runtimes:
+        if config.cp == 1 and "torch" in schedule_family(config.schedule).runtimes:
             return None
         limits = runtime_limits(request, config)
         if len(limits) < len(RUNTIMES):
@@ -142,6 +163,7 @@ def _config(
         t=point.t,
         p=point.p,
         d=point.d,
+        cp=point.cp,
         micro_batch_size=point.mb,
         num_microbatches=m,
         recompute=recompute,
@@ -333,8 +355,9 @@ def _fallback_problem(
 
 
 def _label(config: CandidateConfig) -> str:
+    cp = f" cp{config.cp}" if config.cp > 1 else ""
     return (
-        f"t{config.t} p{config.p} d{config.d} mb{config.micro_batch_size} "
+        f"t{config.t}{cp} p{config.p} d{config.d} mb{config.micro_batch_size} "
         f"{config.recompute} {config.schedule}"
     )
 

@@ -77,7 +77,7 @@ def _placement_weights(ctx: PlanContext, config: CandidateConfig) -> PlacementWe
     r = ctx.request
     costs = stage_costs(ctx, config)
     m = config.num_microbatches
-    hop = 2 * m * p2p_bytes(r.model, r.training, config.micro_batch_size, config.t)
+    hop = 2 * m * p2p_bytes(r.model, r.training, config.micro_batch_size, config.t, config.cp)
     pair = 0.0
     if schedule_family(config.schedule).transfers:
         # Evictions per micro-batch are steady once the schedule runs 2p micro-batches.
@@ -85,7 +85,7 @@ def _placement_weights(ctx: PlanContext, config: CandidateConfig) -> PlacementWe
         shape = generate(config.schedule, config.p, simulated, check=False)
         evictions = shape.count(ActionKind.EVICT) / max(1, len(shape.meta.get("pairs", [])))
         pair = 2 * evictions * (m / simulated) * max(costs.activation_bytes)
-    weight_b, grad_b, _ = bytes_per_parameter(r.training, config.d)
+    weight_b, grad_b, _ = bytes_per_parameter(r.training, config.weight_replicas)
     ring = 2 * max(costs.parameters) * (weight_b + grad_b)
     return PlacementWeights(pipeline_hop=hop, bpipe_pair=pair, data_ring=ring)
 
@@ -130,7 +130,7 @@ def refine_plan(
             )
             continue
         key = (coarse.t, coarse.p, coarse.d, coarse.schedule)
-        if key not in ctx.placements:
+        if key not in ctx.placements and coarse.cp == 1:  # cp groups keep Megatron's order
             limit = min(1.0, remaining / 2)
             result = optimize_placement(
                 coarse.t,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.costmodel.evaluate import PlanContext, price, stage_costs, stages_by_device
+from planner.costmodel.evaluate import PlanContext, estimate, price, stage_costs, stages_by_device
+from planner.costmodel.memory import GIB
 from planner.profiles import ProfileStore, default_store
 from planner.schedules import generate, generation_work, schedule_actions
 from planner.simulate import Durations, simulate
 from planner.specs import CandidateConfig, PlanRequest
 
-__all__ = ["candidate_timeline"]
+__all__ = ["candidate_timeline", "memory_breakdown"]
 
 
 def candidate_timeline(
@@ -34,7 +35,13 @@ def candidate_timeline(
     such as SEND/RECV, version switches and mirrors left out). ``mode`` 'summary' (the
     schedule is too large to build within ``max_work``): ``devices[d]`` has its stages and
     ``forward_s``, ``backward_s``, ``weight_s``, ``busy_s`` and ``idle_s`` over the step.
-    Both carry ``makespan``, ``bubble_fraction`` and ``num_actions`` (the schedule's size)."""
+    Both carry ``makespan``, ``bubble_fraction``, ``num_actions`` (the schedule's size),
+    ``num_microbatches`` (every micro-batch drawn: 2BW runs ``num_batches`` batches without a
+    flush, so twice the configuration's) and each device's ``stages`` in chunk order (a V
+    schedule's two chunks) and ``memory`` (:func:`memory_breakdown`). In 'actions' mode each
+    device also has ``memory_curve``: [time s, GiB] steps of its memory over the step, the
+    static part (parameters, gradients, optimizer states, working buffers and allowance) plus
+    the activations the simulator counts as saved at that time."""
     ctx = PlanContext.from_store(request, store or default_store())
     name, p, m = config.schedule, config.p, config.num_microbatches
     num_actions = schedule_actions(name, p, m)
@@ -49,7 +56,17 @@ def candidate_timeline(
         ),
         activation=costs.activation_bytes,
     )
-    devices: list[dict[str, Any]] = [{"device": d, "actions": []} for d in range(p)]
+    breakdown = _breakdown(ctx, config)
+    devices: list[dict[str, Any]] = [
+        {
+            "device": d,
+            "stages": list(schedule.stages_of(d)),
+            "memory": breakdown[d],
+            "memory_curve": _curve(result.memory[d], breakdown[d]),
+            "actions": [],
+        }
+        for d in range(p)
+    ]
     for device, action, start, end in result.timeline():
         kind = action.kind
         if kind.is_compute or (kind.is_transfer and schedule.stage_devices[action.stage] == device):
@@ -62,8 +79,50 @@ def candidate_timeline(
         "makespan": result.makespan,
         "bubble_fraction": result.bubble_fraction,
         "num_actions": sum(len(d["actions"]) for d in devices),
+        "num_microbatches": schedule.total_microbatches,
+        "num_batches": schedule.num_batches,
         "devices": devices,
     }
+
+
+def memory_breakdown(
+    request: PlanRequest, config: CandidateConfig, store: ProfileStore | None = None
+) -> list[dict[str, float]]:
+    """Each pipeline device's memory as the plan counts it, in GiB: ``parameters``,
+    ``gradients``, ``optimizer``, ``activations`` (saved at the peak, plus working buffers),
+    ``allowance`` (workspace and fragmentation) and their ``total``, with ``in_flight``
+    (peak saved micro-batches). Also for a configuration the search rejected as out of
+    memory: activations are counted however far over the capacity it is."""
+    return _breakdown(PlanContext.from_store(request, store or default_store()), config)
+
+
+def _breakdown(ctx: PlanContext, config: CandidateConfig) -> list[dict[str, float]]:
+    est = estimate(ctx, config)
+    return [
+        {
+            "parameters": m.parameters / GIB,
+            "gradients": m.gradients / GIB,
+            "optimizer": m.optimizer / GIB,
+            "activations": m.activations / GIB,
+            "allowance": m.allowance / GIB,
+            "total": m.total / GIB,
+            "in_flight": m.in_flight,
+        }
+        for m in est.memory
+    ]
+
+
+def _curve(steps: list[tuple[float, float]], memory: dict[str, float]) -> list[list[float]]:
+    """The simulator's saved-activation steps (bytes) on top of the rest of the device's
+    planned memory (its total less the simulated peak's saved activations: weights,
+    gradients, optimizer states, working buffers, and the allowance as at the peak), so the
+    curve's top is the plan's figure when the simulated peak is the plan's."""
+    levels = [level for _, level in steps]
+    peak = max(levels, default=0.0) / GIB
+    base = memory["total"] - peak
+    return [[0.0, round(base, 6)]] + [
+        [round(t, 6), round(base + level / GIB, 6)] for t, level in steps
+    ]
 
 
 def _summary(ctx: PlanContext, config: CandidateConfig, num_actions: int) -> dict[str, Any]:
@@ -71,6 +130,7 @@ def _summary(ctx: PlanContext, config: CandidateConfig, num_actions: int) -> dic
     costs = priced.estimate.costs
     m = config.num_microbatches
     devices = []
+    breakdown = _breakdown(ctx, config)
     for device, stages in enumerate(stages_by_device(config.schedule, config.p)):
         forward = m * sum(costs.forward[s] for s in stages)
         backward = m * sum(costs.backward[s] for s in stages)
@@ -80,6 +140,7 @@ def _summary(ctx: PlanContext, config: CandidateConfig, num_actions: int) -> dic
             {
                 "device": device,
                 "stages": list(stages),
+                "memory": breakdown[device],
                 "forward_s": forward,
                 "backward_s": backward,
                 "weight_s": weight,
@@ -93,5 +154,7 @@ def _summary(ctx: PlanContext, config: CandidateConfig, num_actions: int) -> dic
         "makespan": priced.makespan_s,
         "bubble_fraction": priced.bubble_fraction,
         "num_actions": num_actions,
+        "num_microbatches": m,
+        "num_batches": 1,
         "devices": devices,
     }

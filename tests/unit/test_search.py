@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from planner.costmodel import PlanContext, price, stage_costs
+from planner.costmodel.evaluate import estimate
+from planner.costmodel.stages import num_stages, split_layers
 from planner.profiles import default_store
 from planner.schedules import generate
 from planner.search import plan
@@ -18,7 +20,8 @@ from planner.specs import CandidateConfig, Plan, PlanRequest
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_SCHEDULES = ["gpipe", "1f1b", "interleaved", "bpipe", "v-min", "v-half", "v-zb", "2bw"]
-V_SCHEDULES = ("v-min", "v-half", "v-zb")
+V_SCHEDULES = ("v-min", "v-half", "v-zb", "1f1b-v")
+INTERLEAVED = ("interleaved", "bpipe-interleaved")  # two looped stages per device by default
 
 
 def request(
@@ -95,7 +98,7 @@ def expected_points(r: PlanRequest) -> set[tuple[int, int, int, int]]:
 
 
 def stages_of(schedule: str, p: int) -> int:
-    return 2 * p if schedule in V_SCHEDULES or schedule == "interleaved" else p
+    return 2 * p if schedule in (*V_SCHEDULES, *INTERLEAVED) else p
 
 
 def assert_parallel_constraints(r: PlanRequest, c: CandidateConfig) -> None:
@@ -113,11 +116,11 @@ def assert_schedule_constraints(r: PlanRequest, c: CandidateConfig) -> None:
     assert len(c.layers_per_stage) == stages_of(c.schedule, c.p)
     assert all(n >= 1 for n in c.layers_per_stage[1:-1])
     assert max(c.layers_per_stage) - min(c.layers_per_stage) <= 1
-    if c.schedule == "interleaved":
+    if c.schedule in INTERLEAVED:
         assert c.num_microbatches % c.p == 0
     if c.schedule == "2bw":
         assert c.num_microbatches >= c.p
-    if c.schedule in (*V_SCHEDULES, "interleaved", "bpipe"):
+    if c.schedule in (*V_SCHEDULES, *INTERLEAVED, "bpipe"):
         assert c.p >= 2
 
 
@@ -355,7 +358,10 @@ def _config(schedule: str, p: int, m: int) -> CandidateConfig:
     )
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "bpipe", "v-half", "v-zb"])
+@pytest.mark.parametrize(
+    "schedule",
+    ["gpipe", "1f1b", "interleaved", "bpipe", "v-half", "v-zb", "1f1b-v", "bpipe-interleaved"],
+)
 def test_price_simulates_short_runs_exactly(schedule):
     ctx = _pricing_context()
     config = _config(schedule, 4, 8)  # m = 2p: nothing extended
@@ -375,6 +381,9 @@ def test_price_simulates_short_runs_exactly(schedule):
         ("v-half", 4, 32),
         ("v-half", 2, 40),
         ("v-zb", 4, 32),
+        ("1f1b-v", 4, 32),
+        ("1f1b-v", 3, 40),
+        ("bpipe-interleaved", 4, 32),
     ],
 )
 def test_price_extends_the_steady_state_like_the_full_schedule(schedule, p, m):
@@ -384,25 +393,47 @@ def test_price_extends_the_steady_state_like_the_full_schedule(schedule, p, m):
     assert price(ctx, config).makespan_s == pytest.approx(_full_makespan(ctx, config), rel=1e-6)
 
 
-def test_bpipe_beside_1f1b_is_searched_only_where_1f1b_runs_out_of_memory():
+@pytest.mark.parametrize(
+    "base, variant, example_file",
+    [
+        ("1f1b", "bpipe", "gpt3-96b-32xa100.json"),
+        # No 96B configuration fits interleaved BPipe but not interleaved 1F1B.
+        ("interleaved", "bpipe-interleaved", "gpt3-30b-seq4096-8xa100.json"),
+    ],
+)
+def test_bpipe_beside_its_base_is_searched_only_where_the_base_runs_out_of_memory(
+    base, variant, example_file
+):
     """BPipe §4.2: activation balancing is evaluated only for configurations Megatron-LM's
-    1F1B cannot run; where 1F1B fits, BPipe's transfers would only cost time."""
-    r = example("gpt3-96b-32xa100.json", schedules=["1f1b", "bpipe"], top_k=1000)
+    1F1B (or interleaved 1F1B, Appendix A) cannot run; where the base fits, BPipe's
+    transfers would only cost time. "Fits" is the base's estimate with its even layer split
+    and one recompute mode; a candidate's per-stage refinement may relabel its mode."""
+    r = example(example_file, schedules=[base, variant], top_k=1000)
     result = plan(r)
-    oom_1f1b = {
-        _key(x.config)
-        for x in result.rejected
-        if x.config.schedule == "1f1b" and "out of memory" in x.reason
-    }
-    bpipe = [c.config for c in result.candidates if c.config.schedule == "bpipe"]
-    assert bpipe, "the 96B example has configurations only BPipe fits"
-    assert all(_key(c) in oom_1f1b for c in bpipe)
+    ctx = PlanContext.from_store(r, default_store())
+    capacity = ctx.hardware.usable_memory_gib * 2**30
+
+    def base_fits(c: CandidateConfig, recompute: str) -> bool:
+        layers = split_layers(r.model.num_layers, num_stages(base, c.p))
+        even = c.model_copy(
+            update={
+                "schedule": base,
+                "layers_per_stage": layers,
+                "recompute": recompute,
+                "recompute_per_stage": None,
+            }
+        )
+        return estimate(ctx, even, capacity).peak_memory <= capacity
+
+    balanced = [c.config for c in result.candidates if c.config.schedule == variant]
+    assert balanced, f"the example has configurations only {variant} fits"
+    assert all(any(not base_fits(c, mode) for mode in r.search.recompute) for c in balanced)
     skipped = [x for x in result.rejected if "would only add transfers" in x.reason]
-    assert skipped and all(x.config.schedule == "bpipe" for x in skipped)
-    assert all(_key(x.config) not in oom_1f1b for x in skipped)
+    assert skipped and all(x.config.schedule == variant for x in skipped)
+    assert all(base_fits(x.config, x.config.recompute) for x in skipped)
     # Asked for on its own, BPipe is priced wherever it fits.
-    alone = plan(example("gpt3-96b-32xa100.json", schedules=["bpipe"], top_k=1000))
-    assert len(alone.candidates) > len(bpipe)
+    alone = plan(example(example_file, schedules=[variant], top_k=1000))
+    assert len(alone.candidates) > len(balanced)
 
 
 def _key(c: CandidateConfig) -> tuple[object, ...]:
