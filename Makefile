@@ -51,7 +51,7 @@ bench: $(STAMP)  ## schedules, simulator and planner speed, paper reproduction, 
 	$(BIN)/python benchmarks/planner_speed.py
 	$(BIN)/python benchmarks/paper_reproduction.py
 	$(BIN)/python benchmarks/cpsat_vs_grid.py
-	$(BIN)/python benchmarks/load.py
+	$(BIN)/python benchmarks/service_load.py
 	$(BIN)/python benchmarks/executor_vs_torch.py
 
 clean:  ## remove the virtual environment and caches

@@ -117,7 +117,8 @@ def create_app(
         version=version(),
         description=_DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
+        # /docs and /redoc are the dashboard router's, with assets from a pinned package.
+        docs_url=None,
         redoc_url=None,
     )
     app.state.stagewright = state
@@ -125,6 +126,7 @@ def create_app(
     for module in (plans, simulate, schedules, hardware, profiles, measurements, health, dashboard):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC), name="static")
+    app.mount("/docs-assets", StaticFiles(directory=dashboard.DOCS_ASSETS), name="docs-assets")
 
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s

@@ -59,6 +59,10 @@ def load_profiles(*, database_url: str | None) -> WriteReport:
     return prepare_database(Settings.from_env(database_url=database_url))
 
 
+# How long a server process may take to answer its supervisor (see serve()).
+WORKER_HEALTHCHECK_S = 60
+
+
 def _log_config() -> dict[str, Any]:
     """Uvicorn's logging plus the service's own loggers, in every server process."""
     from uvicorn.config import LOGGING_CONFIG
@@ -106,5 +110,9 @@ def serve(*, host: str, port: int, database_url: str | None, workers: int) -> in
         log_config=log_config,
         log_level="info",
         timeout_graceful_shutdown=5,
+        # uvicorn kills a worker that does not answer its supervisor's ping within this
+        # (5 s by default): on a busy machine a worker still importing the application
+        # missed it, was killed and restarted, again and again (seen under load).
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
     )
     return 0

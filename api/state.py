@@ -22,6 +22,7 @@ from api.jobs.runner import JobRunner
 from api.metrics import Metrics
 from api.problems import server_busy
 from api.services.health import HealthProbe
+from api.services.plan_cache import PlanCache
 from api.services.timelines import TimelineCache
 
 __all__ = ["AppState", "offload"]
@@ -32,7 +33,8 @@ T = TypeVar("T")
 
 @dataclass
 class AppState:
-    """One application's settings, database, metrics, job runner, caches and threads."""
+    """One application's settings, database, metrics, job runner, caches (timelines, done
+    plans' JSON) and threads."""
 
     settings: Settings
     database: Database
@@ -40,10 +42,12 @@ class AppState:
     runner: JobRunner
     health: HealthProbe
     timelines: TimelineCache = field(default_factory=TimelineCache)
+    plans: PlanCache = field(init=False)
     threads: anyio.CapacityLimiter = field(init=False)
 
     def __post_init__(self) -> None:
         self.threads = anyio.CapacityLimiter(self.settings.request_threads)
+        self.plans = PlanCache(self.settings.plan_cache_mb * 1024 * 1024)
 
 
 async def offload(state: AppState, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

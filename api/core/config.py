@@ -172,6 +172,13 @@ class Settings(BaseModel):
         description="A candidate's timeline is simulated action by action up to this many "
         "actions; beyond it the timeline is a per-device summary.",
     )
+    plan_cache_mb: int = Field(
+        default=64,
+        ge=0,
+        le=65_536,
+        description="Memory one server process gives the JSON of done plans it has answered, "
+        "so reading one again costs one primary-key lookup (0: no cache).",
+    )
     max_launch_actions: int = Field(
         default=1_000_000,
         ge=1,

@@ -25,6 +25,7 @@ from api.limits import check_plan_request
 from api.schemas import HARDWARE_NAME_PATTERN, PlanList, PlanSummary
 from api.security import Principal
 from api.services import read_retried
+from api.services.plan_cache import plan_exists
 from api.store import crud
 from api.store.models import PlanRecord
 from api.store.snapshots import snapshot_current
@@ -203,6 +204,7 @@ async def wait_for_plan(state: AppState, admission: crud.Admission, wait_s: floa
 
 
 def _answer(
+    state: AppState,
     record: PlanRecord,
     status: int,
     *,
@@ -220,6 +222,25 @@ def _answer(
         error.setdefault("instance", f"/v1/plans/{record.id}")
         return PlanAnswer(int(error["status"]), json.dumps(error).encode(), headers, problem=True)
     body = json.dumps(plan_document(record, include_rejected=include_rejected)).encode()
+    if record.status == "done":  # final: the same bytes answer every later read
+        state.plans.put(record.id, include_rejected, body)
+    return PlanAnswer(status, body, headers)
+
+
+def _cached(
+    state: AppState, plan_id: str, status: int, *, include_rejected: bool, cache: str | None
+) -> PlanAnswer | None:
+    """The answer from this process's cache of done plans, if the plan is there and still
+    stored (one primary-key lookup; it may have been deleted by another process)."""
+    body = state.plans.get(plan_id, include_rejected)
+    if body is None:
+        return None
+    if not plan_exists(state.database, plan_id):
+        state.plans.forget(plan_id)
+        raise problems.plan_not_found(plan_id)
+    headers = {"Location": f"/v1/plans/{plan_id}"}
+    if cache is not None:
+        headers["Stagewright-Cache"] = cache
     return PlanAnswer(status, body, headers)
 
 
@@ -228,21 +249,35 @@ def answer_admission(
 ) -> PlanAnswer:
     """201 with a plan this request searched for, 200 with one answered from the store,
     202 while the search goes on, the stored problem when it failed."""
+    cache = "miss" if admission.created else "hit"
+    if admission.status == "done":
+        found = _cached(
+            state, admission.plan_id, 200, include_rejected=include_rejected, cache=cache
+        )
+        if found is not None:
+            return found
     with state.database.session() as session:
         record = load_plan(session, admission.plan_id)
-    cache = "miss" if admission.created else "hit"
     status = (201 if admission.created else 200) if record.status == "done" else 202
     return _answer(
-        record, status, include_rejected=include_rejected, cache=cache, failure_as_problem=True
+        state,
+        record,
+        status,
+        include_rejected=include_rejected,
+        cache=cache,
+        failure_as_problem=True,
     )
 
 
 @read_retried
 def read_plan(state: AppState, plan_id: str, *, include_rejected: bool) -> PlanAnswer:
+    found = _cached(state, plan_id, 200, include_rejected=include_rejected, cache=None)
+    if found is not None:
+        return found
     with state.database.session() as session:
         record = load_plan(session, plan_id)
     return _answer(
-        record, 200, include_rejected=include_rejected, cache=None, failure_as_problem=False
+        state, record, 200, include_rejected=include_rejected, cache=None, failure_as_problem=False
     )
 
 
@@ -296,3 +331,4 @@ def delete_plan(state: AppState, plan_id: str, principal: Principal) -> None:
             )
         crud.delete_plan(session=session, plan_id=plan_id)
     state.timelines.forget(plan_id)
+    state.plans.forget(plan_id)

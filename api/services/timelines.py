@@ -17,16 +17,26 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.orm import Session
+
 from api import problems
 from api.services.plans import load_done_plan, ranked_candidate
 from api.store.snapshots import find_snapshot
-from planner.search.timeline import candidate_timeline
+from planner.errors import StagewrightError
+from planner.profiles import ProfileStore
+from planner.search.timeline import candidate_timeline, memory_breakdown
 from planner.specs import CandidateConfig, PlanRequest
 
 if TYPE_CHECKING:
     from api.state import AppState
 
-__all__ = ["TimelineCache", "TimelineWindow", "plan_timeline", "plan_timeline_json"]
+__all__ = [
+    "TimelineCache",
+    "TimelineWindow",
+    "plan_timeline",
+    "plan_timeline_json",
+    "rejected_memory_json",
+]
 
 _CACHE_ACTIONS = 1_000_000  # actions kept over every cached timeline of one process
 
@@ -84,7 +94,8 @@ class TimelineWindow:
 def plan_timeline(
     state: AppState, plan_id: str, candidate: int, window: TimelineWindow
 ) -> dict[str, Any]:
-    """The timeline of candidate ``candidate`` (0 = best) of a done plan, windowed."""
+    """The timeline of candidate ``candidate`` (0 = best) of a done plan, windowed (the
+    actions only: each device's stages, memory and memory curve come whole)."""
     key = (plan_id, candidate)
     timeline = state.timelines.get(key)
     if timeline is None:
@@ -104,23 +115,69 @@ def _compute(state: AppState, plan_id: str, candidate: int) -> dict[str, Any]:
     with state.database.session() as session:
         record = load_done_plan(session, plan_id, "ask for its timeline")
         chosen = ranked_candidate(record, candidate)
-        snapshot = find_snapshot(session=session, gpu=record.gpu, revision=record.hardware_revision)
+        store, profiles = _priced_with(session, record.id, record.gpu, record.hardware_revision)
         request = PlanRequest.model_validate(record.result["request"])  # type: ignore[index]
         config = CandidateConfig.model_validate(chosen["config"])
+    timeline = candidate_timeline(
+        request, config, store, max_work=state.settings.max_timeline_actions
+    )
+    timeline["profiles"] = profiles
+    return timeline
+
+
+def rejected_memory_json(state: AppState, plan_id: str, index: int) -> bytes:
+    """Rejected configuration ``index`` (its place in the plan's rejected list) with each
+    pipeline device's memory as the plan counted it (``memory``: parameters, gradients,
+    optimizer, activations, allowance, total GiB), priced with the plan's own profiles; a
+    404 naming the range for a bad index, a 409 for a configuration rejected before it was
+    priced (a broken constraint has no memory figure)."""
+    with state.database.session() as session:
+        record = load_done_plan(session, plan_id, "inspect its rejected configurations")
+        rejected = (record.result or {}).get("rejected") or []
+        if index >= len(rejected):
+            raise problems.not_found(
+                "rejected-not-found",
+                "Rejected configuration not found",
+                f"plan {record.id} has {len(rejected)} rejected configurations; ask for "
+                f"0..{max(0, len(rejected) - 1)}",
+            )
+        entry = rejected[index]
+        store, profiles = _priced_with(session, record.id, record.gpu, record.hardware_revision)
+        request = PlanRequest.model_validate(record.result["request"])  # type: ignore[index]
+    if entry.get("predicted") is None:
+        raise problems.ApiProblem(
+            409,
+            "not-priced",
+            f"rejected configuration {index} was refused before pricing ({entry['reason']}); "
+            "it has no memory figure",
+            title="Configuration not priced",
+        )
+    config = CandidateConfig.model_validate(entry["config"])
+    try:
+        memory = memory_breakdown(request, config, store)
+    except StagewrightError as exc:
+        raise problems.ApiProblem(
+            409, "not-priced", f"rejected configuration {index}: {exc}", title="Not priced"
+        ) from None
+    answer = {**entry, "index": index, "memory": memory, "profiles": profiles}
+    return json.dumps(answer).encode()
+
+
+def _priced_with(
+    session: Session, plan_id: str, gpu: str, revision: int
+) -> tuple[ProfileStore, dict[str, Any]]:
+    """The profiles plan ``plan_id`` was priced with, or a 410 when they are gone."""
+    snapshot = find_snapshot(session=session, gpu=gpu, revision=revision)
     if snapshot is None:
         raise problems.ApiProblem(
             410,
             "profiles-gone",
-            f"plan {plan_id} was priced with revision {record.hardware_revision} of "
-            f"{record.gpu!r}, made before this server kept the profiles of each revision, "
-            "and the profile has changed since; submit the request again for a timeline",
+            f"plan {plan_id} was priced with revision {revision} of "
+            f"{gpu!r}, made before this server kept the profiles of each revision, "
+            "and the profile has changed since; submit the request again",
             title="Profiles no longer available",
         )
-    timeline = candidate_timeline(
-        request, config, snapshot.store(), max_work=state.settings.max_timeline_actions
-    )
-    timeline["profiles"] = {"gpu": snapshot.gpu, "revision": snapshot.revision}
-    return timeline
+    return snapshot.store(), {"gpu": snapshot.gpu, "revision": snapshot.revision}
 
 
 def _windowed(timeline: dict[str, Any], window: TimelineWindow) -> dict[str, Any]:
@@ -135,7 +192,8 @@ def _windowed(timeline: dict[str, Any], window: TimelineWindow) -> dict[str, Any
     selected.sort(key=lambda item: (item[0], item[1]))
     kept = selected[: window.limit]
     devices: list[dict[str, Any]] = [
-        {"device": d["device"], "actions": []} for d in timeline["devices"]
+        {**{k: v for k, v in d.items() if k != "actions"}, "actions": []}
+        for d in timeline["devices"]
     ]
     for _, device, action in kept:
         devices[device]["actions"].append(action)

@@ -245,7 +245,7 @@ class Server:
             stderr=subprocess.STDOUT,
         )
 
-    def wait_ready(self, timeout_s: float = 60) -> None:
+    def wait_ready(self, timeout_s: float = 180) -> None:  # slow on a busy machine
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
