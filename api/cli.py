@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -19,6 +20,7 @@ from api.cli_executor import add_executor_commands
 from api.cli_measurements import add_measurement_commands
 from api.cli_regress import add_regress_command
 from api.render import render_plan
+from api.render_timeline import format_candidate_timeline
 from planner.errors import StagewrightError, validation_problems
 from planner.launch.files import launch_files
 from planner.schedules import (
@@ -29,6 +31,7 @@ from planner.schedules import (
     schedule_family,
 )
 from planner.search import plan
+from planner.search.timeline import candidate_timeline
 from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import Plan, PlanRequest
 
@@ -146,6 +149,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--all",
         action="store_true",
         help="also list rejected candidates with their memory and reason",
+    )
+    planner.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also draw the best candidate's simulated schedule (each device over the step) "
+        "with a legend",
     )
     planner.add_argument(
         "--database-url",
@@ -321,16 +330,26 @@ def _read_request(path: str) -> PlanRequest:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.timeline and args.json:
+        raise StagewrightError(
+            "--timeline draws the schedule in the terminal; leave out --json (GET "
+            "/v1/plans/{id}/timeline gives it as JSON)"
+        )
     request = _read_request(args.request)
     if args.emit is not None:
         _check_emit_folder(args.emit)
+    timeline: dict[str, Any] | None = None
     if args.database_url is None:
         result = plan(request)
+        if args.timeline and result.best is not None:
+            timeline = candidate_timeline(request, result.best.config)
     else:
         from api.store.profiles_io import stored_profiles
 
         with stored_profiles(args.database_url) as store:
             result = plan(request, store)
+            if args.timeline and result.best is not None:
+                timeline = candidate_timeline(request, result.best.config, store)
     if args.emit is not None:
         written = _emit(result, args.emit)
         sys.stderr.write(f"stagewright plan: wrote {written} files into {args.emit}\n")
@@ -340,8 +359,13 @@ def _plan(args: argparse.Namespace) -> int:
             data["rejected"] = []
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return 0
-    console = Console(width=160)
+    console = Console()  # the terminal's width (COLUMNS when not a terminal)
     render_plan(console, result, show_rejected=args.all)
+    if timeline is not None:
+        drawing = format_candidate_timeline(timeline, console.width - 10)
+        console.print(drawing, markup=False, highlight=False, overflow="ignore", crop=False)
+    elif args.timeline:
+        console.print("no candidate fits, so there is no schedule to draw")
     return 0 if result.best is not None else 1
 
 

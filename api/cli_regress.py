@@ -81,7 +81,7 @@ def _regress(args: argparse.Namespace) -> int:
                 return "-"
             return "/".join(
                 str(c[k]) for k in ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
-            )
+            ) + (f" cp {c['cp']}" if c.get("cp", 1) > 1 else "")
 
         rates = (f"{o.baseline_samples_per_s:.3f}" if o.baseline_samples_per_s else "-") + (
             f" -> {o.samples_per_s:.3f}" if o.samples_per_s else " -> -"

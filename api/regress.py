@@ -89,7 +89,9 @@ def _summary(result: Plan) -> dict[str, Any] | None:
         return None
     best = result.best
     return {
-        "config": {k: getattr(best.config, k) for k in _CONFIG_KEYS},
+        # cp only when used, so baselines recorded before context parallelism still match.
+        "config": {k: getattr(best.config, k) for k in _CONFIG_KEYS}
+        | ({"cp": best.config.cp} if best.config.cp > 1 else {}),
         "samples_per_s": best.predicted.samples_per_s,
         "peak_memory_gib": best.predicted.peak_memory_gib,
     }

@@ -5,15 +5,57 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner.specs import CandidateConfig, Plan, Predicted
+from api.render_timeline import reason_summary
+from planner.specs import CandidateConfig, Plan, PlanRequest, Predicted
 
-__all__ = ["render_plan"]
+__all__ = ["BY_SCHEDULE_COLUMNS", "DEVICE_COLUMNS", "RANKED_COLUMNS", "oom_hint", "render_plan"]
+
+# The tables' columns and what each means (docs/request-reference.md lists them).
+RANKED_COLUMNS = (
+    ("#", "Rank: 1 is the fastest configuration that fits (by simulated step time)."),
+    ("t", "Tensor-parallel degree: GPUs that split every layer's matrices."),
+    ("p", "Pipeline-parallel degree: devices the layers are split over, in stages."),
+    ("d", "Data-parallel degree: copies of the pipeline, each on its share of the batch."),
+    ("mb", "Micro-batch size: samples per forward/backward pass."),
+    ("m", "Micro-batches per pipeline per step: global batch / (mb x d)."),
+    ("recompute", "Activation recomputation: none, selective (attention) or full (layers)."),
+    ("schedule", "Pipeline schedule (`GET /v1/schedules` lists them)."),
+    ("step s", "Predicted time of one optimizer step, in seconds."),
+    ("samples/s", "Global batch / step time."),
+    ("MFU", "Model FLOPs utilization: the model's FLOPs per second / the GPUs' peak."),
+    ("bubble", "Share of the step the busiest pipeline device is idle."),
+    ("peak GiB", "Memory of the fullest pipeline device at its peak, in GiB."),
+)
+DEVICE_COLUMNS = (
+    ("device", "Pipeline device (rank in the pipeline)."),
+    ("stages", "Stages the device holds (two for V schedules, more for interleaved)."),
+    ("layers", "Transformer layers on the device."),
+    ("compute s", "Forward + backward time of the device over one step."),
+    ("comm s", "Tensor-parallel and pipeline communication time over one step."),
+    ("bubble s", "Time the device waits in the simulated step."),
+    ("params", "Weights, GiB."),
+    ("grads", "Gradients, GiB."),
+    ("optim", "Optimizer states (sharded over d with the distributed optimizer), GiB."),
+    ("activ.", "Saved activations at the peak plus working buffers, GiB."),
+    ("allow.", "Allowance: workspace and allocator fragmentation, GiB."),
+    ("in flight", "Micro-batches whose activations the device holds at its peak."),
+    ("total GiB", "Everything above: the device's predicted peak memory."),
+)
+BY_SCHEDULE_COLUMNS = (
+    ("schedule", "A schedule the request searched."),
+    ("fit", "Configurations of that schedule that fit in memory."),
+    ("best config (t/p/d/mb/recompute)", "Its fastest configuration."),
+    ("step s", "That configuration's predicted step time."),
+    ("vs best 1f1b", "Speed-up over the fastest configuration of the baseline schedule."),
+)
 
 
-def _config_text(c: CandidateConfig) -> tuple[str, ...]:
-    """The t, p, d, mb, m, recompute, schedule columns of a configuration."""
+def _config_text(c: CandidateConfig, cp: bool = False) -> tuple[str, ...]:
+    """The t, p, d, mb, m, recompute, schedule columns of a configuration (and cp after t
+    when the table shows context parallelism)."""
     return (
         str(c.t),
+        *((str(c.cp),) if cp else ()),
         str(c.p),
         str(c.d),
         str(c.micro_batch_size),
@@ -35,24 +77,15 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
     if plan.best is None:
         console.print(
             "[red]No configuration fits in memory.[/] Run with --all to see why each "
-            "was rejected; more GPUs, recomputation or a smaller micro-batch may help."
+            f"was rejected. {oom_hint(request)}"
         )
     table = Table(title="ranked candidates (time from the simulated schedule)")
-    for header in (
-        "#",
-        "t",
-        "p",
-        "d",
-        "mb",
-        "m",
-        "recompute",
-        "schedule",
-        "step s",
-        "samples/s",
-        "MFU",
-        "bubble",
-        "peak GiB",
-    ):
+    # The context-parallel degree gets a column only when some candidate uses it.
+    show_cp = any(c.config.cp > 1 for c in plan.candidates)
+    ranked_headers = [header for header, _ in RANKED_COLUMNS]
+    if show_cp:
+        ranked_headers.insert(ranked_headers.index("t") + 1, "cp")
+    for header in ranked_headers:
         table.add_column(
             header, justify="right" if header not in ("recompute", "schedule") else "left"
         )
@@ -60,7 +93,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         pr = candidate.predicted
         table.add_row(
             str(rank),
-            *_config_text(candidate.config),
+            *_config_text(candidate.config, show_cp),
             f"{pr.iteration_time_s:.3f}",
             f"{pr.samples_per_s:.2f}",
             f"{pr.mfu:.1%}",
@@ -71,21 +104,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
     if plan.best is not None:
         best = plan.best
         detail = Table(title="best candidate: per pipeline device")
-        for header in (
-            "device",
-            "stages",
-            "layers",
-            "compute s",
-            "comm s",
-            "bubble s",
-            "params",
-            "grads",
-            "optim",
-            "activ.",
-            "allow.",
-            "in flight",
-            "total GiB",
-        ):
+        for header, _ in DEVICE_COLUMNS:
             detail.add_column(header, justify="right")
         for row, total in zip(best.breakdown, best.predicted.memory_gib_per_device, strict=True):
             detail.add_row(
@@ -108,35 +127,55 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         for note in best.notes:
             console.print(f"  note: {note}")
         if best.launch.megatron_args:
-            console.print(f"  Megatron-LM: {best.launch.megatron_args}")
-        console.print(f"  torchrun: {best.launch.torchrun[0]}")
+            console.print(f"  Megatron-LM: {best.launch.megatron_args}", soft_wrap=True)
+        # Whole lines (the terminal wraps them) so that a copied command stays one command.
+        console.print(f"  torchrun: {best.launch.torchrun[0]}", soft_wrap=True, highlight=False)
     if plan.by_schedule:
         summary = Table(title="does a schedule pay off here? best of each (simulated)")
-        for header in (
-            "schedule",
-            "fit",
-            "best config (t/p/d/mb/recompute)",
-            "step s",
-            "vs best 1f1b",
-        ):
+        for header, _ in BY_SCHEDULE_COLUMNS:
+            if show_cp and header.startswith("best config"):
+                header += ", cp"
             summary.add_column(header)
         for entry in plan.by_schedule:
             c = entry.best_config
             summary.add_row(
                 entry.schedule,
                 str(entry.feasible),
-                f"{c.t}/{c.p}/{c.d}/{c.micro_batch_size}/{c.recompute}" if c else "-",
+                (
+                    f"{c.t}/{c.p}/{c.d}/{c.micro_batch_size}/{c.recompute}"
+                    + (f", cp {c.cp}" if c.cp > 1 else "")
+                )
+                if c
+                else "-",
                 f"{entry.best_iteration_time_s:.3f}" if entry.best_iteration_time_s else "-",
                 f"{entry.speedup_vs_1f1b:.2f}x" if entry.speedup_vs_1f1b else "-",
             )
         console.print(summary)
     if show_rejected and plan.rejected:
-        rejected = Table(title=f"rejected ({len(plan.rejected)})")
-        for header in ("t", "p", "d", "mb", "m", "recompute", "schedule", "peak GiB", "reason"):
+        kinds = Table(title=f"rejected ({len(plan.rejected):,}) by reason")
+        kinds.add_column("configurations", justify="right")
+        kinds.add_column("reason (numbers as n)")
+        for kind, count in reason_summary([r.reason for r in plan.rejected]):
+            kinds.add_row(f"{count:,}", kind)
+        console.print(kinds)
+        rejected = Table(title=f"every rejected configuration ({len(plan.rejected):,})")
+        rejected_cp = any(r.config.cp > 1 for r in plan.rejected)
+        for header in (
+            "t",
+            *(("cp",) if rejected_cp else ()),
+            "p",
+            "d",
+            "mb",
+            "m",
+            "recompute",
+            "schedule",
+            "peak GiB",
+            "reason",
+        ):
             rejected.add_column(header)
         for reject in plan.rejected:
             peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
-            rejected.add_row(*_config_text(reject.config), peak, reject.reason)
+            rejected.add_row(*_config_text(reject.config, rejected_cp), peak, reject.reason)
         console.print(rejected)
 
 
@@ -148,3 +187,22 @@ def trust_text(predicted: Predicted) -> str:
         f"{predicted.time_source} (fit error {predicted.calibration_error:.1%}: rms of "
         "ln(predicted / measured) over the runs it was calibrated on)"
     )
+
+
+def oom_hint(request: PlanRequest) -> str:
+    """What may make a run fit, leaving out what the request already does."""
+    search, training = request.search, request.training
+    ideas = ["more GPUs (cluster.num_nodes)"]
+    if "full" not in search.recompute:
+        ideas.append('full recomputation (add "full" to search.recompute)')
+    if search.micro_batch_sizes is not None and 1 not in search.micro_batch_sizes:
+        ideas.append("micro-batch size 1 (search.micro_batch_sizes)")
+    if not training.distributed_optimizer:
+        ideas.append("the distributed optimizer (training.distributed_optimizer)")
+    if not training.sequence_parallel:
+        ideas.append("sequence parallelism (training.sequence_parallel)")
+    if not training.flash_attention:
+        ideas.append("flash attention (training.flash_attention)")
+    if len(ideas) == 1:
+        return f"The request already uses every memory saving searched; {ideas[0]} may help."
+    return f"These may help: {', '.join(ideas[:-1])} or {ideas[-1]}."

@@ -98,6 +98,23 @@ def browser() -> Iterator[object]:
     gc.collect()
 
 
+def screenshots(page, name: str, *, full_page: bool = True) -> list[Path]:  # type: ignore[no-untyped-def]
+    """Screenshots of what the page shows at 1280 and at 768 px wide (kept in
+    .test-artifacts/browser/ for a person to look at), of the whole page unless
+    ``full_page`` is False (the first screen); the viewport is put back after."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    before = page.viewport_size
+    paths = []
+    for width in (1280, 768):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(300)  # the charts redraw on resize
+        path = ARTIFACTS / f"{name}-{width}.png"
+        page.screenshot(path=str(path), full_page=full_page)
+        paths.append(path)
+    page.set_viewport_size(before)
+    return paths
+
+
 @pytest.fixture
 def page(browser, request):  # type: ignore[no-untyped-def]
     context = browser.new_context(viewport={"width": 1400, "height": 900})
@@ -109,3 +126,18 @@ def page(browser, request):  # type: ignore[no-untyped-def]
     page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
     context.close()
     assert not errors, errors
+
+
+def make_plan(server: str, body: dict) -> dict:  # type: ignore[type-arg]
+    """POST a plan request and wait for it; the done plan with every rejected configuration."""
+    created = httpx.post(f"{server}/v1/plans?wait_s=30", json=body, timeout=90)
+    assert created.status_code in (200, 201, 202), created.text
+    plan_id = created.json()["id"]
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        plan = httpx.get(f"{server}/v1/plans/{plan_id}?include_rejected=true", timeout=30).json()
+        if plan["status"] == "done":
+            return plan  # type: ignore[no-any-return]
+        assert plan["status"] in ("queued", "running"), plan
+        time.sleep(0.5)
+    raise AssertionError(f"plan {plan_id} did not finish")

@@ -137,6 +137,32 @@ def test_per_stage_times_are_accepted(capsys):
             + ["3"],
             "--batches does not apply to interleaved (it takes --chunks)",
         ),
+        # Issue 13's must-shows: a limit below every schedule of the family names the
+        # smallest feasible one; a limit on a schedule without one is refused.
+        (
+            ["--schedule", "v-adaptive", "--devices", "8", "--microbatches", "32"]
+            + ["--memory-limit", "0.2"],
+            "the smallest feasible memory_limit is 0.5 (8 of 16 stage activations)",
+        ),
+        (
+            ["--schedule", "zb-adaptive", "--devices", "8", "--microbatches", "32"]
+            + ["--memory-limit", "0.1"],
+            "smallest feasible memory_limit is 0.125",
+        ),
+        (
+            ["--schedule", "v-half", "--devices", "8", "--microbatches", "32"]
+            + ["--memory-limit", "0.5"],
+            "--memory-limit does not apply to v-half",
+        ),
+        (
+            ["--schedule", "1f1b-v", "--devices", "8", "--microbatches", "32"]
+            + ["--memory-limit", "0.7"],
+            "--memory-limit does not apply to 1f1b-v",
+        ),
+        (
+            ["--schedule", "v-adaptive", "--devices", "8", "--microbatches", "32"],
+            "v-adaptive needs --memory-limit",
+        ),
     ],
 )
 def test_bad_input_is_one_line_with_what_to_change(capsys, args, message):

@@ -10,7 +10,7 @@ import pytest
 
 from api.cli import main
 from planner.profiles import default_store
-from planner.specs import Plan
+from planner.specs import ModelSpec, Plan
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny-cpu.json"
@@ -28,6 +28,8 @@ CONFIG_KEYS = {
     "recompute_per_stage",
     # Contract addition: the memory limit an adaptive schedule was built for (else null).
     "memory_limit",
+    # Extension: the context-parallel degree (1 without context parallelism).
+    "cp",
 }
 PREDICTED_KEYS = {
     "iteration_time_s",
@@ -84,7 +86,10 @@ def test_json_output_is_the_contract(capsys):
     data = json.loads(out)
     assert set(data) >= PLAN_KEYS
     assert set(data["stats"]) == {"evaluated", "feasible", "search_ms"}
-    assert data["request"]["model"] == tiny_request()["model"]
+    # The model echoes every field given, and the fields added later at their defaults.
+    given = tiny_request()["model"]
+    assert {k: data["request"]["model"][k] for k in given} == given
+    assert ModelSpec.model_validate(data["request"]["model"]) == ModelSpec.model_validate(given)
     assert data["request"]["cluster"] == tiny_request()["cluster"]
     assert 1 <= len(data["candidates"]) <= tiny_request()["search"]["top_k"]
     assert data["best"] == data["candidates"][0]
@@ -121,7 +126,8 @@ def test_json_without_all_omits_rejected_and_with_all_lists_them(capsys):
     assert data["stats"]["evaluated"] == data["stats"]["feasible"] + len(rejected)
 
 
-def test_text_with_all_shows_rejections(capsys):
+def test_text_with_all_shows_rejections(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: each reason on one line
     code, out, _ = run(capsys, "plan", str(TINY), "--all")
     assert code == 0
     assert "at least 2 devices" in out

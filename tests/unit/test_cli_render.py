@@ -1,0 +1,160 @@
+"""``stagewright plan`` in a terminal: tables that fit its width, rejections summarised by
+reason, the chosen schedule drawn with --timeline, and out-of-memory hints that never
+suggest what the request already does."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.cli import main
+from api.render import oom_hint
+from planner.schedules import generate
+from planner.simulate import Durations, simulate
+from planner.specs import PlanRequest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples" / "tiny-cpu.json"
+BOX = "┏┃┡│└┗━─╇┳┻┯┷"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _table_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line[:1] in BOX]
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> str:
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("columns", [80, 120, 200])
+def test_tables_fit_the_terminal_width(capsys, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = _run(capsys, "plan", str(TINY), "--all")
+    assert code == 0
+    lines = _table_lines(out)
+    assert lines and max(len(line) for line in lines) <= columns
+    if columns >= 120:  # wide enough: one line per ranked candidate, none wrapped
+        _, plan_json, _ = _run(capsys, "plan", str(TINY), "--json")
+        ranked = len(json.loads(plan_json)["candidates"])
+        start = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+        rows = []
+        for line in lines[start + 1 :]:
+            if line.startswith("└"):
+                break
+            rows.append(line)
+        assert len(rows) == ranked
+
+
+def test_all_summarises_rejections_by_reason_before_the_rows(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    _, plan_json, _ = _run(capsys, "plan", str(TINY), "--json", "--all")
+    reasons = [r["reason"] for r in json.loads(plan_json)["rejected"]]
+    _, out, _ = _run(capsys, "plan", str(TINY), "--all")
+    summary_at = out.index(f"rejected ({len(reasons):,}) by reason")
+    rows_at = out.index(f"every rejected configuration ({len(reasons):,})")
+    assert summary_at < rows_at
+    summary = out[summary_at:rows_at]
+    counted = {}
+    for line in summary.splitlines():
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if len(cells) == 2 and cells[0].replace(",", "").isdigit():
+            counted[cells[1]] = int(cells[0].replace(",", ""))
+    # Grouped by the reason's head with its numbers blanked (a hand-written grouping).
+    expected = Counter()
+    for reason in reasons:
+        head = reason.split(":")[0].split(";")[0].split("(")[0]
+        expected[re.sub(r"\b\d+(\.\d+)?\b", "n", head).strip()] += 1
+    assert counted == dict(expected)
+    assert sum(counted.values()) == len(reasons)
+
+
+def test_timeline_draws_the_chosen_schedule_with_a_legend(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "100")
+    data = json.loads(TINY.read_text())
+    data["search"] = {"schedules": ["1f1b"], "micro_batch_sizes": [1], "top_k": 1}
+    data["cluster"].update(gpus_per_node=4)
+    data["model"]["num_layers"] = 64  # deep enough that a pipeline pays off
+    path = _write(tmp_path, data)
+    _, plan_json, _ = _run(capsys, "plan", path, "--json")
+    best = json.loads(plan_json)["best"]["config"]
+    code, out, _ = _run(capsys, "plan", path, "--timeline")
+    assert code == 0
+    rows = re.findall(r"^dev (\d+) +\|([^|]+)\|$", out, flags=re.M)
+    assert [int(d) for d, _ in rows] == list(range(best["p"]))
+    width = len(rows[0][1])
+    assert all(len(r) == width for _, r in rows) and width <= 100
+    # Each device's idle columns match the simulated idle share of its schedule (1F1B with
+    # equal stages: device d waits d forwards at the start).
+    schedule = generate("1f1b", best["p"], best["num_microbatches"])
+    result = simulate(schedule, Durations(forward=1.0, backward=2.0))
+    if best["p"] > 1:
+        assert rows[0][1][0] == "F" and rows[-1][1][0] == "."
+    for (_, row), stats in zip(rows, result.devices, strict=True):
+        idle = row.count(".") / width
+        assert idle == pytest.approx(1 - stats.busy / result.makespan, abs=0.15)
+    legend = next(line for line in out.splitlines() if line.startswith("legend: "))
+    drawn = set("".join(r for _, r in rows)) - {"."}
+    assert {item.split(" ")[0] for item in legend[8:].split("   ")} == drawn | {"."}
+
+
+def test_timeline_refuses_json(capsys):
+    code, out, err = _run(capsys, "plan", str(TINY), "--timeline", "--json")
+    assert code == 2 and out == ""
+    assert "leave out --json" in err
+
+
+def _request(**changes: Any) -> PlanRequest:
+    data = json.loads(TINY.read_text())
+    for key, value in changes.items():
+        group, name = key.split("__")
+        data.setdefault(group, {})[name] = value
+    return PlanRequest.model_validate(data)
+
+
+def test_oom_hint_leaves_out_what_is_already_on():
+    everything = _request(
+        search__recompute=["none", "full"],
+        search__micro_batch_sizes=[1, 2],
+        training__distributed_optimizer=True,
+        training__sequence_parallel=True,
+        training__flash_attention=True,
+    )
+    hint = oom_hint(everything)
+    for already in ("recompute", "micro_batch_sizes", "distributed_optimizer", "sequence", "flash"):
+        assert already not in hint
+    assert "more GPUs" in hint
+    nothing = _request(
+        search__recompute=["none"],
+        search__micro_batch_sizes=[4],
+        training__distributed_optimizer=False,
+        training__sequence_parallel=False,
+        training__flash_attention=False,
+    )
+    hint = oom_hint(nothing)
+    for missing in ("recompute", "micro_batch_sizes", "distributed_optimizer", "sequence", "flash"):
+        assert missing in hint
+
+
+def test_the_printed_hint_is_the_requests(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "400")  # the hint on one line
+    data = json.loads((REPO / "examples" / "gpt3-13b-8xa100.json").read_text())
+    data["cluster"].update(num_nodes=1, gpus_per_node=1)
+    data["search"].update(schedules=["1f1b"], recompute=["full"])
+    code, out, _ = _run(capsys, "plan", _write(tmp_path, data))
+    assert code == 1
+    assert "No configuration fits" in out
+    hint = next(line for line in out.splitlines() if "No configuration fits" in line)
+    assert "more GPUs" in hint and "recompute" not in hint
