@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -21,11 +21,13 @@ from api.core.db import Database
 from api.jobs.runner import JobRunner
 from api.metrics import Metrics
 from api.problems import server_busy
+from api.services.cache import PerPlanCache
 from api.services.health import HealthProbe
-from api.services.plan_cache import PlanCache
-from api.services.timelines import TimelineCache
+from api.services.timelines import timeline_weight
 
 __all__ = ["AppState", "offload"]
+
+_TIMELINE_ACTIONS = 1_000_000  # actions kept over every cached timeline of one process
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -41,13 +43,16 @@ class AppState:
     metrics: Metrics
     runner: JobRunner
     health: HealthProbe
-    timelines: TimelineCache = field(default_factory=TimelineCache)
-    plans: PlanCache = field(init=False)
+    timelines: PerPlanCache[int, dict[str, Any]] = field(init=False)
+    plans: PerPlanCache[bool, bytes] = field(init=False)
     threads: anyio.CapacityLimiter = field(init=False)
 
     def __post_init__(self) -> None:
         self.threads = anyio.CapacityLimiter(self.settings.request_threads)
-        self.plans = PlanCache(self.settings.plan_cache_mb * 1024 * 1024)
+        # Timelines by candidate, at most a million actions in all; done plans' JSON by
+        # whether it lists the rejected configurations, at most plan_cache_mb.
+        self.timelines = PerPlanCache(_TIMELINE_ACTIONS, timeline_weight)
+        self.plans = PerPlanCache(self.settings.plan_cache_mb * 1024 * 1024, len)
 
 
 async def offload(state: AppState, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -6,7 +6,7 @@ own database sessions and finishes with them before it returns, so nothing touch
 database once a response has started. Errors are ``api.problems`` values, rendered in one
 place. Modules: ``plans`` (submit, wait, read, list, delete), ``measurements``,
 ``launches`` (a candidate's full launch artefacts), ``timelines``, ``hardware``,
-``profiles``, ``simulate`` and ``health``.
+``profiles``, ``simulate`` and ``health``; ``cache`` keeps what a done plan answers.
 """
 
 from __future__ import annotations

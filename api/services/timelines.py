@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,53 +29,16 @@ if TYPE_CHECKING:
     from api.state import AppState
 
 __all__ = [
-    "TimelineCache",
     "TimelineWindow",
     "plan_timeline",
     "plan_timeline_json",
     "rejected_memory_json",
+    "timeline_weight",
 ]
 
-_CACHE_ACTIONS = 1_000_000  # actions kept over every cached timeline of one process
 
-
-class TimelineCache:
-    """Timelines by (plan id, candidate), least recently used first out, at most
-    ``capacity`` actions in all."""
-
-    def __init__(self, capacity: int = _CACHE_ACTIONS) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
-        self._size = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, int]) -> dict[str, Any] | None:
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-            return found
-
-    def put(self, key: tuple[str, int], timeline: dict[str, Any]) -> None:
-        size = _weight(timeline)
-        if size > self.capacity:
-            return
-        with self._lock:
-            if key in self._items:
-                return
-            self._items[key] = timeline
-            self._size += size
-            while self._size > self.capacity:
-                _, dropped = self._items.popitem(last=False)
-                self._size -= _weight(dropped)
-
-    def forget(self, plan_id: str) -> None:
-        with self._lock:
-            for key in [k for k in self._items if k[0] == plan_id]:
-                self._size -= _weight(self._items.pop(key))
-
-
-def _weight(timeline: dict[str, Any]) -> int:
+def timeline_weight(timeline: dict[str, Any]) -> int:
+    """A cached timeline's weight: its actions (and one for the summary itself)."""
     return 1 + sum(len(d.get("actions", ())) for d in timeline["devices"])
 
 
@@ -96,11 +57,10 @@ def plan_timeline(
 ) -> dict[str, Any]:
     """The timeline of candidate ``candidate`` (0 = best) of a done plan, windowed (the
     actions only: each device's stages, memory and memory curve come whole)."""
-    key = (plan_id, candidate)
-    timeline = state.timelines.get(key)
+    timeline = state.timelines.get(plan_id, candidate)
     if timeline is None:
         timeline = _compute(state, plan_id, candidate)
-        state.timelines.put(key, timeline)
+        state.timelines.put(plan_id, candidate, timeline)
     return _windowed(timeline, window)
 
 
