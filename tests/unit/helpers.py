@@ -1,4 +1,5 @@
-"""Independent checks shared by the schedule tests (they do not use the validator)."""
+"""Shared by the unit tests: independent checks of schedules (they do not use the
+validator), and small model and training specs built from a test module's defaults."""
 
 from __future__ import annotations
 
@@ -6,8 +7,19 @@ from collections import Counter
 
 from planner.schedules import ActionKind, Schedule
 from planner.simulate import SimulationResult
+from planner.specs import ModelSpec, TrainingSpec
 
 K = ActionKind
+
+
+def model_spec(defaults: dict[str, object], **changes: object) -> ModelSpec:
+    """A model spec: a test module's ``defaults`` with ``changes`` applied."""
+    return ModelSpec.model_validate({**defaults, **changes})
+
+
+def training(**changes: object) -> TrainingSpec:
+    """A training spec of global batch 32 with ``changes`` applied."""
+    return TrainingSpec.model_validate({"global_batch_size": 32, **changes})
 
 
 def assert_complete(schedule: Schedule) -> None:

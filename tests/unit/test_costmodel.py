@@ -28,28 +28,24 @@ from planner.costmodel.memory import (
 )
 from planner.costmodel.timing import layer_times, modelled_layer_times, time_provenance
 from planner.profiles import CalibrationRecord, HardwareProfile, LayerPoint, default_store
-from planner.specs import CandidateConfig, ModelSpec, PlanRequest, Recompute, TrainingSpec
+from planner.specs import CandidateConfig, ModelSpec, PlanRequest, Recompute
+from tests.unit.helpers import model_spec, training
 
 GIB = 2**30
 
 
+MODEL_DEFAULTS: dict[str, object] = {
+    "name": "m",
+    "num_layers": 40,
+    "hidden_size": 5120,
+    "num_attention_heads": 40,
+    "seq_length": 2048,
+    "vocab_size": 51200,
+}
+
+
 def model(**changes: object) -> ModelSpec:
-    fields: dict[str, object] = {
-        "name": "m",
-        "num_layers": 40,
-        "hidden_size": 5120,
-        "num_attention_heads": 40,
-        "seq_length": 2048,
-        "vocab_size": 51200,
-    }
-    fields.update(changes)
-    return ModelSpec.model_validate(fields)
-
-
-def training(**changes: object) -> TrainingSpec:
-    fields: dict[str, object] = {"global_batch_size": 32}
-    fields.update(changes)
-    return TrainingSpec.model_validate(fields)
+    return model_spec(MODEL_DEFAULTS, **changes)
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -34,7 +34,8 @@ from planner.launch.runtimes import executor_problem
 from planner.placement import context_groups_within_nodes
 from planner.profiles import Link, default_store
 from planner.search import plan
-from planner.specs import CandidateConfig, ModelSpec, PlanRequest, TrainingSpec
+from planner.specs import CandidateConfig, ModelSpec, PlanRequest
+from tests.unit.helpers import model_spec, training
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -52,23 +53,18 @@ def example(name: str) -> PlanRequest:
     return PlanRequest.model_validate_json((EXAMPLES / name).read_text())
 
 
+MODEL_DEFAULTS: dict[str, object] = {
+    "name": "m",
+    "num_layers": 4,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "seq_length": 1024,
+    "vocab_size": 32000,
+}
+
+
 def model(**changes: object) -> ModelSpec:
-    fields: dict[str, object] = {
-        "name": "m",
-        "num_layers": 4,
-        "hidden_size": 1024,
-        "num_attention_heads": 16,
-        "seq_length": 1024,
-        "vocab_size": 32000,
-    }
-    fields.update(changes)
-    return ModelSpec.model_validate(fields)
-
-
-def training(**changes: object) -> TrainingSpec:
-    fields: dict[str, object] = {"global_batch_size": 32}
-    fields.update(changes)
-    return TrainingSpec.model_validate(fields)
+    return model_spec(MODEL_DEFAULTS, **changes)
 
 
 # ------------------------------------------------------------------ parameters and sizes
