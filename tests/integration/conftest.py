@@ -105,6 +105,12 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'stagewright.db'}"
     else:
         url = schema_url(request.getfixturevalue("postgres_schema"))
+    migrate_with_profiles(url)
+    return url
+
+
+def migrate_with_profiles(url: str) -> None:
+    """Bring the database at ``url`` to the newest schema and load the bundled profiles."""
     database = Database(url)
     try:
         migrate(database)
@@ -112,7 +118,6 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             load_bundled_profiles(session=session)
     finally:
         database.dispose()
-    return url
 
 
 def reset(url: str) -> None:

@@ -3,8 +3,6 @@ away and comes back."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 import uuid
 
@@ -15,17 +13,17 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
 from api.app import create_app
-from api.core.db import Database, migrate
+from api.core.db import Database
 from api.store.models import Job
-from api.store.profiles import load_bundled_profiles
 from tests.integration.conftest import (
     PG_ADMIN_URL,
     assert_problem,
     example,
-    free_port,
+    migrate_with_profiles,
     settings_for,
     wait_done,
 )
+from tests.tcp_proxy import TcpProxy
 
 # GPT-3 175B on 1,024 A100s, every schedule, refined with CP-SAT for 8 s: a search long
 # enough to stop and kill a server in the middle of (the grid alone takes under a second).
@@ -102,77 +100,9 @@ def test_missing_sqlite_database_is_503_until_it_is_there(tmp_path):
         assert metrics.status_code == 200 and "stagewright_database_up 0" in metrics.text
         # The volume is mounted and the database restored: no restart needed.
         folder.mkdir()
-        database = Database(url)
-        migrate(database)
-        with database.session() as session:
-            load_bundled_profiles(session=session)
-        database.dispose()
+        migrate_with_profiles(url)
         assert client.get("/healthz").status_code == 200
         assert client.post("/v1/plans", json=example("tiny-cpu")).status_code == 201
-
-
-class TcpProxy:
-    """127.0.0.1:port -> the PostgreSQL server; down() cuts every connection and refuses new
-    ones (the database host went away), up() serves again on the same port."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = free_port()
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._listener: socket.socket | None = None
-
-    def up(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(16)
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def down(self) -> None:
-        with self._lock:
-            if self._listener is not None:
-                # Without shutdown() a thread blocked in accept() keeps it listening (Linux).
-                try:
-                    self._listener.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                self._listener.close()
-                self._listener = None
-            for sock in self._sockets:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                sock.close()
-            self._sockets.clear()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            with self._lock:
-                self._sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 @pytest.fixture
@@ -190,11 +120,7 @@ def postgres_via_proxy(postgres_schema):
         .update_query_dict({"options": f"-csearch_path={schema}"})
         .render_as_string(hide_password=False)
     )
-    database = Database(url)
-    migrate(database)
-    with database.session() as session:
-        load_bundled_profiles(session=session)
-    database.dispose()
+    migrate_with_profiles(url)
     try:
         yield url, proxy
     finally:

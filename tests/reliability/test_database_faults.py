@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import uuid
@@ -28,87 +27,16 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from api.app import create_app
-from api.core.db import Database, migrate
-from api.store.profiles import load_bundled_profiles
 from tests.integration.conftest import (
     PG_ADMIN_URL,
     assert_problem,
     example,
-    free_port,
+    migrate_with_profiles,
     schema_url,
     settings_for,
 )
 from tests.integration.test_api_profiles import H200X
-
-
-class SilentProxy:
-    """127.0.0.1:port -> PostgreSQL. ``silence()`` keeps every connection open but stops
-    forwarding bytes either way (a database host that hangs, or a network that drops
-    packets); ``speak()`` forwards again, what was held included."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = free_port()
-        self.flowing = threading.Event()
-        self.flowing.set()
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", self.port))
-        self._listener.listen(64)
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def silence(self) -> None:
-        self.flowing.clear()
-
-    def speak(self) -> None:
-        self.flowing.set()
-
-    def close(self) -> None:
-        self.flowing.set()
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
-        with self._lock:
-            for sock in self._sockets:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                self.flowing.wait()
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+from tests.tcp_proxy import TcpProxy
 
 
 def _fresh_schema() -> tuple[str, str]:
@@ -120,13 +48,7 @@ def _fresh_schema() -> tuple[str, str]:
     finally:
         admin.dispose()
     url = schema_url(schema)
-    database = Database(url)
-    try:
-        migrate(database)
-        with database.session() as session:
-            load_bundled_profiles(session=session)
-    finally:
-        database.dispose()
+    migrate_with_profiles(url)
     return schema, url
 
 
@@ -161,7 +83,8 @@ BOUNDS = {
 
 def test_a_database_that_stops_answering_gives_clean_503s(pg_schema):
     target = make_url(PG_ADMIN_URL)
-    proxy = SilentProxy((target.host or "127.0.0.1", target.port or 5432))
+    proxy = TcpProxy((target.host or "127.0.0.1", target.port or 5432))
+    proxy.up()
     url = make_url(pg_schema).set(host="127.0.0.1", port=proxy.port)
     app = create_app(settings_for(url.render_as_string(hide_password=False), **BOUNDS))
     try:
@@ -220,7 +143,7 @@ def test_a_database_that_stops_answering_gives_clean_503s(pg_schema):
             again = client.post("/v1/plans", json=example("tiny-cpu"))
             assert again.status_code == 200 and again.headers["stagewright-cache"] == "hit"
     finally:
-        proxy.close()
+        proxy.down()
 
 
 def _terminate_backends(application_name: str, stop: threading.Event) -> int:
