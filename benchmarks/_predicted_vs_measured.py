@@ -40,16 +40,29 @@ from planner.specs import CandidateConfig, ModelSpec, PlanRequest, RecomputeSpli
 Launch = Callable[[Path, int, int, Path], RunReport]
 """Runs an executor config: (config file, ranks, steps, output folder) -> its run report."""
 
-__all__ = ["memory_against_prediction", "step_time_against_prediction"]
+__all__ = ["cpu_candidate", "memory_against_prediction", "step_time_against_prediction"]
 
 
-def _request(model: dict[str, Any], p: int, m: int, precision: str) -> PlanRequest:
-    return PlanRequest.model_validate(
+def cpu_candidate(
+    model: dict[str, Any],
+    schedule: str,
+    p: int,
+    m: int,
+    *,
+    mb: int = 1,
+    precision: str = "fp32",
+    recompute: str = "none",
+    per_stage: list[RecomputeSplit] | None = None,
+) -> tuple[PlanRequest, CandidateConfig]:
+    """A plan request for ``model`` on ``p`` ranks of the ``cpu`` profile (SGD, no
+    distributed optimizer, no sequence parallelism, no flash attention) and its one
+    pipeline-only candidate: ``m`` micro-batches of ``mb``, layers split as a plan does."""
+    request = PlanRequest.model_validate(
         {
             "model": model,
             "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": p},
             "training": {
-                "global_batch_size": m,
+                "global_batch_size": m * mb,
                 "precision": precision,
                 "optimizer": "sgd",
                 "distributed_optimizer": False,
@@ -58,6 +71,21 @@ def _request(model: dict[str, Any], p: int, m: int, precision: str) -> PlanReque
             },
         }
     )
+    layers = split_layers(model["num_layers"], num_stages(schedule, p))
+    if layers is None:
+        raise SystemExit(f"{model['num_layers']} layers cannot be split for {schedule} at p={p}")
+    config = CandidateConfig(
+        t=1,
+        p=p,
+        d=1,
+        micro_batch_size=mb,
+        num_microbatches=m,
+        recompute=recompute,
+        schedule=schedule,
+        layers_per_stage=layers,
+        recompute_per_stage=per_stage,
+    )
+    return request, config
 
 
 def priced_config(
@@ -73,20 +101,8 @@ def priced_config(
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """The executor config a plan hands out (with the prediction, on ``store``), and the
     planner's step time and the busiest device's compute seconds per step."""
-    request = _request(model, p, m, precision)
-    layers = split_layers(model["num_layers"], num_stages(schedule, p))
-    if layers is None:
-        raise SystemExit(f"{model['num_layers']} layers cannot be split for {schedule} at p={p}")
-    config = CandidateConfig(
-        t=1,
-        p=p,
-        d=1,
-        micro_batch_size=1,
-        num_microbatches=m,
-        recompute=recompute,
-        schedule=schedule,
-        layers_per_stage=layers,
-        recompute_per_stage=per_stage,
+    request, config = cpu_candidate(
+        model, schedule, p, m, precision=precision, recompute=recompute, per_stage=per_stage
     )
     priced = price(PlanContext.from_store(request, store or default_store()), config)
     document = build_executor_config(

@@ -56,15 +56,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._predicted_vs_measured import (  # noqa: E402
+    cpu_candidate,
     memory_against_prediction,
     step_time_against_prediction,
 )
 from executor.launcher import torchrun_command  # noqa: E402
 from executor.reporting import REPORT_FILE  # noqa: E402
-from planner.costmodel.evaluate import num_stages, split_layers  # noqa: E402
+from planner.costmodel.evaluate import split_layers  # noqa: E402
 from planner.launch import RunReport, build_executor_config  # noqa: E402
 from planner.placement import place  # noqa: E402
-from planner.specs import CandidateConfig, PlanRequest  # noqa: E402
 
 TORCH_WORKER = Path(__file__).resolve().parent / "_pipelining_worker.py"
 TORCH_NAME = {
@@ -79,33 +79,7 @@ def make_config(
     schedule: str, p: int, m: int, model: dict[str, Any], *, mb: int = 1
 ) -> dict[str, Any]:
     """An executor config the way a plan builds it (as tests/executor/configs.py does)."""
-    request = PlanRequest.model_validate(
-        {
-            "model": model,
-            "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": p},
-            "training": {
-                "global_batch_size": m * mb,
-                "precision": "fp32",
-                "optimizer": "sgd",
-                "distributed_optimizer": False,
-                "sequence_parallel": False,
-                "flash_attention": False,
-            },
-        }
-    )
-    layers = split_layers(model["num_layers"], num_stages(schedule, p))
-    if layers is None:
-        raise SystemExit(f"{model['num_layers']} layers cannot be split for {schedule} at p={p}")
-    config = CandidateConfig(
-        t=1,
-        p=p,
-        d=1,
-        micro_batch_size=mb,
-        num_microbatches=m,
-        recompute="none",
-        schedule=schedule,
-        layers_per_stage=layers,
-    )
+    request, config = cpu_candidate(model, schedule, p, m, mb=mb)
     document = build_executor_config(request, config, place(1, p, 1, p))
     data = document.materialized().model_dump(mode="json")
     data["optimizer"]["lr"] = LR
