@@ -70,25 +70,27 @@ def _weight_key(config: ExecutorConfig) -> dict[str, str]:
 
 
 def _gradients(
-    config: ExecutorConfig, weights: dict[str, Tensor], step: int
+    config: ExecutorConfig, weights: dict[str, Tensor], step: int, *, reverse: bool = False
 ) -> tuple[list[float], dict[str, Tensor]]:
-    """Per-micro-batch losses (replica-major) and full gradients of the step's mean loss."""
+    """Per-micro-batch losses (replica-major) and full gradients of the step's mean loss;
+    ``reverse`` adds the micro-batches' gradients up in the opposite order (the same sum,
+    other fp32 rounding; the losses are then listed in that order too)."""
     model = _full_model(config, weights)
     m, d = config.num_microbatches, config.parallel.d
     scale = LossScaler(config).scale
     params = dict(model.named_parameters())
     total = {n: torch.zeros(p.shape) for n, p in params.items()}
     losses = []
-    for dp in range(d):
-        for k in range(m):
-            batch = MicroBatch(config, dp, step, k)
-            loss = model(batch.inputs(), batch.key, batch.targets())
-            losses.append(float(loss.detach()))
-            (loss * (scale / m)).backward()
-            for n, p in params.items():  # accumulate in fp32, as the run does
-                if p.grad is not None:
-                    total[n] += p.grad.float()
-                    p.grad = None
+    order = [(dp, k) for dp in range(d) for k in range(m)]
+    for dp, k in reversed(order) if reverse else order:
+        batch = MicroBatch(config, dp, step, k)
+        loss = model(batch.inputs(), batch.key, batch.targets())
+        losses.append(float(loss.detach()))
+        (loss * (scale / m)).backward()
+        for n, p in params.items():  # accumulate in fp32, as the run does
+            if p.grad is not None:
+                total[n] += p.grad.float()
+                p.grad = None
     names = _weight_key(config)
     return losses, {names[n]: g / (d * scale) for n, g in total.items()}
 
@@ -100,13 +102,15 @@ def reference_gradients(
     return _gradients(config, weights, step)
 
 
-def reference_weights(config: ExecutorConfig, segments: Sequence[int]) -> dict[str, Tensor]:
+def reference_weights(
+    config: ExecutorConfig, segments: Sequence[int], *, reverse: bool = False
+) -> dict[str, Tensor]:
     """Weights after the given runs (see :func:`reference_run`)."""
-    return reference_run(config, segments)[0]
+    return reference_run(config, segments, reverse=reverse)[0]
 
 
 def reference_run(
-    config: ExecutorConfig, segments: Sequence[int]
+    config: ExecutorConfig, segments: Sequence[int], *, reverse: bool = False
 ) -> tuple[dict[str, Tensor], list[list[float]]]:
     """Weights after the given runs, from the initial weights, and every step's per
     micro-batch losses (replica-major). Within a run of n batches
@@ -116,7 +120,8 @@ def reference_run(
     (a flush between runs). ``segments`` lists the batches of each run, in order: runs of one
     batch are ordinary flushed steps, W(t+1) = W(t) - lr * grad(W(t)). The update is the
     run's optimizer (torch.optim) over the whole model. (fp16 steps the loss scaler skipped
-    are not replayed.)"""
+    are not replayed.) ``reverse``: every step's micro-batches added up in the opposite
+    order, a second reference that differs from the first by rounding alone."""
     dtype = COMPUTE_DTYPE[config.training.precision]
     # The master weights start from the compute-precision weights, as Megatron-LM's do.
     initial = init_full_weights(GPTShape.of(config.model), config.seed)
@@ -129,7 +134,9 @@ def reference_run(
     for batches in segments:
         versions = [dict(current)]
         for b in range(batches):
-            step_losses, grads = _gradients(config, versions[max(b - 1, 0)], step + b)
+            step_losses, grads = _gradients(
+                config, versions[max(b - 1, 0)], step + b, reverse=reverse
+            )
             losses.append(step_losses)
             flat.grad = torch.cat([grads[n].reshape(-1) for n in names])
             optimizer.step()
@@ -138,7 +145,10 @@ def reference_run(
             versions.append(_unflatten(compute, current))
         current = versions[-1]
         step += batches
-    return current, losses
+    # Each weight in a storage of its own: as views of one flat buffer, every one of them
+    # would carry the whole buffer when pickled (rank 0 broadcasts these to every rank for
+    # --verify: about 100 copies of the model, gigabytes for an 8-layer toy model).
+    return {name: value.clone() for name, value in current.items()}, losses
 
 
 def _unflatten(flat: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -196,3 +196,37 @@ def test_after_profiling_the_planner_predicts_exactly_what_the_run_saves(runs, t
     predicted = prediction("cpu", price(PlanContext.from_store(request, store), config))
     measured = {r.pp: r.peak_saved_activation_bytes for r in runs[1]["pp4-bf16-selective"].ranks}
     assert [measured[d] for d in range(4)] == predicted.saved_activation_bytes
+
+
+def test_the_reference_weights_pickle_to_about_their_own_size():
+    """--verify broadcasts the reference's weights from rank 0 to every rank (pickled):
+    each weight must carry only its own bytes, not the whole model's flat buffer."""
+    import pickle
+
+    config = ExecutorConfig.model_validate(_config("vzb-tp2-sp"))
+    weights, _ = reference_run(config, [2])
+    own = sum(value.numel() * value.element_size() for value in weights.values())
+    assert len(pickle.dumps(weights)) < 1.5 * own
+
+
+def test_the_2bw_weight_check_allows_rounding_but_not_fresh_weights():
+    """With Adam, two references that add the micro-batches up in opposite orders differ by
+    rounding alone (far below the weights' scale); the tolerance --verify derives from that
+    difference still flags, on every tensor, weights updated without the one-step staleness
+    (flushed steps W(t+1) = W(t) - lr * grad(W(t)) instead of 2BW's grad(W(t-1)))."""
+    from executor.verify import ROUNDING_MARGIN, TOLERANCE
+
+    config = ExecutorConfig.model_validate(
+        make_config("2bw", 1, 2, 2, 2, optimizer="adam", lr=1e-3)
+    )
+
+    def error(run: torch.Tensor, reference: torch.Tensor) -> float:
+        return float((run - reference).abs().max()) / float(reference.abs().max().clamp_min(1e-12))
+
+    stale, _ = reference_run(config, [3])
+    reordered, _ = reference_run(config, [3], reverse=True)
+    fresh, _ = reference_run(config, [1, 1, 1])
+    for name, expected in stale.items():
+        noise = error(reordered[name], expected)
+        assert noise < 1e-2, name
+        assert error(fresh[name], expected) > max(TOLERANCE["fp32"], ROUNDING_MARGIN * noise), name
