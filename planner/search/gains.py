@@ -1,8 +1,8 @@
 """What a schedule built for a memory limit gained over the fixed schedules of its layout.
 
-Issue 13: each v-adaptive (or zb-adaptive) candidate shows the memory limit it was built
-for and how its step time compares with the best fixed schedule the request searched for
-the same (t, p, d, micro-batch size, recompute), priced the same way.
+Each v-adaptive (or zb-adaptive) candidate of a plan carries a note: the memory limit it was
+built for and how its step time compares with the best fixed schedule the request searched
+for the same (t, p, d, micro-batch size, recompute), priced the same way.
 """
 
 from __future__ import annotations
