@@ -52,7 +52,7 @@ __all__ = ["SEARCH_FUNCTION", "create_app"]
 
 log = logging.getLogger("stagewright.api")
 
-SEARCH_FUNCTION = "planner.search:plan"
+SEARCH_FUNCTION = "planner.plan:plan"
 
 _DESCRIPTION = """\
 Plans pipeline-parallel training of large language models: POST a PlanRequest to

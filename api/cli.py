@@ -23,6 +23,7 @@ from api.render import render_plan
 from api.render_timeline import format_candidate_timeline
 from planner.errors import StagewrightError, validation_problems
 from planner.launch.files import launch_files
+from planner.plan import plan
 from planner.schedules import (
     SCHEDULE_NAMES,
     PassTimes,
@@ -30,7 +31,6 @@ from planner.schedules import (
     generate,
     schedule_family,
 )
-from planner.search import plan
 from planner.search.timeline import candidate_timeline
 from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import Plan, PlanRequest

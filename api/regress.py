@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import StagewrightError
-from planner.search import plan
+from planner.plan import plan
 from planner.specs import Plan, PlanRequest
 
 __all__ = ["BASELINE_FORMAT", "Outcome", "check_baseline", "load_baseline", "update_baseline"]

@@ -201,7 +201,8 @@ class Checker:
 
     def check(self, row: Row) -> dict[str, Any]:
         schedule, recompute = row["schedule"], row["recompute"]
-        priced = price(self.context(row), config_for(row, recompute, schedule))
+        ctx = self.context(row)
+        priced = price(ctx, estimate(ctx, config_for(row, recompute, schedule)))
         fits = priced.estimate.peak_memory <= self.capacity  # the estimate price() made
         lighter = RECOMPUTE_ORDER[: RECOMPUTE_ORDER.index(recompute)]
         oom_lighter = None if not lighter else all(not self.fits(row, r, schedule) for r in lighter)

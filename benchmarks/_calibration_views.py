@@ -33,8 +33,8 @@ from planner.costmodel.allowance import AllowanceFit, fit_allowance  # noqa: E40
 from planner.costmodel.memory import GIB  # noqa: E402
 from planner.costmodel.parameters import ALLOCATOR_FRAGMENTATION, WORKSPACE_GIB  # noqa: E402
 from planner.measurements import MeasuredRun  # noqa: E402
+from planner.plan import plan  # noqa: E402
 from planner.profiles import HardwareProfile, JsonProfileStore, LayerPoint  # noqa: E402
-from planner.search import plan  # noqa: E402
 
 PAPER_SEARCH_TOP_K = 60  # ranked candidates to look through for the paper's search space
 

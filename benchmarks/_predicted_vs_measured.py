@@ -27,6 +27,7 @@ from typing import Any
 from executor.profiler import profile_layer
 from planner.costmodel.evaluate import (
     PlanContext,
+    estimate,
     num_stages,
     placement_for,
     price,
@@ -104,7 +105,8 @@ def priced_config(
     request, config = cpu_candidate(
         model, schedule, p, m, precision=precision, recompute=recompute, per_stage=per_stage
     )
-    priced = price(PlanContext.from_store(request, store or default_store()), config)
+    ctx = PlanContext.from_store(request, store or default_store())
+    priced = price(ctx, estimate(ctx, config))
     document = build_executor_config(
         request, config, placement_for(config, p), prediction("cpu", priced)
     )

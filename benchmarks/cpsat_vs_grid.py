@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.search import plan  # noqa: E402
+from planner.plan import plan  # noqa: E402
 from planner.specs import Plan, PlanRequest  # noqa: E402
 
 EXAMPLES = [

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.costmodel.evaluate import PlanContext, price, split_layers  # noqa: E402
+from planner.costmodel.evaluate import PlanContext, estimate, price, split_layers  # noqa: E402
 from planner.profiles import HardwareProfile, default_store  # noqa: E402
 from planner.specs import (  # noqa: E402
     CandidateConfig,
@@ -69,7 +69,8 @@ def throughput_tflops(profile: HardwareProfile, batch: int, micro_batch: int) ->
         schedule="1f1b",
         layers_per_stage=layers,
     )
-    seconds = price(PlanContext(request, profile, []), config).iteration_time_s
+    ctx = PlanContext(request, profile, [])
+    seconds = price(ctx, estimate(ctx, config)).iteration_time_s
     flops = 96 * batch * S * L * H * H * (1 + S / (6 * H) + V / (16 * L * H))
     return flops / seconds / GPUS / 1e12
 

@@ -31,14 +31,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.search import plan  # noqa: E402
+from planner.plan import plan  # noqa: E402
 from planner.specs import PlanRequest  # noqa: E402
 
 DEFAULT_REQUEST = ROOT / "examples" / "gpt3-175b-1024xa100.json"
 _CHILD = """
 import json, sys, time
 sys.path.insert(0, {root!r})
-from planner.search import plan
+from planner.plan import plan
 from planner.specs import PlanRequest
 request = PlanRequest.model_validate_json(open({path!r}).read())
 started, cpu = time.perf_counter(), time.process_time()

@@ -30,7 +30,7 @@ from _bpipe_table7 import GPU, paper_cluster  # noqa: E402
 from paper_reproduction import public_runs  # noqa: E402
 
 from planner.calibrate import fit  # noqa: E402
-from planner.costmodel.evaluate import PlanContext, price  # noqa: E402
+from planner.costmodel.evaluate import PlanContext, estimate, price  # noqa: E402
 from planner.measurements import (  # noqa: E402
     MeasuredRun,
     candidate_config,
@@ -53,7 +53,7 @@ def breakdown(hw: HardwareProfile, run: MeasuredRun) -> dict[str, float]:
     """Seconds per step of the terms each candidate explanation would enlarge."""
     ctx = PlanContext(plan_request(run), hw, [])
     config = candidate_config(run)
-    priced = price(ctx, config)
+    priced = price(ctx, estimate(ctx, config))
     costs = priced.estimate.costs
     m = config.num_microbatches
     measured = measured_step_time_s(run, hw.peak(run.training.precision))

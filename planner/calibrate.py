@@ -180,7 +180,7 @@ def predict_quantities(
     config = candidate_config(run)
     wanted = measured_quantities(run, hardware)
     if "step_time_s" in wanted:
-        priced = price(ctx, config)
+        priced = price(ctx, estimate(ctx, config))
         out["step_time_s"] = priced.iteration_time_s
         memory = priced.estimate.memory
     else:

@@ -1,12 +1,23 @@
-"""Hardware and layer profiles, and the small store interface the planner reads them through.
+"""Hardware and layer profiles, and the store interface the planner reads them through.
 
-The bundled profiles live in the repository's ``profiles/`` folder (JSON). The planner only
-sees :class:`ProfileStore`; :class:`JsonProfileStore` serves the bundled files (and points
-added at run time), and the service's SQL store implements the same two methods later.
+The planner sees profiles only through :class:`ProfileStore` (``hardware``,
+``hardware_names``, ``layer_points``), implemented twice: :class:`JsonProfileStore` here,
+which loads the repository's ``profiles/`` folder (``hardware.json`` and ``layers/*.json``)
+and then every folder named in ``STAGEWRIGHT_PROFILES``, where ``stagewright profile``
+writes the points it measures (:func:`save_point`); and the service's SQL store
+(``api.store.profiles.SqlProfileStore``), which holds the same data with a revision per
+hardware. :func:`default_store` is the JSON store, loaded once per process.
 
-A *layer point* is one measured (or published) timing of one transformer layer of a given
-shape on a given device: forward, backward-for-input and backward-for-weights milliseconds
-(or one fused backward), and optionally its saved-activation bytes.
+A :class:`HardwareProfile` is a device and its links: peak FLOP/s per precision, memory and
+its bandwidth, intra- and inter-node :class:`Link`, optionally the datasheet facts the
+shape-aware layer model needs (:class:`ComputeUnits`), and overrides of the cost model's free
+parameters with the :class:`CalibrationRecord` of the fit that set them
+(``planner.calibrate``). Every number names its source.
+
+A *layer point* (:class:`LayerPoint`) is one measured (or published) timing of one
+transformer layer of a given shape on a given device: forward, backward-for-input and
+backward-for-weights milliseconds (or one fused backward), and optionally its
+saved-activation bytes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Started by ``api.jobs.search.SearchProcess`` as ``python -m api.jobs.worker FUNCTION MB``:
 it limits its own address space to MB megabytes (RLIMIT_AS), imports the search function
-(``module:name``, normally ``planner.search:plan``), then answers one message at a time on
+(``module:name``, normally ``planner.plan:plan``), then answers one message at a time on
 stdin/stdout (a 4-byte length, then JSON). A request carries the plan request and the
 profile snapshot to price it with; the answer is the Plan's JSON or why there is none. A
 search that runs out of memory answers so and exits (a new process replaces it); one that

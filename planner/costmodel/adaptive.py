@@ -1,7 +1,7 @@
 """Schedules built for a memory limit (v-adaptive, zb-adaptive) in the planner.
 
 The planner knows each candidate's memory exactly, so it can ask for "the fastest schedule
-that fits in what is left" (issue 13): for every (t, p, d, mb, recompute), the activation
+that fits in what is left": for every (t, p, d, mb, recompute), the activation
 memory each device can still hold after its weights, gradients, optimizer states, the
 working set of a recomputed layer and the allowance, in units of its largest stage's
 activations per micro-batch, sets the limit; the schedule is searched under the

@@ -6,9 +6,14 @@ Two depths:
 - :func:`estimate` (every candidate of a search): memory is exact (in-flight counts from the
   schedule's order, see :mod:`planner.schedules._inflight`); time is the busiest device's work
   plus the schedule's idle time scaled from the papers' bubble ratios.
-- :func:`price` (the top candidates): the simulator times the real schedule with these
-  durations. For long runs it simulates ``timing_microbatches`` micro-batches and extends the
-  steady state linearly, which tests check against simulating all of them.
+- :func:`price` (the top candidates): the simulator times the real schedule with the
+  durations of the candidate's :class:`Estimate` (computed once, never again by ``price``).
+  For long runs it simulates ``timing_microbatches`` micro-batches and extends the steady
+  state linearly, which tests check against simulating all of them.
+
+An estimate depends on the placement (pipeline hops and the data-parallel ring cross nodes
+or not): it records the one it was made with (``costs.placement``), and pricing it under a
+context that places the candidate differently is a bug :func:`price` refuses.
 """
 
 from __future__ import annotations
@@ -348,11 +353,18 @@ def timing_microbatches(schedule: str, p: int, m: int) -> int:
     return min(m, cap)
 
 
-def price(ctx: PlanContext, config: CandidateConfig) -> Priced:
-    """Simulate the candidate's schedule with its durations (steady state extended past
-    ``timing_microbatches`` micro-batches) and add data-parallel sync and the optimizer
-    step."""
-    est = estimate(ctx, config)
+def price(ctx: PlanContext, est: Estimate) -> Priced:
+    """Simulate the estimated candidate's schedule with its durations (steady state extended
+    past ``timing_microbatches`` micro-batches) and add data-parallel sync and the optimizer
+    step. ``est`` must come from :func:`estimate` under ``ctx``'s placement of the candidate;
+    its memory is what the plan reports, except for schedules searched under their own pass
+    times, whose memory is counted from the schedule the search chose. An estimate made with
+    a ``capacity`` its static memory exceeded (activations not counted) prices the same time;
+    its memory stays a lower bound."""
+    config = est.config
+    assert est.costs.placement == placement_for(
+        config, ctx.request.cluster.gpus_per_node, ctx.placements
+    ), "the estimate was made under another placement of this candidate; estimate it again"
     costs = est.costs
     durations = _durations(costs)
     m = config.num_microbatches

@@ -6,8 +6,8 @@ and Korthikanti et al.'s memory formulas (:mod:`planner.costmodel.memory`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TypeVar
 
@@ -34,6 +34,7 @@ from planner.schedules import schedule_family
 from planner.specs import CandidateConfig, PlanRequest, Recompute
 
 __all__ = [
+    "PlacementKey",
     "PlanContext",
     "StageCosts",
     "num_stages",
@@ -44,6 +45,8 @@ __all__ = [
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+PlacementKey = tuple[int, int, int, str]  # (t, p, d, schedule): what a placement depends on
 
 
 def num_stages(schedule: str, p: int) -> int:
@@ -75,14 +78,20 @@ def _split_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
     return tuple(counts)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanContext:
-    """Everything one request's pricing shares, with caches of what repeats."""
+    """Everything one request's pricing shares, with caches of what repeats.
+
+    Frozen: a context never changes what it prices. ``placements`` holds the optimized
+    placements (CP-SAT plans) by (t, p, d, schedule); :meth:`with_placements` returns a new
+    context with more of them. The caches below are memos of pure functions of the request
+    and hardware (layer times, end stages, collectives), independent of placement, so
+    contexts derived from one another share them."""
 
     request: PlanRequest
     hardware: HardwareProfile
     points: list[LayerPoint]
-    placements: dict[tuple[int, int, int, str], Placement] = field(default_factory=dict)
+    placements: Mapping[PlacementKey, Placement] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str, int], LayerTimes] = field(default_factory=dict)
     _ends: dict[tuple[int, int, int], EndStageTimes] = field(default_factory=dict)
     _collectives: dict[tuple[int, int, str, int], float] = field(default_factory=dict)
@@ -92,6 +101,10 @@ class PlanContext:
         """The context of ``request`` with the hardware and layer points ``store`` holds."""
         hardware = store.hardware(request.cluster.gpu)
         return cls(request, hardware, list(store.layer_points(hardware.name)))
+
+    def with_placements(self, placements: Mapping[PlacementKey, Placement]) -> PlanContext:
+        """This context with ``placements`` added (replacing those of the same key)."""
+        return replace(self, placements={**self.placements, **placements})
 
     def ring_link(self, t: int, cp: int) -> Link | None:
         """The link of the context-parallel K/V ring: inside a node when the placement keeps
@@ -173,12 +186,13 @@ class StageCosts:
     transfer_s: float  # one BPipe EVICT or LOAD of one stage's micro-batch
     working_bytes: list[float]  # per stage: transient bytes of a recomputed layer in its backward
     layer: LayerTimes
+    placement: Placement  # the placement the hops and the BPipe pair link were priced with
 
 
 def placement_for(
     config: CandidateConfig,
     gpus_per_node: int,
-    overrides: dict[tuple[int, int, int, str], Placement] | None = None,
+    overrides: Mapping[PlacementKey, Placement] | None = None,
 ) -> Placement:
     """An optimized placement when one was computed for this (t, p, d, schedule) (CP-SAT
     plans), else BPipe's pair-adjacent assignment (§3.5) for BPipe and Megatron's for the
@@ -292,6 +306,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
         transfer,
         working,
         ctx.layer(mb, t, config.recompute, cp),
+        placement,
     )
 
 

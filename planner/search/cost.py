@@ -2,7 +2,7 @@
 
 A service answers every request, so it must refuse one whose work or answer is beyond its
 limits before starting it, whatever its fields say. :func:`search_cost` walks the search
-space as :func:`planner.search.grid.plan` does (the (t, p, d, mb) points and the schedule
+space as :func:`planner.plan.plan` does (the (t, p, d, mb) points and the schedule
 constraints are cheap: divisors and arithmetic), and bounds from above:
 
 - ``work``: the fast estimate of every configuration, the schedules built for in-flight

@@ -1,14 +1,16 @@
 """What a schedule built for a memory limit gained over the fixed schedules of its layout.
 
-Issue 13: each v-adaptive (or zb-adaptive) candidate shows the memory limit it was built
-for and how its step time compares with the best fixed schedule the request searched for
-the same (t, p, d, micro-batch size, recompute), priced the same way.
+Each v-adaptive (or zb-adaptive) candidate of a plan carries a note: the memory limit it was
+built for and how its step time compares with the best fixed schedule the request searched
+for the same (t, p, d, micro-batch size, recompute), priced the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from planner.costmodel.adaptive import built_for_a_limit
-from planner.costmodel.evaluate import Estimate, PlanContext, Priced, price
+from planner.costmodel.evaluate import Estimate, Priced
 
 __all__ = ["limit_note"]
 
@@ -18,15 +20,19 @@ def _layout(estimate: Estimate) -> tuple[int, int, int, int, str]:
     return c.t, c.p, c.d, c.micro_batch_size, c.recompute
 
 
-def limit_note(ctx: PlanContext, priced: Priced, feasible: list[Estimate]) -> str | None:
-    """The note of a candidate built for a memory limit (None for the others)."""
+def limit_note(
+    priced: Priced, feasible: list[Estimate], price_at: Callable[[int], Priced]
+) -> str | None:
+    """The note of a candidate built for a memory limit (None for the others): how it
+    compares with the fixed schedules of ``feasible`` on its layout, ``price_at(i)`` giving
+    the simulated price of ``feasible[i]``."""
     config = priced.estimate.config
     if config.memory_limit is None:
         return None
     layout = _layout(priced.estimate)
     fixed = [
-        price(ctx, e.config)
-        for e in feasible
+        price_at(index)
+        for index, e in enumerate(feasible)
         if _layout(e) == layout
         and not built_for_a_limit(e.config.schedule)
         and e.config.recompute_per_stage is None

@@ -7,6 +7,10 @@ placement and a CP-SAT refinement within the request's time budget (2 s per mode
 most); the refined configuration is priced with the simulator like any other, and kept only
 when it fits and is faster than its uniform version, so the cpsat answer is never worse than
 the grid's.
+
+The refinement changes nothing it is given: it returns the placements it chose (with the
+estimates of the coarse candidates under them, so that none is estimated twice), and the
+caller prices the rest of the plan under a context holding them.
 """
 
 from __future__ import annotations
@@ -18,25 +22,28 @@ from planner.costmodel.evaluate import (
     Estimate,
     PlanContext,
     Priced,
+    estimate,
     placement_for,
     price,
     stage_costs,
 )
 from planner.costmodel.memory import GIB, bytes_per_parameter
+from planner.costmodel.stages import PlacementKey
 from planner.costmodel.timing import p2p_bytes
 from planner.placement import Placement
 from planner.schedules import ActionKind, generate, schedule_family
 from planner.search.cpsat import RefineOptions, check, refine
 from planner.search.placement_cpsat import PlacementWeights, optimize_placement
-from planner.specs import (
-    CandidateConfig,
-    PlanRequest,
-    Recompute,
-    RefinementInfo,
-    SolverStatus,
-)
+from planner.specs import CandidateConfig, Recompute, RefinementInfo, SolverStatus
 
-__all__ = ["MAX_OVER_MEMORY", "Refined", "refine_plan"]
+__all__ = [
+    "MAX_OVER_MEMORY",
+    "Kept",
+    "PlanRefinement",
+    "Refined",
+    "keep_if_faster",
+    "refine_plan",
+]
 
 MAX_OVER_MEMORY = 1.5  # refine memory-rejected candidates up to 50% over the device
 PER_MODEL_S = 2.0
@@ -51,16 +58,30 @@ class Refined:
     info: RefinementInfo
 
 
+@dataclass(frozen=True)
+class PlanRefinement:
+    """What the refinement of one plan found."""
+
+    placements: dict[PlacementKey, Placement]  # every (t, p, d, schedule) it decided
+    refined: list[Refined]  # refinements faster than their uniform version
+    notes: list[str]  # the ones that did not improve, and why
+    estimates: dict[int, Estimate]  # by index in feasible: coarse ones under a new placement
+
+
 def _key(config: CandidateConfig) -> tuple[int, int, int, int, str]:
     return (config.t, config.p, config.d, config.micro_batch_size, config.schedule)
 
 
-def _pick(feasible: list[Estimate], over_memory: list[Estimate], capacity: float) -> list[Estimate]:
-    chosen: dict[tuple[int, int, int, int, str], Estimate] = {}
-    for est in feasible:  # sorted by estimated time
+def _pick(
+    feasible: list[Estimate], over_memory: list[Estimate], capacity: float
+) -> list[tuple[int | None, Estimate]]:
+    """The coarse candidates to refine, each with its index in ``feasible`` (None for the
+    ones over memory)."""
+    chosen: dict[tuple[int, int, int, int, str], tuple[int | None, Estimate]] = {}
+    for index, est in enumerate(feasible):  # sorted by estimated time
         if len(chosen) >= _KEYS_FEASIBLE:
             break
-        chosen.setdefault(_key(est.config), est)
+        chosen.setdefault(_key(est.config), (index, est))
     extra = 0
     for est in sorted(over_memory, key=lambda e: e.iteration_time_s):
         if extra >= _KEYS_OVER_MEMORY:
@@ -68,7 +89,7 @@ def _pick(feasible: list[Estimate], over_memory: list[Estimate], capacity: float
         if est.peak_memory > MAX_OVER_MEMORY * capacity or not est.activations_counted:
             continue
         if _key(est.config) not in chosen:
-            chosen[_key(est.config)] = est
+            chosen[_key(est.config)] = (None, est)
             extra += 1
     return list(chosen.values())
 
@@ -90,38 +111,47 @@ def _placement_weights(ctx: PlanContext, config: CandidateConfig) -> PlacementWe
     return PlacementWeights(pipeline_hop=hop, bpipe_pair=pair, data_ring=ring)
 
 
-def keep_if_faster(ctx: PlanContext, config: CandidateConfig, optimized: Placement) -> bool:
-    """Record the placement the (t, p, d, schedule) of ``config`` uses from now on: the
-    optimized one if the cost model prices the step faster with it, else the default. The
-    optimizer counts bytes across nodes; the step time sees links more coarsely (one slow hop
-    slows the whole pipeline, a ring is fast only if it stays in a node), so fewer bytes can
-    still price slower. Returns whether the optimized placement was kept."""
+@dataclass(frozen=True)
+class Kept:
+    placement: Placement  # the one the (t, p, d, schedule) uses from now on
+    estimate: Estimate  # the candidate's estimate under it
+    optimized: bool  # whether it is the optimized placement (else the default)
+
+
+def keep_if_faster(ctx: PlanContext, est: Estimate, optimized: Placement) -> Kept:
+    """The placement the (t, p, d, schedule) of ``est`` (an estimate under the default
+    placement) should use: the optimized one if the cost model prices the step faster with
+    it, else the default. The optimizer counts bytes across nodes; the step time sees links
+    more coarsely (one slow hop slows the whole pipeline, a ring is fast only if it stays in
+    a node), so fewer bytes can still price slower."""
+    config = est.config
     key = (config.t, config.p, config.d, config.schedule)
-    ctx.placements.pop(key, None)
     default = placement_for(config, ctx.request.cluster.gpus_per_node)
-    default_s = price(ctx, config).iteration_time_s
-    ctx.placements[key] = optimized
-    if price(ctx, config).iteration_time_s < default_s:
-        return True
-    ctx.placements[key] = default
-    return False
+    assert est.costs.placement == default, "keep_if_faster compares with the default placement"
+    trial = ctx.with_placements({key: optimized})
+    moved = estimate(trial, config)
+    if price(trial, moved).iteration_time_s < price(ctx, est).iteration_time_s:
+        return Kept(optimized, moved, optimized=True)
+    return Kept(default, est, optimized=False)
 
 
 def refine_plan(
-    ctx: PlanContext,
-    request: PlanRequest,
-    feasible: list[Estimate],
-    over_memory: list[Estimate],
-    capacity: float,
-) -> tuple[list[Refined], list[str]]:
-    """Refine the promising coarse candidates; returns the refinements that improve on the
-    grid and notes for the ones that did not (infeasible, slower, out of budget)."""
+    ctx: PlanContext, feasible: list[Estimate], over_memory: list[Estimate], capacity: float
+) -> PlanRefinement:
+    """Refine the promising coarse candidates of ``feasible`` (sorted by estimated time) and
+    ``over_memory``, all estimated under ``ctx``, which holds no optimized placement. Returns
+    the placements chosen, the refinements that improve on the grid, notes for the ones that
+    did not (infeasible, slower, out of budget), and the coarse candidates' estimates under
+    their new placement."""
+    request = ctx.request
     budget = request.search.time_limit_s
     started = time.perf_counter()
     modes = tuple(sorted(request.search.recompute, key=_ORDER.__getitem__))
+    placements: dict[PlacementKey, Placement] = {}
+    estimates: dict[int, Estimate] = {}
     refined: list[Refined] = []
     notes: list[str] = []
-    for est in _pick(feasible, over_memory, capacity):
+    for index, est in _pick(feasible, over_memory, capacity):
         coarse = est.config
         remaining = budget - (time.perf_counter() - started)
         if remaining < 0.05:
@@ -130,7 +160,8 @@ def refine_plan(
             )
             continue
         key = (coarse.t, coarse.p, coarse.d, coarse.schedule)
-        if key not in ctx.placements and coarse.cp == 1:  # cp groups keep Megatron's order
+        current = est  # the estimate under the placement its (t, p, d, schedule) uses
+        if key not in placements and coarse.cp == 1:  # cp groups keep Megatron's order
             limit = min(1.0, remaining / 2)
             result = optimize_placement(
                 coarse.t,
@@ -140,7 +171,9 @@ def refine_plan(
                 _placement_weights(ctx, coarse),
                 time_limit_s=limit,
             )
-            kept = keep_if_faster(ctx, coarse, result.placement)
+            kept = keep_if_faster(ctx, est, result.placement)
+            placements[key] = kept.placement
+            current = kept.estimate
             if result.status in ("too large", "timed out"):
                 why = (
                     "the CP-SAT model would be too large for this cluster"
@@ -149,14 +182,21 @@ def refine_plan(
                 )
                 outcome_text = (
                     "the best structured layout (tiles of stages x replicas per node) is used"
-                    if kept
+                    if kept.optimized
                     else "the default layout is kept (no structured one prices faster)"
                 )
                 notes.append(f"cpsat: placement of {_describe(coarse)}: {why}; {outcome_text}")
+        here = ctx.with_placements(placements)
+        if current.costs.placement != placement_for(
+            coarse, request.cluster.gpus_per_node, here.placements
+        ):  # placed when an earlier coarse candidate of its (t, p, d, schedule) was
+            current = estimate(here, coarse)
+        if index is not None and current is not est:
+            estimates[index] = current
         fits = est.peak_memory <= capacity
-        uniform = price(ctx, coarse) if fits else None
+        uniform = price(here, current) if fits else None
         outcome = refine(
-            ctx,
+            here,
             coarse,
             modes,
             capacity,
@@ -165,11 +205,11 @@ def refine_plan(
         if outcome.config is None:
             notes.append(f"cpsat: {_describe(coarse)}: {outcome.status}")
             continue
-        memory, _ = check(ctx, outcome)
+        memory, _ = check(here, outcome)
         if max(memory) > capacity * (1 + 1e-6):  # pragma: no cover - the checker's guard
             notes.append(f"cpsat: {_describe(coarse)}: solution failed the memory check")
             continue
-        priced = price(ctx, outcome.config)
+        priced = price(here, estimate(here, outcome.config))
         if uniform is not None and priced.iteration_time_s >= uniform.iteration_time_s:
             notes.append(
                 f"cpsat: {_describe(coarse)}: no split beats the uniform one ({outcome.status})"
@@ -178,7 +218,7 @@ def refine_plan(
         refined.append(
             Refined(priced, _info(outcome.status, outcome.wall_s, coarse, est, uniform, priced))
         )
-    return refined, notes
+    return PlanRefinement(placements, refined, notes, estimates)
 
 
 def _describe(config: CandidateConfig) -> str:

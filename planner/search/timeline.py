@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.costmodel.evaluate import PlanContext, estimate, price, stage_costs, stages_by_device
+from planner.costmodel.evaluate import Estimate, PlanContext, estimate, price, stages_by_device
 from planner.costmodel.memory import GIB
 from planner.profiles import ProfileStore, default_store
 from planner.schedules import generate, generation_work, schedule_actions
@@ -47,7 +47,8 @@ def candidate_timeline(
     num_actions = schedule_actions(name, p, m)
     if generation_work(name, p, m) > max_work:
         return _summary(ctx, config, num_actions)
-    costs = stage_costs(ctx, config)
+    est = estimate(ctx, config)
+    costs = est.costs
     schedule = generate(name, p, m, check=False)
     result = simulate(
         schedule,
@@ -56,7 +57,7 @@ def candidate_timeline(
         ),
         activation=costs.activation_bytes,
     )
-    breakdown = _breakdown(ctx, config)
+    breakdown = _breakdown(est)
     devices: list[dict[str, Any]] = [
         {
             "device": d,
@@ -93,11 +94,13 @@ def memory_breakdown(
     ``allowance`` (workspace and fragmentation) and their ``total``, with ``in_flight``
     (peak saved micro-batches). Also for a configuration the search rejected as out of
     memory: activations are counted however far over the capacity it is."""
-    return _breakdown(PlanContext.from_store(request, store or default_store()), config)
+    ctx = PlanContext.from_store(request, store or default_store())
+    return _breakdown(estimate(ctx, config))
 
 
-def _breakdown(ctx: PlanContext, config: CandidateConfig) -> list[dict[str, float]]:
-    est = estimate(ctx, config)
+def _breakdown(est: Estimate) -> list[dict[str, float]]:
+    """Each device's memory in ``est`` (the estimate's, not the one a searched schedule
+    replaces it with when priced), in GiB."""
     return [
         {
             "parameters": m.parameters / GIB,
@@ -126,11 +129,12 @@ def _curve(steps: list[tuple[float, float]], memory: dict[str, float]) -> list[l
 
 
 def _summary(ctx: PlanContext, config: CandidateConfig, num_actions: int) -> dict[str, Any]:
-    priced = price(ctx, config)
+    est = estimate(ctx, config)
+    priced = price(ctx, est)
     costs = priced.estimate.costs
     m = config.num_microbatches
     devices = []
-    breakdown = _breakdown(ctx, config)
+    breakdown = _breakdown(est)
     for device, stages in enumerate(stages_by_device(config.schedule, config.p)):
         forward = m * sum(costs.forward[s] for s in stages)
         backward = m * sum(costs.backward[s] for s in stages)

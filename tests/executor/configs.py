@@ -6,7 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.costmodel.evaluate import PlanContext, num_stages, placement_for, price, split_layers
+from planner.costmodel.evaluate import (
+    PlanContext,
+    estimate,
+    num_stages,
+    placement_for,
+    price,
+    split_layers,
+)
 from planner.launch import build_executor_config
 from planner.launch.executor import prediction
 from planner.profiles import default_store
@@ -71,7 +78,7 @@ def make_config(
     ctx = PlanContext.from_store(request, default_store())
     placement = placement_for(config, request.cluster.gpus_per_node)
     document = build_executor_config(
-        request, config, placement, prediction("cpu", price(ctx, config))
+        request, config, placement, prediction("cpu", price(ctx, estimate(ctx, config)))
     )
     data = document.model_dump(mode="json")
     data["optimizer"]["lr"] = lr

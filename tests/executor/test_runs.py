@@ -14,7 +14,7 @@ import torch
 from executor.profiler import profile_layer
 from executor.reference import local_view, reference_run
 from executor.tensor_parallel import TensorParallel
-from planner.costmodel.evaluate import PlanContext, price
+from planner.costmodel.evaluate import PlanContext, estimate, price
 from planner.launch import ExecutorConfig, RunReport
 from planner.launch.executor import prediction
 from planner.profiles import BUNDLED_PROFILES, JsonProfileStore, save_point
@@ -193,7 +193,8 @@ def test_after_profiling_the_planner_predicts_exactly_what_the_run_saves(runs, t
         schedule="1f1b",
         layers_per_stage=[2, 2, 2, 2],
     )
-    predicted = prediction("cpu", price(PlanContext.from_store(request, store), config))
+    ctx = PlanContext.from_store(request, store)
+    predicted = prediction("cpu", price(ctx, estimate(ctx, config)))
     measured = {r.pp: r.peak_saved_activation_bytes for r in runs[1]["pp4-bf16-selective"].ranks}
     assert [measured[d] for d in range(4)] == predicted.saved_activation_bytes
 

@@ -12,9 +12,9 @@ import pytest
 
 from api.store import crud
 from planner.errors import StagewrightError
+from planner.plan import plan as real_plan
 from planner.profiles import JsonProfileStore, hardware_from_dict
 from planner.schedules import generate
-from planner.search import plan as real_plan
 from planner.specs import CandidateConfig, Plan, PlanRequest
 from tests.integration.conftest import assert_problem, example, tiny, wait_done
 

@@ -16,8 +16,8 @@ import pytest
 from api.cli import main
 from api.store.profiles_io import stored_profiles
 from planner.measurement_files import CSV_COLUMNS
+from planner.plan import plan
 from planner.profiles import default_store
-from planner.search import plan
 from planner.specs import PlanRequest
 from tests.integration.conftest import assert_problem, example, reset, wait_done
 

@@ -38,6 +38,7 @@ from api.store.profiles import (
 )
 from api.store.profiles_io import store_layer_point
 from planner.measurements import MeasuredRun, StepMeasurement, candidate_config, fingerprint
+from planner.plan import plan
 from planner.profiles import (
     CalibrationRecord,
     JsonProfileStore,
@@ -45,7 +46,6 @@ from planner.profiles import (
     ProfileStore,
     UnknownHardwareError,
 )
-from planner.search import plan
 from planner.specs import PlanRequest
 from tests.integration.conftest import PG_ADMIN_URL, REPO, example, reset, schema_url
 

@@ -21,7 +21,7 @@ import pytest
 
 from api.core.db import Database
 from api.store.models import Job, PlanRecord
-from planner.search import plan as real_plan
+from planner.plan import plan as real_plan
 from tests.integration.conftest import assert_problem, tiny, wait_done
 from tests.integration.test_api_profiles import H200X, POINT
 

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from api.core.config import Settings
 from api.core.db import Database
 from api.store.models import Hardware, LayerProfile, MeasuredRunRecord, Measurement
-from planner.search import plan as real_plan
+from planner.plan import plan as real_plan
 from tests.integration.conftest import Server, assert_problem, example
 from tests.integration.test_api_profiles import H200X, POINT
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from api.core.db import Database
 from api.store import crud
-from planner.search import plan as real_plan
+from planner.plan import plan as real_plan
 from tests.integration.conftest import assert_problem, example, wait_done
 
 

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from planner.search import plan as real_plan
+from planner.plan import plan as real_plan
 from tests.reliability.test_cost_bounds import _big_request
 
 

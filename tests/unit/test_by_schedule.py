@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from planner.costmodel import PlanContext, estimate, price
+from planner.plan import plan
 from planner.profiles import default_store
-from planner.search import plan
 from planner.search.grid import _config, schedule_problem, search_points
 from planner.specs import PlanRequest
 from tests.unit.test_search import ALL_SCHEDULES, example, request
@@ -38,7 +38,7 @@ def _every_fitting_time(r: PlanRequest) -> dict[str, float]:
                     plain = config.model_copy(update={"schedule": "1f1b"})
                     if estimate(ctx, plain, capacity).peak_memory <= capacity:
                         continue
-                simulated = price(ctx, config)
+                simulated = price(ctx, est)
                 assert est.lower_bound_s <= simulated.iteration_time_s * (1 + 1e-9), config
                 t = simulated.iteration_time_s
                 best[schedule] = min(best.get(schedule, t), t)

@@ -9,8 +9,8 @@ import pytest
 
 from planner.costmodel.evaluate import PlanContext, estimate, price, split_layers
 from planner.costmodel.memory import GIB
+from planner.plan import plan
 from planner.profiles import default_store
-from planner.search import plan
 from planner.search.cpsat import RefineOptions, check, refine
 from planner.search.placement_cpsat import (
     PlacementWeights,
@@ -159,7 +159,7 @@ def test_refined_candidates_price_like_any_other():
     ctx = _context("gpt3-96b-32xa100.json")
     capacity = ctx.hardware.usable_memory_gib * GIB
     result = refine(ctx, _coarse(ctx, 4, 8, 1, 1, "1f1b"), MODES, capacity)
-    priced = price(ctx, result.config)
+    priced = price(ctx, estimate(ctx, result.config))
     assert priced.estimate.peak_memory <= capacity
     assert priced.iteration_time_s > 0
 
@@ -312,37 +312,69 @@ def test_a_cpsat_plan_notes_where_placement_used_a_structured_layout(monkeypatch
 def test_a_placement_that_prices_slower_than_the_default_is_not_kept():
     """Fewer bytes across nodes can still price slower (one slow hop slows the pipeline):
     the planner keeps whichever of the optimized and the default layout prices faster."""
-    from planner.placement import Placement, place
+    from planner.placement import place
     from planner.search.refinement import keep_if_faster
 
     ctx = _context("gpt3-96b-32xa100.json")
     coarse = _coarse(ctx, 2, 8, 2, 1, "1f1b")
     default = place(2, 8, 2, 8, "standard")
-    # Node k holds replica k // 2's stages k % 2, + 2, + 4, + 6: every hop and ring crosses.
-    scattered = tuple(
-        (k // 2, stage, tp) for k in range(4) for stage in range(k % 2, 8, 2) for tp in range(2)
-    )
-    worse = Placement(2, 8, 2, 8, "optimized", scattered)
+    worse = _scattered()
     assert sorted(worse.coords) == sorted(default.coords)
-    key = (2, 8, 2, "1f1b")
-    assert keep_if_faster(ctx, coarse, worse) is False
-    assert ctx.placements[key] == default
+    grid = estimate(ctx, coarse)
+    kept = keep_if_faster(ctx, grid, worse)
+    assert (kept.placement, kept.optimized) == (default, False)
+    assert kept.estimate is grid  # the grid's estimate was made under the default
+    assert ctx.placements == {}  # the context is left as it was: the caller adds the choice
     slow = price_with(ctx, coarse, worse)
     assert slow > price_with(ctx, coarse, default)
-    assert keep_if_faster(ctx, coarse, default) is False  # a tie keeps the default too
+    tie = keep_if_faster(ctx, grid, default)
+    assert (tie.placement, tie.optimized) == (default, False)  # a tie keeps the default too
+
+
+def test_a_faster_placement_is_kept_with_its_own_estimate():
+    """For BPipe at t=2 p=8 d=2 Megatron's standard layout prices faster than BPipe's default
+    pair-adjacent one, so it is kept, with the candidate's estimate under it, which prices
+    the same as estimating the candidate afresh under a context holding that layout."""
+    from planner.placement import place
+    from planner.search.refinement import keep_if_faster
+
+    ctx = _context("gpt3-96b-32xa100.json")
+    coarse = _coarse(ctx, 2, 8, 2, 1, "bpipe")
+    standard = place(2, 8, 2, 8, "standard")
+    grid = estimate(ctx, coarse)
+    assert grid.costs.placement == place(2, 8, 2, 8, "pair-adjacent")
+    kept = keep_if_faster(ctx, grid, standard)
+    assert (kept.placement, kept.optimized) == (standard, True)
+    assert kept.estimate.costs.placement == standard
+    faster = price_with(ctx, coarse, standard)
+    assert faster < price(ctx, grid).iteration_time_s
+    placed = ctx.with_placements({(2, 8, 2, "bpipe"): standard})
+    assert price(placed, kept.estimate).iteration_time_s == faster
 
 
 def price_with(ctx, config, placement) -> float:
-    key = (config.t, config.p, config.d, config.schedule)
-    saved = ctx.placements.get(key)
-    ctx.placements[key] = placement
-    try:
-        return price(ctx, config).iteration_time_s
-    finally:
-        if saved is None:
-            ctx.placements.pop(key)
-        else:
-            ctx.placements[key] = saved
+    """The step time of ``config`` under ``placement``, from a context holding it."""
+    placed = ctx.with_placements({(config.t, config.p, config.d, config.schedule): placement})
+    return price(placed, estimate(placed, config)).iteration_time_s
+
+
+def test_pricing_an_estimate_under_another_placement_is_refused():
+    ctx = _context("gpt3-96b-32xa100.json")
+    coarse = _coarse(ctx, 2, 8, 2, 1, "1f1b")
+    placed = ctx.with_placements({(2, 8, 2, "1f1b"): _scattered()})
+    with pytest.raises(AssertionError, match="another placement"):
+        price(placed, estimate(ctx, coarse))
+
+
+def _scattered():
+    """t=2 p=8 d=2 on four nodes of 8, node k holding replica k // 2's stages k % 2, + 2,
+    + 4, + 6: every pipeline hop and every data-parallel ring crosses nodes."""
+    from planner.placement import Placement
+
+    coords = tuple(
+        (k // 2, stage, tp) for k in range(4) for stage in range(k % 2, 8, 2) for tp in range(2)
+    )
+    return Placement(2, 8, 2, 8, "optimized", coords)
 
 
 def test_a_cpsat_plan_notes_a_placement_that_timed_out(monkeypatch):

@@ -20,6 +20,8 @@ MODULES = [
     "planner.measurement_files",
     "planner.calibrate",
     "planner.search",
+    "planner.plan",
+    "planner.assemble",
 ]
 
 

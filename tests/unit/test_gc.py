@@ -92,10 +92,10 @@ def test_a_short_pause_does_not_collect(monkeypatch):
 
 
 def test_plan_runs_with_the_collector_paused(monkeypatch):
-    import planner.search.grid as grid
+    import planner.plan as planning
 
     seen: list[bool] = []
-    monkeypatch.setattr(grid, "_plan", lambda request, store: seen.append(gc.isenabled()))
-    grid.plan(None, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(planning, "_plan", lambda request, store: seen.append(gc.isenabled()))
+    planning.plan(None, None)  # type: ignore[arg-type]
     assert seen == [False]
     assert gc.isenabled()

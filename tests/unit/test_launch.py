@@ -30,8 +30,8 @@ from planner.launch.files import launch_archive, launch_files
 from planner.launch.megatron import MEGATRON_COMMIT, megatron_launch
 from planner.launch.schema import SCHEMAS, schema_text
 from planner.placement import place
+from planner.plan import plan
 from planner.schedules import ActionKind, Schedule, families, generate, schedule_family
-from planner.search import plan
 from planner.specs import Candidate, CandidateConfig, Plan, PlanRequest, RecomputeSplit
 
 REPO = Path(__file__).resolve().parents[2]

@@ -32,8 +32,8 @@ from planner.costmodel.memory import (
 from planner.costmodel.stages import placement_for
 from planner.launch.runtimes import executor_problem
 from planner.placement import context_groups_within_nodes
+from planner.plan import plan
 from planner.profiles import Link, default_store
-from planner.search import plan
 from planner.specs import CandidateConfig, ModelSpec, PlanRequest
 from tests.unit.helpers import model_spec, training
 

@@ -11,10 +11,10 @@ from planner.costmodel.evaluate import device_memory
 from planner.costmodel.memory import GIB
 from planner.costmodel.shapes import bound_shape
 from planner.launch import materialize_launch
+from planner.plan import plan
 from planner.profiles import default_store
 from planner.schedules import Schedule, schedule_family, validate
 from planner.schedules._inflight import peak_by_order
-from planner.search import plan
 from tests.unit.test_search import example, request
 
 ADAPTIVE = ("v-adaptive", "zb-adaptive")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.costmodel import PlanContext, price, stage_costs
+from planner.costmodel import PlanContext, estimate, price, stage_costs
 from planner.costmodel.memory import layer_parameters
+from planner.plan import plan
 from planner.profiles import default_store
-from planner.search import plan
 from planner.specs import CandidateConfig
 from tests.unit.test_search import example, request
 
@@ -82,4 +82,4 @@ def test_data_parallel_sync_is_a_ring_over_the_gradients(distributed_optimizer):
     volume = 0.5 * params * (4 + 4) if distributed_optimizer else 2 * 0.5 * params * 4
     link = hw.intra_node
     expected = 2 * link.latency_us * 1e-6 + volume / (link.bandwidth_gbps * 1e9)
-    assert price(ctx, config).data_parallel_s == pytest.approx(expected, rel=1e-12)
+    assert price(ctx, estimate(ctx, config)).data_parallel_s == pytest.approx(expected, rel=1e-12)

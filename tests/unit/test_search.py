@@ -12,9 +12,9 @@ import pytest
 from planner.costmodel import PlanContext, price, stage_costs
 from planner.costmodel.evaluate import estimate
 from planner.costmodel.stages import num_stages, split_layers
+from planner.plan import plan
 from planner.profiles import default_store
 from planner.schedules import generate
-from planner.search import plan
 from planner.simulate import Durations, simulate
 from planner.specs import CandidateConfig, Plan, PlanRequest
 
@@ -365,7 +365,8 @@ def _config(schedule: str, p: int, m: int) -> CandidateConfig:
 def test_price_simulates_short_runs_exactly(schedule):
     ctx = _pricing_context()
     config = _config(schedule, 4, 8)  # m = 2p: nothing extended
-    assert price(ctx, config).makespan_s == pytest.approx(_full_makespan(ctx, config), rel=1e-9)
+    priced = price(ctx, estimate(ctx, config))
+    assert priced.makespan_s == pytest.approx(_full_makespan(ctx, config), rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -390,7 +391,8 @@ def test_price_extends_the_steady_state_like_the_full_schedule(schedule, p, m):
     assert m > 3 * p + 2  # beyond the micro-batches price() simulates exactly
     ctx = _pricing_context()
     config = _config(schedule, p, m)
-    assert price(ctx, config).makespan_s == pytest.approx(_full_makespan(ctx, config), rel=1e-6)
+    priced = price(ctx, estimate(ctx, config))
+    assert priced.makespan_s == pytest.approx(_full_makespan(ctx, config), rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -441,7 +443,7 @@ def _key(c: CandidateConfig) -> tuple[object, ...]:
 
 
 def test_bpipe_transfer_notes_follow_appendix_b():
-    from planner.search.grid import _transfer_note
+    from planner.assemble import _transfer_note
 
     assert "hidden behind compute" in _transfer_note(0.010, 0.020, 0.040)
     # 25 ms > F = 20 ms, but 2 x 25 <= F + B = 60 ms: the relaxed bound of Eqs. 10-12.
@@ -451,8 +453,8 @@ def test_bpipe_transfer_notes_follow_appendix_b():
 
 
 def test_a_candidate_says_when_megatrons_fused_softmax_cannot_run():
+    from planner.assemble import _softmax_fallback_note
     from planner.costmodel import PlanContext
-    from planner.search.grid import _softmax_fallback_note
 
     r = example("gpt3-96b-32xa100.json")  # 104 heads
     ctx = PlanContext.from_store(r, default_store())

@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from planner.errors import StagewrightError
+from planner.plan import plan
 from planner.profiles import UnknownHardwareError, default_store
-from planner.search import plan
 from planner.specs import PlanRequest
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,304 @@
+"""What the planner answers: a :class:`Plan` of ranked candidates (each a configuration,
+its prediction, per-device breakdown, notes and launch artefacts) and rejected ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from planner.schedules import (
+    MEMORY_LIMIT,
+    Runtime,
+    Semantics,
+    schedule_family,
+)
+from planner.specs._common import (
+    Recompute,
+    ScheduleName,
+    SolverStatus,
+    Spec,
+    TimeSource,
+)
+from planner.specs._request import PlanRequest
+
+__all__ = [
+    "Candidate",
+    "CandidateConfig",
+    "LandscapePoint",
+    "Launch",
+    "Plan",
+    "PlanStats",
+    "Predicted",
+    "RecomputeSplit",
+    "RefinementInfo",
+    "Rejected",
+    "ScheduleSummary",
+    "StageBreakdown",
+]
+
+
+class RecomputeSplit(Spec):
+    """Layers of one stage per recompute mode."""
+
+    none: int = Field(default=0, ge=0, description="Layers that keep all activations.")
+    selective: int = Field(default=0, ge=0, description="Layers recomputing attention only.")
+    full: int = Field(default=0, ge=0, description="Layers recomputed whole.")
+
+    @property
+    def total(self) -> int:
+        return self.none + self.selective + self.full
+
+    def as_dict(self) -> dict[Recompute, int]:
+        counts: dict[Recompute, int] = {
+            "none": self.none,
+            "selective": self.selective,
+            "full": self.full,
+        }
+        return {mode: n for mode, n in counts.items() if n}
+
+
+class CandidateConfig(Spec):
+    """One point of the search space, as Megatron would be launched with it."""
+
+    t: int = Field(description="Tensor-parallel degree.", ge=1)
+    p: int = Field(description="Pipeline-parallel degree (devices in a pipeline).", ge=1)
+    d: int = Field(description="Data-parallel degree.", ge=1)
+    cp: int = Field(
+        default=1,
+        ge=1,
+        description="Context-parallel degree: each sample's sequence is split over cp ranks "
+        "(ring attention); world size = t x cp x p x d.",
+    )
+    micro_batch_size: int = Field(description="Samples per micro-batch.", ge=1)
+    num_microbatches: int = Field(description="Micro-batches per pipeline per step.", ge=1)
+    recompute: Recompute = Field(description="Activation recomputation mode.")
+    schedule: ScheduleName = Field(description="Pipeline schedule.")
+    layers_per_stage: list[int] = Field(
+        description="Transformer layers of each pipeline stage, in stage order (2p stages for "
+        "V schedules, p x chunks for interleaved)."
+    )
+    recompute_per_stage: list[RecomputeSplit] | None = Field(
+        default=None,
+        description="Per stage, how many of its layers use each recompute mode (what CP-SAT "
+        "refinement chooses); null means every layer uses ``recompute``, which otherwise "
+        "names the heaviest mode used.",
+    )
+    memory_limit: float | None = Field(
+        default=None,
+        gt=0,
+        description="For a schedule built for a memory limit (v-adaptive, zb-adaptive): the "
+        "activation memory each device could still hold, as a fraction of 1F1B's peak, that "
+        "the schedule was built for; null for the others (and for a point rejected before "
+        "its limit was known).",
+    )
+
+    @model_validator(mode="after")
+    def _limit_where_the_schedule_takes_one(self) -> CandidateConfig:
+        takes = schedule_family(self.schedule).has_parameter(MEMORY_LIMIT.name)
+        if not takes and self.memory_limit is not None:
+            raise ValueError(f"{self.schedule} takes no memory limit; leave memory_limit out")
+        return self
+
+    @model_validator(mode="after")
+    def _split_matches_layers(self) -> CandidateConfig:
+        split = self.recompute_per_stage
+        if split is None:
+            return self
+        if len(split) != len(self.layers_per_stage):
+            raise ValueError(
+                f"recompute_per_stage has {len(split)} entries for "
+                f"{len(self.layers_per_stage)} stages; give one per stage"
+            )
+        for stage, (entry, layers) in enumerate(zip(split, self.layers_per_stage, strict=True)):
+            if entry.total != layers:
+                raise ValueError(
+                    f"stage {stage}: recompute_per_stage counts {entry.total} layers but the "
+                    f"stage has {layers}"
+                )
+        return self
+
+    @property
+    def weight_replicas(self) -> int:
+        """Ranks holding the same weights, whose gradients are reduced together and over
+        which the distributed optimizer shards: d x cp (Megatron-LM's data-parallel group
+        with context parallelism)."""
+        return self.d * self.cp
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the candidate: t x cp x p x d."""
+        return self.t * self.cp * self.p * self.d
+
+    def stage_modes(self) -> list[dict[Recompute, int]]:
+        """Per stage: layers per recompute mode (all ``recompute`` when no split is given)."""
+        if self.recompute_per_stage is None:
+            return [{self.recompute: n} for n in self.layers_per_stage]
+        return [entry.as_dict() for entry in self.recompute_per_stage]
+
+
+class Predicted(Spec):
+    """What the cost model predicts for a candidate."""
+
+    iteration_time_s: float = Field(description="Time of one optimizer step.")
+    samples_per_s: float = Field(description="Global batch / iteration time.")
+    tokens_per_s: float = Field(description="samples_per_s x seq_length.")
+    mfu: float = Field(description="Model FLOPs utilization (0..1), Megatron's formula.")
+    bubble_fraction: float = Field(description="Pipeline bubble (simulator's definition).")
+    memory_gib_per_device: list[float] = Field(description="Peak memory per pipeline device.")
+    peak_memory_gib: float = Field(description="Largest of memory_gib_per_device.")
+    time_source: TimeSource = Field(
+        description="Where the layer times come from: a measured point of exactly this shape, "
+        "a measured point carried to it by the model's ratio, or the shape-aware model with "
+        "calibrated or uncalibrated parameters."
+    )
+    calibration_error: float | None = Field(
+        description="How far that source was off on the measured runs its parameters were "
+        "fitted to: the root mean square of ln(predicted / measured), 0.10 meaning about 10%. "
+        "Null when unknown: an uncalibrated model, or a measured point (whose own error is "
+        "the measurement's)."
+    )
+
+
+class StageBreakdown(Spec):
+    """Why a candidate costs what it costs, per pipeline device."""
+
+    device: int
+    stages: list[int]
+    layers: int
+    compute_s: float = Field(description="F + B + W time of one step on this device.")
+    communication_s: float = Field(
+        description="Tensor-parallel time inside compute_s, and pipeline p2p sends, per step."
+    )
+    bubble_s: float = Field(description="Idle time in the simulated pipeline.")
+    parameters_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    allowance_gib: float
+    in_flight_microbatches: float = Field(
+        description="Peak saved micro-batches of this device's stages (from the simulator)."
+    )
+
+
+class Launch(Spec):
+    """How to launch a candidate."""
+
+    executor_config: dict[str, Any] = Field(
+        description="`stagewright run` CONFIG.json. In a plan its schedule is named by its "
+        "generator's parameters and its placement by its rule (the plan's size does not grow "
+        "with devices x micro-batches); `stagewright run`, `stagewright plan --emit` and the "
+        "service's launch route add the actions and ranks (planner.launch.materialize_launch)."
+    )
+    torchrun: list[str] = Field(description="One torchrun command per node.")
+    megatron_args: str | None = Field(
+        description="Equivalent Megatron-LM arguments, or null where Megatron has no such schedule."
+    )
+    torch_pipelining_csv: str | None = Field(
+        description="The schedule in torch.distributed.pipelining's compute-only CSV, or null "
+        "where that runtime cannot express it. Null in a plan (it grows with devices x "
+        "micro-batches): the materialized launch artefacts carry it."
+    )
+
+
+class RefinementInfo(Spec):
+    """What CP-SAT changed versus the uniform grid answer of the same (t, p, d, mb,
+    schedule), and why it is an improvement."""
+
+    status: SolverStatus = Field(
+        description="Solver status: optimal, feasible (not proven optimal), timed out (best "
+        "found within the limit), infeasible."
+    )
+    solve_s: float
+    uniform_layers_per_stage: list[int]
+    uniform_recompute: Recompute
+    uniform_iteration_time_s: float | None = Field(
+        description="The uniform grid configuration's simulated step time; null when it does "
+        "not fit in memory."
+    )
+    uniform_peak_memory_gib: float
+    speedup_vs_uniform: float | None = Field(
+        description="uniform step time / refined step time; null when the uniform one does not "
+        "fit (the refinement is what makes it fit)."
+    )
+    changes: list[str] = Field(description="Readable list of what changed.")
+
+
+class Candidate(Spec):
+    config: CandidateConfig
+    predicted: Predicted
+    launch: Launch
+    runtimes: list[Runtime] = Field(
+        default_factory=list,
+        description="Runtimes that can run this candidate as planned (schedule, layer split "
+        "and recompute choices).",
+    )
+    runtime_limits: dict[str, str] = Field(
+        default_factory=dict,
+        description="For each runtime that cannot run it as planned, the reason.",
+    )
+    semantics: Semantics = Field(
+        default="synchronous",
+        description="synchronous: trains exactly like one process; stale: updates weights "
+        "with gradients of older weights (PipeDream-2BW), which changes the training.",
+    )
+    breakdown: list[StageBreakdown] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    refinement: RefinementInfo | None = Field(
+        default=None, description="Present when CP-SAT refined this candidate (method cpsat)."
+    )
+
+
+class Rejected(Spec):
+    config: CandidateConfig
+    reason: str
+    predicted: Predicted | None = None
+
+
+class PlanStats(Spec):
+    evaluated: int = Field(description="Configurations considered (constraints included).")
+    feasible: int = Field(description="Configurations that fit in memory.")
+    search_ms: float = Field(description="Wall time of the search.")
+
+
+class ScheduleSummary(Spec):
+    """The best a schedule can do for this request, so a person can see whether a
+    memory-saving schedule pays off here instead of assuming it does."""
+
+    schedule: ScheduleName
+    feasible: int = Field(description="Configurations of this schedule that fit.")
+    semantics: Semantics = Field(
+        default="synchronous", description="The schedule's training semantics."
+    )
+    best_config: CandidateConfig | None
+    best_iteration_time_s: float | None = Field(description="Simulated, or null if none fit.")
+    speedup_vs_1f1b: float | None = Field(
+        description="Best 1F1B step time / this schedule's best (> 1 is faster); null when "
+        "either has no feasible configuration or 1F1B was not searched."
+    )
+
+
+class LandscapePoint(Spec):
+    """One configuration that fits, as the fast estimate prices it (for charts)."""
+
+    label: str
+    samples_per_s: float
+    peak_memory_gib: float
+
+
+class Plan(Spec):
+    id: str
+    request: PlanRequest
+    best: Candidate | None
+    candidates: list[Candidate]
+    rejected: list[Rejected]
+    stats: PlanStats
+    by_schedule: list[ScheduleSummary] = Field(default_factory=list)
+    landscape: list[LandscapePoint] = Field(
+        default_factory=list,
+        description="Every configuration that fits, with its estimated throughput and peak "
+        "memory (the ranked candidates are simulated; these are not).",
+    )

@@ -1,0 +1,92 @@
+"""One way through the planner (issue 14): every candidate of a plan is estimated once (per
+placement), pricing reuses that estimate, and the contexts the steps share are frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+import planner.costmodel.evaluate as evaluate
+import planner.plan as planning
+import planner.search.grid as grid
+import planner.search.refinement as refinement
+from planner.costmodel import PlanContext
+from planner.profiles import default_store
+from tests.unit.test_search import example
+
+# Every module that calls ``estimate`` while a plan is made.
+_CALLERS = (evaluate, grid, refinement, planning)
+
+
+def _count_estimates(monkeypatch) -> Counter[tuple[str, object]]:
+    """Counts calls to ``estimate`` by (candidate, placement it was estimated under)."""
+    calls: Counter[tuple[str, object]] = Counter()
+    real = evaluate.estimate
+
+    def counted(ctx, config, capacity=float("inf")):
+        est = real(ctx, config, capacity)
+        calls[(config.model_dump_json(), est.costs.placement)] += 1
+        return est
+
+    for module in _CALLERS:
+        monkeypatch.setattr(module, "estimate", counted)
+    return calls
+
+
+def test_a_grid_plan_estimates_each_candidate_exactly_once(monkeypatch):
+    """1F1B and BPipe: BPipe's fallback check needs 1F1B's estimate at the same point, and
+    the top candidates are simulated; neither may estimate a candidate again."""
+    calls = _count_estimates(monkeypatch)
+    result = planning.plan(example("gpt3-96b-32xa100.json"))
+    assert result.best is not None
+    repeated = {key: n for key, n in calls.items() if n > 1}
+    assert repeated == {}
+    # What was estimated is exactly what the plan reports with numbers: the feasible
+    # candidates and those rejected for memory (a rejection for another reason has none).
+    over_memory = [r for r in result.rejected if r.predicted is not None]
+    assert len(calls) == result.stats.feasible + len(over_memory)
+    reported = {c.config.model_dump_json() for c in result.candidates}
+    assert reported <= {config for config, _ in calls}
+
+
+def test_a_cpsat_plan_estimates_each_candidate_once_per_placement(monkeypatch):
+    """The refinement moves some (t, p, d, schedule) to an optimized placement: their
+    candidates are estimated again under it, once, and never under the same one twice."""
+    calls = _count_estimates(monkeypatch)
+    request = example("gpt3-96b-32xa100.json")
+    request = request.model_copy(
+        update={"search": request.search.model_copy(update={"method": "cpsat", "top_k": 3})}
+    )
+    result = planning.plan(request)
+    assert result.best is not None
+    assert {key: n for key, n in calls.items() if n > 1} == {}
+    placements_per_config = Counter(config for config, _ in calls)
+    assert max(placements_per_config.values()) <= 2  # the default, and at most one optimized
+
+
+def test_price_reuses_the_estimate_it_is_given(monkeypatch):
+    calls = _count_estimates(monkeypatch)
+    request = example("gpt3-96b-32xa100.json")
+    ctx = PlanContext.from_store(request, default_store())
+    config = planning.plan(request).best.config  # type: ignore[union-attr]
+    calls.clear()
+    est = evaluate.estimate(ctx, config)
+    priced = evaluate.price(ctx, est)
+    assert priced.estimate is est
+    assert sum(calls.values()) == 1
+
+
+def test_the_plan_context_is_frozen_and_derived_contexts_leave_it_unchanged():
+    request = example("gpt3-96b-32xa100.json")
+    ctx = PlanContext.from_store(request, default_store())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.placements = {}  # type: ignore[misc]
+    from planner.placement import place
+
+    key = (2, 8, 2, "1f1b")
+    placed = ctx.with_placements({key: place(2, 8, 2, 8, "pair-adjacent")})
+    assert ctx.placements == {}
+    assert placed.placements[key] == place(2, 8, 2, 8, "pair-adjacent")
+    assert placed.request is ctx.request and placed.hardware is ctx.hardware
