@@ -21,9 +21,9 @@ WORKDIR /app
 # Dependencies first (their layer is reused while only the code changes). The packages are
 # stubs here so that pip can resolve and install the project's requirements.
 COPY pyproject.toml README.md ./
-RUN mkdir -p planner api executor \
-    && touch planner/__init__.py api/__init__.py executor/__init__.py \
-    && pip install . \
+RUN mkdir -p planner api executor cli \
+    && touch planner/__init__.py api/__init__.py executor/__init__.py cli/__init__.py \
+    && pip install '.[service]' \
     && pip uninstall --yes stagewright
 
 # The code, the bundled profiles and the migrations. An editable install keeps `profiles/`
@@ -31,11 +31,12 @@ RUN mkdir -p planner api executor \
 COPY planner ./planner
 COPY api ./api
 COPY executor ./executor
+COPY cli ./cli
 COPY profiles ./profiles
 COPY migrations ./migrations
 COPY alembic.ini ./
 RUN pip install --no-deps -e . \
-    && python -c "import api.app, planner.search"
+    && python -c "import api.app, cli.main, planner.search"
 
 USER stagewright
 ENV STAGEWRIGHT_DATABASE_URL=sqlite:////data/stagewright.db

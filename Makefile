@@ -16,7 +16,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,executor]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## the service on http://127.0.0.1:8000 (docs at /docs), embedded SQLite
@@ -29,10 +29,10 @@ migrate: $(STAMP)  ## alembic upgrade head on STAGEWRIGHT_DATABASE_URL (default 
 	$(BIN)/alembic upgrade head
 
 lint: $(STAMP)  ## ruff (lint + format check)
-	$(BIN)/ruff check planner api executor tests benchmarks
-	$(BIN)/ruff format --check planner api executor tests benchmarks
+	$(BIN)/ruff check planner api executor cli tests benchmarks
+	$(BIN)/ruff format --check planner api executor cli tests benchmarks
 
-typecheck: $(STAMP)  ## mypy --strict on planner, api and executor
+typecheck: $(STAMP)  ## mypy --strict on planner, api, executor and cli
 	$(BIN)/mypy
 
 unit: $(STAMP)  ## the pytest suite only

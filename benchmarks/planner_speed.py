@@ -63,7 +63,7 @@ def cold_runs(path: Path, repeats: int) -> tuple[list[float], list[float]]:
 
 
 def cli_runs(path: Path, repeats: int) -> list[float]:
-    code = "import sys; from api.cli import main; sys.exit(main())"
+    code = "import sys; from cli.main import main; sys.exit(main())"
     seconds = []
     for _ in range(repeats):
         started = time.perf_counter()

@@ -87,7 +87,7 @@ def _server(database_url: str, workers: int, log: Path, env: dict[str, str]) -> 
     port = _free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("STAGEWRIGHT_")}
     environ.update({"STAGEWRIGHT_ACCESS_LOG": "false", **env})
-    command = [sys.executable, "-m", "api.cli", "serve", "--host", HOST, "--port", str(port)]
+    command = [sys.executable, "-m", "cli.main", "serve", "--host", HOST, "--port", str(port)]
     command += ["--workers", str(workers), "--database-url", database_url]
     with log.open("ab") as out:
         process = subprocess.Popen(command, cwd=REPO, env=environ, stdout=out, stderr=out)

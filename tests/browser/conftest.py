@@ -48,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "cli.main",
             "serve",
             "--port",
             str(port),

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from api.cli import main
+from cli.main import main
 from executor.launcher import run
 from tests.executor.configs import TINY, make_config, write
 from tests.executor.conftest import torchrun

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import main
+from cli.main import main
 from executor.reference import reference_run
 from planner.launch import ExecutorConfig
 from tests.executor.conftest import VENV_BIN, report

@@ -235,7 +235,7 @@ class Server:
             [
                 sys.executable,
                 "-m",
-                "api.cli",
+                "cli.main",
                 "serve",
                 "--port",
                 str(self.port),

@@ -69,10 +69,11 @@ def test_all_lists_existing_public_names(name):
 
 def test_the_command_line_loads_no_web_stack_until_serve():
     """`stagewright plan` stays quick: the CLI imports FastAPI and SQLAlchemy only for the
-    service's subcommands."""
+    service's subcommands, and torch only for the executor's."""
     code = (
-        "import sys, api.cli\n"
-        "print(','.join(m for m in ('fastapi', 'sqlalchemy', 'uvicorn') if m in sys.modules))"
+        "import sys, cli.main\n"
+        "names = ('fastapi', 'sqlalchemy', 'uvicorn', 'alembic', 'torch')\n"
+        "print(','.join(m for m in names if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

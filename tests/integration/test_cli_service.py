@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from api.cli import main
 from api.core.config import Settings, SettingsError
 from api.core.db import normalize_url
+from cli.main import main
 from tests.integration.conftest import example
 
 

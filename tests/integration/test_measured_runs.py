@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from api.cli import main
 from api.store.profiles_io import stored_profiles
+from cli.main import main
 from planner.measurement_files import CSV_COLUMNS
 from planner.plan import plan
 from planner.profiles import default_store

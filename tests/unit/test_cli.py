@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from api.cli import main
+from cli.main import main
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -199,7 +199,7 @@ def test_installed_console_script_runs():
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "cli.main",
             "simulate",
             "--schedule",
             "2bw",

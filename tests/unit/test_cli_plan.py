@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from api.cli import main
+from cli.main import main
 from planner.profiles import default_store
 from planner.specs import ModelSpec, Plan
 

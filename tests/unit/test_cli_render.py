@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from api.cli import main
-from api.render import oom_hint
+from cli.main import main
+from cli.render import oom_hint
 from planner.schedules import generate
 from planner.simulate import Durations, simulate
 from planner.specs import PlanRequest

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from api.cli import main
+from cli.main import main
 from planner.launch import (
     EXECUTOR_CONFIG_FORMAT,
     MEGATRON_FLAGS,

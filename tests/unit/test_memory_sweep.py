@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from api.cli import main
+from cli.main import main
 from planner.memory_sweep import memory_sweep
 from planner.schedules import PassTimes, generate
 from planner.simulate import Durations, simulate

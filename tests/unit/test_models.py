@@ -426,7 +426,7 @@ def test_the_405b_example_is_answered():
 
 
 def test_the_regression_check_records_cp_only_when_used():
-    from api.regress import _summary
+    from cli.regress import _summary
 
     forced = plan(PlanRequest.model_validate(_request(context_parallel=[2])))
     summary = _summary(forced)

@@ -94,9 +94,9 @@ def test_unknown_names_list_the_known_ones():
 
 # ----------------------------------------------------------------- names are data outside
 def _product_files() -> list[Path]:
-    """planner/ (outside the registry's package), api/ and executor/."""
+    """planner/ (outside the registry's package), api/, executor/ and cli/."""
     files = []
-    for package in ("planner", "api", "executor"):
+    for package in ("planner", "api", "executor", "cli"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if not path.is_relative_to(ROOT / "planner" / "schedules"):
                 files.append(path)

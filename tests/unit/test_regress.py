@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import main
-from api.regress import update_baseline
+from cli.main import main
+from cli.regress import update_baseline
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = json.loads((ROOT / "examples" / "tiny-cpu.json").read_text())

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from api.reference_doc import reference
-from api.render import BY_SCHEDULE_COLUMNS, DEVICE_COLUMNS, RANKED_COLUMNS
+from cli.reference_doc import reference
+from cli.render import BY_SCHEDULE_COLUMNS, DEVICE_COLUMNS, RANKED_COLUMNS
 from planner.specs import PlanRequest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ DOC = REPO / "docs" / "request-reference.md"
 def test_the_committed_reference_is_current():
     assert DOC.read_text(encoding="utf-8") == reference(), (
         "docs/request-reference.md is stale: run "
-        "`python -m api.reference_doc > docs/request-reference.md`"
+        "`python -m cli.reference_doc > docs/request-reference.md`"
     )
 
 
@@ -35,7 +35,7 @@ def test_every_request_field_has_a_row():
 
 
 def test_every_cli_column_is_explained(capsys, monkeypatch):
-    from api.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("COLUMNS", "250")  # every header on one line
     main(["plan", str(REPO / "examples" / "tiny-cpu.json")])
@@ -59,7 +59,7 @@ def test_adding_your_own_gpu_as_the_reference_says(tmp_path):
     path.write_text(json.dumps(request))
     env = {**os.environ, "STAGEWRIGHT_PROFILES": str(tmp_path), "COLUMNS": "200"}
     done = subprocess.run(
-        [sys.executable, "-m", "api.cli", "plan", str(path), "--json"],
+        [sys.executable, "-m", "cli.main", "plan", str(path), "--json"],
         env=env,
         capture_output=True,
         text=True,

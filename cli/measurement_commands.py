@@ -1,7 +1,7 @@
 """``stagewright measurements add|list`` and ``stagewright calibrate``: measured runs in the
 store (the local SQLite file by default, or ``--database-url``) and fitting a hardware
 profile to them. The database is migrated and the bundled profiles loaded first, as
-``stagewright profiles load`` does."""
+``stagewright profiles load`` does. All of them use the SQL store: the ``service`` extra."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.extras import needs_extra
 from planner.errors import StagewrightError
 
 if TYPE_CHECKING:  # the CLI loads SQLAlchemy only for the commands that use the store
@@ -95,9 +96,10 @@ def add_measurement_commands(commands: Any) -> None:
 @contextmanager
 def _session(database_url: str | None) -> Iterator[tuple[Session, str]]:
     """A session on the prepared store (migrated, bundled profiles loaded) and its name."""
-    from api.core.config import Settings
-    from api.core.db import Database, describe_url
-    from api.service import prepare_database
+    with needs_extra("service", "the SQL store"):
+        from api.core.config import Settings
+        from api.core.db import Database, describe_url
+        from api.service import prepare_database
 
     settings = Settings.from_env(database_url=database_url)
     prepare_database(settings)
@@ -110,7 +112,8 @@ def _session(database_url: str | None) -> Iterator[tuple[Session, str]]:
 
 
 def _add(args: argparse.Namespace) -> int:
-    from api.store.measured_runs import add_runs
+    with needs_extra("service", "the SQL store"):
+        from api.store.measured_runs import add_runs
     from planner.measurement_files import parse_runs
 
     parsed = []
@@ -134,7 +137,8 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from api.store.measured_runs import count_runs, list_runs
+    with needs_extra("service", "the SQL store"):
+        from api.store.measured_runs import count_runs, list_runs
     from planner.measurement_files import CSV_COLUMNS, run_to_csv_row
     from planner.measurements import MeasuredRun
 
@@ -175,8 +179,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from api.calibration import calibrate
-    from api.calibration_report import calibration_json, calibration_text
+    with needs_extra("service", "the SQL store"):
+        from api.calibration import calibrate
+    from cli.calibration_report import calibration_json, calibration_text
 
     with _session(args.database_url) as (session, where):
         outcome = calibrate(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from api.calibration import CalibrationOutcome
 from planner.calibrate import Quantity, rms_log_error
 from planner.measurements import MeasuredRun
+
+if TYPE_CHECKING:  # the outcome comes from the SQL store's use case (the service extra)
+    from api.calibration import CalibrationOutcome
 
 __all__ = ["calibration_json", "calibration_text"]
 

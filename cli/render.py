@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from api.render_timeline import reason_summary
+from cli.render_timeline import reason_summary
 from planner.specs import CandidateConfig, Plan, PlanRequest, Predicted
 
 __all__ = ["BY_SCHEDULE_COLUMNS", "DEVICE_COLUMNS", "RANKED_COLUMNS", "oom_hint", "render_plan"]

@@ -1,6 +1,8 @@
 """``stagewright run`` and ``stagewright profile``: the executor's commands.
 
-Kept apart from the planner's commands so that torch is imported only when one of them runs.
+Kept apart from the planner's commands so that torch is imported only when one of them runs
+(the ``executor`` extra), and the SQL store only for ``--record`` and ``--database-url`` (the
+``service`` extra).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cli.extras import needs_extra, require_installed
 from planner.errors import StagewrightError
 from planner.specs import ModelSpec
 
@@ -120,13 +123,13 @@ def _add_record_option(parser: Any, what: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        from executor.launcher import run
-        from executor.reporting import describe
-    except ImportError as exc:  # pragma: no cover - torch missing
-        raise StagewrightError(
-            "the executor needs torch: install it with pip install 'stagewright[executor]'"
-        ) from exc
+    # The launcher itself is torch-free: torch runs in the ranks it starts.
+    require_installed("executor", "the executor", "torch")
+    from executor.launcher import run
+    from executor.reporting import describe
+
+    if args.record:  # say so before the run rather than after it
+        require_installed("service", "--record (the SQL store)", "sqlalchemy")
     if args.record and args.steps < 2:
         raise StagewrightError(
             "--record needs at least 2 steps (--steps 2): the first includes start-up, so a "
@@ -166,7 +169,8 @@ def _record_run(args: argparse.Namespace, outcome: Any) -> str:
 
     import torch
 
-    from api.store.profiles_io import store_measured_run
+    with needs_extra("service", "--record (the SQL store)"):
+        from api.store.profiles_io import store_measured_run
     from executor.inputs import read_config
     from planner.measurements import run_from_report
 
@@ -185,12 +189,10 @@ def _record_run(args: argparse.Namespace, outcome: Any) -> str:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    try:
+    with needs_extra("executor", "profiling"):
         from executor.profiler import profile_layer
-    except ImportError as exc:  # pragma: no cover - torch missing
-        raise StagewrightError(
-            "profiling needs torch: install it with pip install 'stagewright[executor]'"
-        ) from exc
+    if args.database_url or args.record:  # say so before measuring rather than after
+        require_installed("service", "the SQL store", "sqlalchemy")
     from planner.profiles import extra_profile_dirs, point_to_dict, save_point
 
     try:
@@ -219,7 +221,8 @@ def _profile(args: argparse.Namespace) -> int:
         recompute=args.recompute,
     )
     if args.database_url:
-        from api.store.profiles_io import store_layer_point  # the service's SQL store
+        with needs_extra("service", "profile --database-url"):
+            from api.store.profiles_io import store_layer_point  # the service's SQL store
 
         where = store_layer_point(args.database_url, point)
     else:
@@ -233,7 +236,8 @@ def _profile(args: argparse.Namespace) -> int:
     if args.record:
         import datetime as dt
 
-        from api.store.profiles_io import store_measured_run
+        with needs_extra("service", "--record (the SQL store)"):
+            from api.store.profiles_io import store_measured_run
         from planner.measurements import run_from_layer_point
 
         measured = run_from_layer_point(point, model, dt.date.today())

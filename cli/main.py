@@ -2,6 +2,8 @@
 
 Subcommands are thin: they parse arguments, call the planner, and print. Every error a
 person can cause is reported as one line on stderr (exit status 2), never a traceback.
+``plan``, ``simulate`` and ``regress`` need the planner only; the service (``api``) and the
+executor (torch) are imported by the commands that use them (see ``cli.extras``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 from rich.console import Console
 
-from api.cli_executor import add_executor_commands
-from api.cli_measurements import add_measurement_commands
-from api.cli_regress import add_regress_command
-from api.render import render_plan
-from api.render_timeline import format_candidate_timeline
+from cli.executor_commands import add_executor_commands
+from cli.extras import needs_extra
+from cli.measurement_commands import add_measurement_commands
+from cli.regress_command import add_regress_command
+from cli.render import render_plan
+from cli.render_timeline import format_candidate_timeline
 from planner.errors import StagewrightError, validation_problems
 from planner.launch.files import launch_files
 from planner.plan import plan
@@ -275,7 +278,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace, times: PassTimes) -> None:
-    from api.plots import write_sweep  # NumPy drawing loads only for a figure
+    from cli.plots import write_sweep  # NumPy drawing loads only for a figure
     from planner.memory_sweep import memory_sweep
 
     if args.devices < 2:
@@ -344,7 +347,8 @@ def _plan(args: argparse.Namespace) -> int:
         if args.timeline and result.best is not None:
             timeline = candidate_timeline(request, result.best.config)
     else:
-        from api.store.profiles_io import stored_profiles
+        with needs_extra("service", "plan --database-url"):
+            from api.store.profiles_io import stored_profiles
 
         with stored_profiles(args.database_url) as store:
             result = plan(request, store)
@@ -397,7 +401,8 @@ def _emit(result: Plan, folder: Path) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from api.service import serve  # the web stack loads only for the service
+    with needs_extra("service", "the service"):
+        from api.service import serve  # the web stack loads only for the service
 
     if not 0 < args.port < 65536:
         raise StagewrightError(f"--port {args.port} is not a port; use 1-65535")
@@ -409,7 +414,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _profiles_load(args: argparse.Namespace) -> int:
-    from api.service import load_profiles
+    with needs_extra("service", "the SQL store"):
+        from api.service import load_profiles
 
     report = load_profiles(database_url=args.database_url)
     sys.stdout.write(

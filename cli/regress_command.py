@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from api.regress import check_baseline, load_baseline, update_baseline
+from cli.regress import check_baseline, load_baseline, update_baseline
 from planner.errors import StagewrightError
 
 __all__ = ["add_regress_command"]
