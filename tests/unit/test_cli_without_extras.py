@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.search import plan
+from planner.plan import plan
 from planner.specs import PlanRequest
 
 REPO = Path(__file__).resolve().parents[2]
