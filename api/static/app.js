@@ -27,7 +27,8 @@ function svgEl(tag, attrs = {}) {
 }
 const fmt = (x, d = 2) => (x === null || x === undefined || Number.isNaN(x)) ? "–" : Number(x).toFixed(d);
 const pct = (x) => x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%";
-const cfgText = (c) => `t${c.t} p${c.p} d${c.d} mb${c.micro_batch_size} ${c.recompute} ${c.schedule}`;
+// cp (context parallelism) is named only when it is used, as the CLI's plan table does.
+const cfgText = (c) => `t${c.t}${(c.cp || 1) > 1 ? ` cp${c.cp}` : ""} p${c.p} d${c.d} mb${c.micro_batch_size} ${c.recompute} ${c.schedule}`;
 const plural = (k, word, many) => `${k.toLocaleString("en")} ${k === 1 ? word : (many || word + "s")}`;
 
 // Round tick values: steps of 1, 2 or 5 x 10^k, about `count` of them covering [lo, hi].

@@ -215,7 +215,10 @@ function candidatesTable(id, plan) {
   const rows = plan.candidates.map((c, i) => ({ ...c, __rank: i + 1, __best: i === 0 }));
   const cols = [
     { label: "#", value: (r) => r.__rank },
-    { label: "t", value: (r) => r.config.t }, { label: "p", value: (r) => r.config.p }, { label: "d", value: (r) => r.config.d },
+    { label: "t", value: (r) => r.config.t },
+    // A cp column only when a candidate uses context parallelism, as in the CLI's table.
+    ...(rows.some((r) => (r.config.cp || 1) > 1) ? [{ label: "cp", value: (r) => r.config.cp }] : []),
+    { label: "p", value: (r) => r.config.p }, { label: "d", value: (r) => r.config.d },
     { label: "mb", value: (r) => r.config.micro_batch_size }, { label: "m", value: (r) => r.config.num_microbatches },
     { label: "recompute", value: (r) => r.config.recompute, left: true },
     { label: "schedule", value: (r) => r.config.schedule, left: true },

@@ -309,3 +309,32 @@ def test_scatter_and_rejected_table_do_not_mislead(server, page):
         page.click("#rejected-next")
     assert seen == set(range(1, len(plan["rejected"]) + 1))
     screenshots(page, "plan-charts")
+
+
+def test_context_parallel_candidates_show_their_cp(server, page):
+    """A plan that searches cp = 2 (long sequences) names cp in the candidates table and in
+    each candidate's configuration, as the CLI does; a plan without cp has no cp column."""
+    request = {
+        **TINY,
+        "training": {**TINY["training"], "flash_attention": True},
+        "search": {"micro_batch_sizes": [1], "top_k": 20, "context_parallel": [2]},
+    }
+    plan = make_plan(server, request)
+    assert plan["candidates"] and all(c["config"]["cp"] == 2 for c in plan["candidates"])
+    page.goto(f"{server}/#/plans/{plan['id']}")
+    page.wait_for_selector("#candidates tr[data-candidates='1']")
+    headers = [h.strip() for h in page.locator("#candidates thead th").all_inner_texts()]
+    column = headers.index("cp")
+    assert headers[column - 1] == "t"
+    first = page.locator("#candidates tr[data-candidates='1'] td").all_inner_texts()
+    assert first[column].strip() == "2"
+    page.click("#candidates tr[data-candidates='1']")
+    page.wait_for_selector("#detail-title")
+    config = plan["candidates"][0]["config"]
+    assert f"t{config['t']} cp2 p{config['p']} d{config['d']}" in page.inner_text("#detail-title")
+
+    plain = make_plan(server, _tiny(schedules=["1f1b"]))
+    page.goto(f"{server}/#/plans/{plain['id']}")
+    page.wait_for_selector("#candidates tr[data-candidates='1']")
+    headers = [h.strip() for h in page.locator("#candidates thead th").all_inner_texts()]
+    assert "cp" not in headers and "t" in headers
