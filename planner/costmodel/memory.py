@@ -148,7 +148,8 @@ def activation_bytes_per_layer(
     sequence parallelism; GPT's r = 1, q = 4 give Table 2's 10 + 24/t and 34/t exactly.
     Selective recomputation drops the 5as/h; full keeps the layer input, 2sbh (/t with
     sequence parallelism). Context parallelism keeps s / cp tokens per rank (flash attention
-    only, so no scores term)."""
+    only, so no scores term). fp32 training stores every tensor in 4 bytes, twice the count
+    above, except the three dropout masks (2sbh + as^2b), which stay one byte each."""
     s, b, h, a = model.seq_length // cp, micro_batch, model.hidden_size, model.num_attention_heads
     sbh = s * b * h
     if training.flash_attention:
@@ -157,17 +158,24 @@ def activation_bytes_per_layer(
         scores = 7.0 * a * s / h
     else:
         scores = 5.0 * a * s / h
-    # 16-bit activations; fp32 training doubles every stored tensor.
+    # 16-bit activations; fp32 training doubles every stored tensor but the dropout masks,
+    # which are one byte per element in any precision.
     scale = 2.0 if training.precision == "fp32" else 1.0
     sp = training.sequence_parallel and t > 1
     if recompute == "full":
         return scale * (2.0 * sbh / t if sp else 2.0 * sbh)
     if recompute == "selective":
         scores = 0.0
+    # The masks: attention output's and MLP output's (sbh each, replicated under tensor
+    # parallelism without sequence parallelism) and, where the scores are kept, the
+    # softmax's (as^2b, split by t).
+    softmax_mask = a * s / h if scores else 0.0
     split = 4.0 + 4.0 * model.kv_size / h + (6.0 if model.gated else 4.0) * model.ffn / h
     if sp:
-        return scale * sbh / t * (10.0 + split + scores)
-    return scale * sbh * (10.0 + split / t + scores / t)
+        stored, masks = sbh / t * (10.0 + split + scores), sbh / t * (2.0 + softmax_mask)
+    else:
+        stored, masks = sbh * (10.0 + split / t + scores / t), sbh * (2.0 + softmax_mask / t)
+    return scale * stored - (scale - 1.0) * masks
 
 
 def recompute_working_bytes(
