@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from api.core.config import Settings
@@ -33,6 +33,7 @@ from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
 from api.openapi import openapi_document
 from api.problems import install_problem_handlers
+from api.query_parameters import no_unknown_query_parameters
 from api.routes import (
     dashboard,
     hardware,
@@ -120,6 +121,7 @@ def create_app(
         # /docs and /redoc are the dashboard router's, with assets from a pinned package.
         docs_url=None,
         redoc_url=None,
+        dependencies=[Depends(no_unknown_query_parameters)],
     )
     app.state.stagewright = state
     install_problem_handlers(app)

@@ -230,3 +230,18 @@ def test_a_stalled_body_times_out_and_frees_the_connection(live_server):
     assert b"application/problem+json" in answer
     assert elapsed < 5, elapsed  # closed by the server, not by our 15 s read timeout
     assert httpx.get(f"{live_server.url}/healthz").status_code == 200
+
+
+def test_an_unknown_query_parameter_is_refused_naming_it(make_client, database_url):
+    """A misspelt query parameter is a 422 that names it and what the endpoint takes, on
+    reads and writes, and nothing is stored; the dashboard's pages take any query."""
+    client = make_client(planner=real_plan)
+    before = (_counts(database_url), client.get("/v1/plans").json())
+    refused = client.post("/v1/plans?include_rejcted=true", json=example("tiny-cpu"))
+    assert_problem(refused, 422, "include_rejcted", "include_rejected")
+    assert (_counts(database_url), client.get("/v1/plans").json()) == before
+    listed = client.get("/v1/plans?limit=5&sort=desc")
+    assert_problem(listed, 422, "'sort'", "limit, model, offset, status")
+    assert client.get("/healthz?verbose=1").status_code == 422
+    assert client.get("/v1/plans?limit=5").status_code == 200
+    assert client.get("/?utm_source=mail").status_code == 200
