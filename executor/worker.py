@@ -121,12 +121,26 @@ def main(argv: list[str] | None = None) -> int:
             )
             sys.stderr.flush()
             os._exit(EXIT_FAILED)  # do not wait for peers that may be gone
-    # Every rank leaves together: a rank that tore its connections down while a peer still
-    # used them made that peer's gloo thread abort ("terminate called without an active
-    # exception", 1 run in 6 without this barrier).
-    dist.barrier()
-    dist.destroy_process_group()
+    _leave_together(rank, world, args.timeout)
     return 0 if passed else EXIT_MISMATCH
+
+
+def _leave_together(rank: int, world: int, timeout_s: float) -> None:
+    """Tear the process group down only once every rank is done with it.
+
+    A rank that closed its connections while a peer was still inside the last collective
+    made that peer's gloo thread abort ("terminate called without an active exception",
+    exit -6): 1 run in 6 with no barrier, and still 1 in 8 on a loaded machine with a final
+    barrier alone, since a rank leaves the barrier before its peers have all read its last
+    message. So each rank also says it has left the barrier through the rendezvous store
+    (torchrun's, not a gloo connection) and waits until every rank has."""
+    dist.barrier()
+    store = dist.distributed_c10d._get_default_store()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    keys = [f"stagewright/{attempt}/left/{r}" for r in range(world)]
+    store.set(keys[rank], "1")
+    store.wait(keys, timedelta(seconds=timeout_s))
+    dist.destroy_process_group()
 
 
 def schedule_for_batches(config: ExecutorConfig, batches: int) -> Schedule:
