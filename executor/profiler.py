@@ -34,6 +34,7 @@ from executor.model import (
     build_stage,
     init_full_weights,
 )
+from executor.split_backward import backward_input, backward_weight
 from executor.tensor_parallel import TensorParallel
 from planner.costmodel.layer_ops import fused_softmax_available
 from planner.profiles import LayerPoint
@@ -95,9 +96,10 @@ def profile_layer(
     recompute: Recompute = "none",
     dropout: float = 0.1,
 ) -> LayerPoint:
-    """Time F, B (input gradient) and W (weight gradient) of one layer and count its saved
-    bytes, and the first/last stage extras, in ``precision`` with ``recompute`` on the local
-    device (the executor's model, dropout included)."""
+    """Time F, B (the input gradient, as the executor's split runs it) and W (the rest of one
+    fused backward, so that B + W is the backward of a schedule without the split) of one
+    layer and count its saved bytes, and the first/last stage extras, in ``precision`` with
+    ``recompute`` on the local device (the executor's model, dropout included)."""
     with _one_thread():
         return _profile(model, micro_batch, t, gpu, repeats, warmup, precision, recompute, dropout)
 
@@ -110,6 +112,13 @@ def _one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _weight_s(whole: list[float], backward: list[float], split_weight: list[float]) -> float:
+    """W as the rest of a fused backward; for a layer so small that timing noise leaves no
+    rest, the split's own W."""
+    rest = statistics.median(whole) - statistics.median(backward)
+    return rest if rest > 0 else statistics.median(split_weight)
 
 
 def _profile(
@@ -145,7 +154,8 @@ def _profile(
     key = DropoutKey(0, 0, 0)
     forward: list[float] = []
     backward: list[float] = []
-    weight: list[float] = []
+    whole: list[float] = []  # one fused backward
+    split_weight: list[float] = []
     layer_bytes = 0
     for i in range(warmup + repeats):
         x = torch.randn(size, dtype=dtype, requires_grad=True)
@@ -153,16 +163,26 @@ def _profile(
         started = time.thread_time()
         layer_bytes, out = saved_bytes(partial(layer, x, key), [*params, *layer.buffers()])
         mid = time.thread_time()
-        torch.autograd.grad(out, x, grad, retain_graph=True)
+        # B as the executor's split runs it (executor.split_backward: the input gradient,
+        # recording what W needs), then W as the rest of one fused backward, so that B + W
+        # is what a schedule without the split runs. (Timing W as a second walk of the
+        # whole graph for the weights, as this did before, priced it at a whole backward:
+        # a step came out about 1.4x what the run measured.)
+        _, pending = backward_input(out, grad, x, list(params))
         after_b = time.thread_time()
-        torch.autograd.backward(out, grad, inputs=params)
+        backward_weight(pending)
+        after_w = time.thread_time()
+        out = layer(x, key)
+        before_fused = time.thread_time()
+        torch.autograd.backward(out, grad, inputs=[x, *params])
         done = time.thread_time()
         for p in params:
             p.grad = None
         if i >= warmup:
             forward.append(mid - started)
             backward.append(after_b - mid)
-            weight.append(done - after_b)
+            whole.append(done - before_fused)
+            split_weight.append(after_w - after_b)
     embed = _stage(one, full, 0, embed=True, head=False, t=t, options=options)
     tokens = torch.randint(0, shape.vocab_size, (micro_batch, shape.seq_length))
     first_extra, _ = saved_bytes(lambda: embed(tokens, key), list(embed.parameters()))
@@ -184,7 +204,7 @@ def _profile(
         flash_attention=False,
         forward_ms=statistics.median(forward) * 1e3,
         backward_ms=statistics.median(backward) * 1e3,
-        weight_ms=statistics.median(weight) * 1e3,
+        weight_ms=_weight_s(whole, backward, split_weight) * 1e3,
         activation_bytes=float(layer_bytes),
         includes_tp_comm=t == 1,
         source=f"stagewright profile on {gpu} (median of {repeats}, one thread, CPU time, "
