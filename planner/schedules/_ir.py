@@ -29,7 +29,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property, partial
-from itertools import pairwise, repeat
+from itertools import chain, pairwise, repeat
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -316,30 +317,31 @@ class Columns:
 
 
 def _columns(schedule: Schedule) -> Columns:
-    code = KIND_CODE.__getitem__
-    rows = [list(zip(*row, strict=True)) for row in schedule.actions if row]
+    # One field of every action at a time, read by itemgetter in C (an action is a tuple).
+    flat = list(chain.from_iterable(schedule.actions))
+    n = len(flat)
     sizes = [len(row) for row in schedule.actions]
-    n = sum(sizes)
-
-    def column(index: int, missing: bool = False) -> np.ndarray:
-        if not missing:
-            return np.fromiter((x for row in rows for x in row[index]), np.int64, n)
-        if all(row[index].count(None) == len(row[index]) for row in rows):
-            return np.full(n, -1, np.int64)
-        return np.fromiter(
-            (-1 if x is None else x for row in rows for x in row[index]), np.int64, n
-        )
-
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
+
+    def column(index: int) -> np.ndarray:
+        return np.fromiter(map(itemgetter(index), flat), np.int64, n)
+
+    def optional(index: int) -> np.ndarray:
+        """-1 where the field is None."""
+        values = list(map(itemgetter(index), flat))
+        if values.count(None) == n:
+            return np.full(n, -1, np.int64)
+        return np.fromiter((-1 if x is None else x for x in values), np.int64, n)
+
     return Columns(
         device=np.repeat(np.arange(len(sizes), dtype=np.int64), sizes),
-        kind=np.fromiter((code(k) for row in rows for k in row[0]), np.int64, n),
+        kind=np.fromiter(map(KIND_CODE.__getitem__, map(itemgetter(0), flat)), np.int64, n),
         stage=column(1),
         microbatch=column(2),
         chunk=column(3),
-        peer=column(4, missing=True),
-        version=column(5, missing=True),
+        peer=optional(4),
+        version=optional(5),
         offsets=offsets,
     )
 
