@@ -21,7 +21,6 @@ from bisect import bisect_right, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
 
 import numpy as np
 
@@ -317,29 +316,28 @@ def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
     in the stable phase")."""
     at = squeeze(orders, m)  # cell of every pass (moved forwards are updated)
     dep, _ = dependencies(len(orders), m)
-    cell_of: list[dict[int, int]] = []
-    alive: list[list[int]] = []
+    cell_of: list[dict[int, int]] = []  # per device: cell -> pass id
+    alive: list[list[int]] = []  # per device and cell: saved activations
     first_b: list[int] = []
+    forwards: list[list[list[int]]] = []  # per device and chunk: cells of its forwards
+    cell = np.asarray(at, dtype=np.int64)
     for order in orders:
-        cells = {at[g]: g for g in order}
-        cell_of.append(cells)
-        horizon = at[order[-1]] + 1 if order else 0
-        level = [0] * (horizon + 1)
-        first = horizon
-        for g in order:
-            j = g % PASSES
-            if j <= F1:
-                level[at[g]] += 1
-                level[at[g - j + (W0 if j == F0 else W1)] + 1] -= 1
-            elif j <= B0 and at[g] < first:
-                first = at[g]
-        alive.append(list(accumulate(level)))
-        first_b.append(first)
+        ids = np.asarray(order, dtype=np.int64)
+        code = ids % PASSES
+        cells = cell[ids]  # increasing: squeezed orders run in cell order
+        cell_of.append(dict(zip(cells.tolist(), order, strict=True)))
+        horizon = int(cells[-1]) + 1 if len(order) else 0
+        # A forward's activation lives from its cell through its W's.
+        forward = code <= F1
+        level = np.zeros(horizon + 1, np.int64)
+        level[cells[forward]] += 1
+        weight = ids[forward] - code[forward] + np.where(code[forward] == F0, W0, W1)
+        level[cell[weight] + 1] -= 1
+        alive.append(np.cumsum(level).tolist())
+        backward = cells[(code == B1) | (code == B0)]
+        first_b.append(int(backward.min()) if len(backward) else horizon)
+        forwards.append([cells[code == F0].tolist(), cells[code == F1].tolist()])
     peak = [max(level) if level else 0 for level in alive]
-    # Per device and chunk, the cells of its forwards, in order.
-    forwards = [  # squeezed orders run in cell order: already sorted
-        [[at[g] for g in order if g % PASSES == chunk] for chunk in (F0, F1)] for order in orders
-    ]
     # The vacant cells before each device's first B, by cell: the scan visits only those
     # (cells left by a forward that moves earlier join when they are before the first B).
     horizon = max(first_b, default=0)
@@ -381,33 +379,44 @@ def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
             at[g] = t
             if best < first_b[device]:
                 vacant[best].append(device)
-    return [[cells[t] for t in sorted(cells)] for cells in cell_of]
+    return [list(map(cells.__getitem__, sorted(cells))) for cells in cell_of]
 
 
 def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:
     """Appendix C, cool-down: drop the W passes after each device's last F, squeeze, put the
     dropped Ws into the idle cells that remain (each after its B), the rest at the end."""
     kept: list[list[int]] = []
-    dropped: list[list[int]] = []
+    dropped: list[np.ndarray] = []
     for order in orders:
-        last_f = max(k for k, g in enumerate(order) if g % PASSES <= F1)
-        tail = order[last_f + 1 :]
-        kept.append(order[: last_f + 1] + [g for g in tail if g % PASSES < W0])
-        dropped.append([g for g in tail if g % PASSES >= W0])
-    start = squeeze(kept, m)
+        ids = np.asarray(order, dtype=np.int64)
+        code = ids % PASSES
+        last_f = int(np.flatnonzero(code <= F1)[-1])
+        tail, tail_code = ids[last_f + 1 :], code[last_f + 1 :]
+        kept.append(order[: last_f + 1] + tail[tail_code < W0].tolist())
+        dropped.append(tail[tail_code >= W0])
+    cell = np.asarray(squeeze(kept, m), dtype=np.int64)
     result = []
     for order, ws in zip(kept, dropped, strict=True):
-        cells = {start[g]: g for g in order}
-        # Each W after its B (the W's id minus the code offset gives its B's id).
-        b_cell = {g: start[g - g % PASSES + _B_OF_W[g % PASSES]] for g in ws}
-        waiting = sorted(ws, key=b_cell.__getitem__)
-        horizon = max(cells) if cells else 0
-        for t in range(horizon):
-            if not waiting:
+        ids = np.asarray(order, dtype=np.int64)
+        cells = cell[ids]  # increasing: a squeezed order runs in cell order
+        # Each W after its B (the W's id minus the code offset gives its B's id), earliest
+        # B first, into the idle cells before the device's last pass.
+        code = ws % PASSES
+        b_cell = cell[ws - code + np.where(code == W0, B0, B1)]
+        by_b = np.argsort(b_cell, kind="stable")
+        waiting, ready = ws[by_b].tolist(), (b_cell[by_b] + 1).tolist()
+        horizon = int(cells[-1]) if len(cells) else 0
+        idle = np.setdiff1d(np.arange(horizon, dtype=np.int64), cells, assume_unique=True)
+        placed: list[int] = []
+        for t in idle.tolist():
+            if len(placed) == len(waiting):
                 break
-            if t not in cells and b_cell[waiting[0]] + 1 <= t:
-                cells[t] = waiting.pop(0)
-        result.append([cells[t] for t in sorted(cells)] + waiting)
+            if ready[len(placed)] <= t:
+                placed.append(t)
+        done = len(placed)
+        merged_cells = np.concatenate([cells, np.asarray(placed, dtype=np.int64)])
+        merged = np.concatenate([ids, np.asarray(waiting[:done], dtype=np.int64)])
+        result.append(merged[np.argsort(merged_cells)].tolist() + waiting[done:])
     return result
 
 
