@@ -302,50 +302,112 @@ def build_orders(
     what squeezing keeps) and reorder the warm-up and cool-down (Appendix C)."""
     orders = repeat(cells, num_microbatches)
     if reorder:
-        orders = _fill_warmup(orders, num_microbatches)
+        orders = _fill_warmup(orders, num_microbatches, cells)
         orders = _reorder_cooldown(orders, num_microbatches)
     return orders
 
 
-def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
+def _fill_warmup(orders: list[list[int]], m: int, block: list[list[int]]) -> list[list[int]]:
     """Appendix C, warm-up: scan the squeezed cells left to right; a vacant cell before the
     device's first B is filled with the first later forward of that device whose input is
     ready by then, leaving every other pass where it is. A move is taken only if the
     device's saved activations stay within the peak the squeezed schedule already has: the
     warm-up reorder buys throughput, never memory (the paper: "the peak of memory happens
-    in the stable phase")."""
-    at = squeeze(orders, m)  # cell of every pass (moved forwards are updated)
-    dep, _ = dependencies(len(orders), m)
+    in the stable phase").
+
+    ``orders`` repeat ``block`` (:func:`repeat`). Only the warm-up is scanned, so only the
+    passes before a cut well past every device's first B are squeezed and scanned, the rest
+    of each order staying as it is: the passes before a cell of the repeated block are
+    closed under inputs (an input is in an earlier cell), so their squeezed cells are those
+    of the whole; :func:`_fill_before` checks that the scan cannot reach past the cut, and
+    the whole orders are filled when it could."""
+    # Squeezing moves passes earlier only: every device's first B is squeezed into a cell
+    # no later than in the repeated block.
+    first_b = max(min(row[B1], row[B0]) for row in block)
+    cut: int | None = 2 * first_b + 2 * REPEAT_INTERVAL
+    while True:
+        filled = _fill_before(orders, m, block, cut)
+        if isinstance(filled, list):
+            return filled
+        cut = filled  # one that holds every forward the scan can reach (None: no cut)
+
+
+def _fill_before(
+    orders: list[list[int]], m: int, block: list[list[int]], cut: int | None
+) -> list[list[int]] | int | None:
+    """:func:`_fill_warmup` on the passes before cell ``cut`` of the repeated block (all of
+    them for None); when the scan could reach a forward past it, the cut that holds every
+    one it can reach instead (None: no cut)."""
+    d = len(orders)
+    ids_of = [np.asarray(order, dtype=np.int64) for order in orders]
+    # The peak of a squeezed order is its order's (levels rise only at forwards, and a
+    # forward's cell sees the forwards and Ws before it in the order): :func:`order_peaks`.
+    peak = [_order_peak(ids) for ids in ids_of]
+    kept = [len(order) for order in orders]
+    if cut is not None:
+        rows = np.asarray(block, dtype=np.int64)
+        for i, ids in enumerate(ids_of):
+            repeated = rows[i, ids % PASSES] + REPEAT_INTERVAL * ((ids // PASSES) % m)
+            kept[i] = int(np.searchsorted(repeated, cut))  # orders run in repeated cells
+        if 2 * sum(kept) > sum(map(len, orders)):
+            # Most of the orders (short runs): squeeze them all, with nothing to check.
+            cut, kept = None, [len(order) for order in orders]
+    prefix = [order[:k] for order, k in zip(orders, kept, strict=True)]
+    at = squeeze(prefix, m)  # cell of every pass (moved forwards are updated); -1 past the cut
+    dep, _ = dependencies(d, m)
     cell_of: list[dict[int, int]] = []  # per device: cell -> pass id
     alive: list[list[int]] = []  # per device and cell: saved activations
     first_b: list[int] = []
     forwards: list[list[list[int]]] = []  # per device and chunk: cells of its forwards
     cell = np.asarray(at, dtype=np.int64)
-    for order in orders:
-        ids = np.asarray(order, dtype=np.int64)
+    for order, all_ids, k in zip(prefix, ids_of, kept, strict=True):
+        ids = all_ids[:k]
         code = ids % PASSES
-        cells = cell[ids]  # increasing: squeezed orders run in cell order
-        cell_of.append(dict(zip(cells.tolist(), order, strict=True)))
-        horizon = int(cells[-1]) + 1 if len(order) else 0
-        # A forward's activation lives from its cell through its W's.
+        squeezed = cell[ids]  # increasing: squeezed orders run in cell order
+        cell_of.append(dict(zip(squeezed.tolist(), order, strict=True)))
+        horizon = int(squeezed[-1]) + 1 if len(order) else 0
+        # A forward's activation lives from its cell through its W's (past the cut: beyond
+        # every cell kept here).
         forward = code <= F1
-        level = np.zeros(horizon + 1, np.int64)
-        level[cells[forward]] += 1
-        weight = ids[forward] - code[forward] + np.where(code[forward] == F0, W0, W1)
-        level[cell[weight] + 1] -= 1
-        alive.append(np.cumsum(level).tolist())
-        backward = cells[(code == B1) | (code == B0)]
+        delta = np.zeros(horizon + 1, np.int64)
+        delta[squeezed[forward]] += 1
+        freed = cell[ids[forward] - code[forward] + np.where(code[forward] == F0, W0, W1)]
+        delta[freed[freed >= 0] + 1] -= 1
+        alive.append(np.cumsum(delta).tolist())
+        backward = squeezed[(code == B1) | (code == B0)]
+        if cut is not None and not len(backward):
+            return None  # a first B past the cut
         first_b.append(int(backward.min()) if len(backward) else horizon)
-        forwards.append([cells[code == F0].tolist(), cells[code == F1].tolist()])
-    peak = [max(level) if level else 0 for level in alive]
+        forwards.append([squeezed[code == F0].tolist(), squeezed[code == F1].tolist()])
     # The vacant cells before each device's first B, by cell: the scan visits only those
     # (cells left by a forward that moves earlier join when they are before the first B).
     horizon = max(first_b, default=0)
     vacant: list[list[int]] = [[] for _ in range(horizon)]
+    holes = [0] * d  # per device: vacant cells before its first B
     for device, cells in enumerate(cell_of):
         for t in range(first_b[device]):
             if t not in cells:
                 vacant[t].append(device)
+                holes[device] += 1
+    if cut is not None:
+        # A forward past the scan's horizon moves only into one of these holes, taking the
+        # earliest of its chunk past the horizon each time (and leaving no hole before the
+        # first B): with more of them kept than holes, every one the scan can take is kept.
+        needed = cut
+        for device, ids in enumerate(ids_of):
+            for chunk, chunk_cells in zip((F0, F1), forwards[device], strict=True):
+                if len(chunk_cells) - bisect_right(chunk_cells, horizon) > holes[device]:
+                    continue
+                # Passes at positions past the horizon are squeezed past it (one cell a
+                # pass): the cut must hold holes + 1 forwards of the chunk there.
+                beyond = np.flatnonzero(ids[horizon + 1 :] % PASSES == chunk)
+                if len(beyond) <= holes[device]:
+                    return None
+                g = int(ids[horizon + 1 + beyond[holes[device]]])
+                repeated = block[device][chunk] + REPEAT_INTERVAL * ((g // PASSES) % m)
+                needed = max(needed, repeated + 1)
+        if needed > cut:
+            return needed
     for t in range(horizon):
         devices = vacant[t]
         if len(devices) > 1:
@@ -379,7 +441,21 @@ def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
             at[g] = t
             if best < first_b[device]:
                 vacant[best].append(device)
-    return [list(map(cells.__getitem__, sorted(cells))) for cells in cell_of]
+    return [
+        list(map(cells.__getitem__, sorted(cells))) + order[k:]
+        for cells, order, k in zip(cell_of, orders, kept, strict=True)
+    ]
+
+
+def _order_peak(ids: np.ndarray) -> int:
+    """:func:`order_peaks` of one order of pass ids, with NumPy."""
+    code = ids % PASSES
+    forward = code <= F1
+    if not forward.any():
+        return 0
+    weight = (code >= W0).astype(np.int64)
+    level = np.cumsum(forward) - (np.cumsum(weight) - weight)
+    return int(level[forward].max())
 
 
 def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from planner.schedules import ActionKind, block_offsets, building_block, generate
+from planner.schedules._vshape import VSHAPE_NAMES
 from planner.simulate import Durations, simulate
 
 K = ActionKind
@@ -180,3 +181,31 @@ def test_the_columns_a_v_generator_fills_are_its_actions(name, d, m):
     filled, read = schedule.columns, _columns(schedule)
     for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
         assert (getattr(filled, field) == getattr(read, field)).all(), field
+
+
+@pytest.mark.parametrize("d, m", [(6, 48), (16, 64), (24, 96)])
+def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, monkeypatch):
+    """The warm-up fill squeezes and scans only the passes before a cut past the warm-up
+    (the rest of each order is left as it is): for the fixed V blocks and a sample of
+    v-adaptive's search space it gives what filling the whole orders gives, and the cut is
+    taken for most of them."""
+    from planner.schedules import _vframe
+    from planner.schedules._vadaptive import _space
+
+    space = _space(d)
+    blocks = [space.cells[i].tolist() for i in range(0, len(space.blocks), len(space.blocks) // 60)]
+    blocks += [block_offsets(name, d).block(d).cells() for name in VSHAPE_NAMES]
+    fill = _vframe._fill_before
+    cut_taken = []
+
+    def spy(orders, m, block, cut):
+        filled = fill(orders, m, block, cut)
+        if cut is not None and isinstance(filled, list):
+            cut_taken.append(cut)
+        return filled
+
+    monkeypatch.setattr(_vframe, "_fill_before", spy)
+    for cells in blocks:
+        orders = _vframe.repeat(cells, m)
+        assert _vframe._fill_warmup(orders, m, cells) == fill(orders, m, cells, None)
+    assert len(cut_taken) > len(blocks) / 2
