@@ -316,6 +316,9 @@ class Columns:
     offsets: np.ndarray
 
 
+_MISSING: dict[int | None, int] = {None: -1}
+
+
 def _columns(schedule: Schedule) -> Columns:
     # One field of every action at a time, read by itemgetter in C (an action is a tuple).
     flat = list(chain.from_iterable(schedule.actions))
@@ -332,7 +335,7 @@ def _columns(schedule: Schedule) -> Columns:
         values = list(map(itemgetter(index), flat))
         if values.count(None) == n:
             return np.full(n, -1, np.int64)
-        return np.fromiter((-1 if x is None else x for x in values), np.int64, n)
+        return np.fromiter(map(_MISSING.get, values, values), np.int64, n)  # None -> -1
 
     return Columns(
         device=np.repeat(np.arange(len(sizes), dtype=np.int64), sizes),
