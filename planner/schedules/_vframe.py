@@ -321,28 +321,69 @@ def _fill_warmup(orders: list[list[int]], m: int, block: list[list[int]]) -> lis
     closed under inputs (an input is in an earlier cell), so their squeezed cells are those
     of the whole; :func:`_fill_before` checks that the scan cannot reach past the cut, and
     the whole orders are filled when it could."""
+    ids_of = list(np.array(orders, dtype=np.int64))  # every device runs 6 m passes
     # Squeezing moves passes earlier only: every device's first B is squeezed into a cell
-    # no later than in the repeated block.
+    # no later than in the repeated block. A cut twice as far usually holds what the scan
+    # reaches, and :func:`_cut` one that always does; on short runs, where the cut would
+    # keep most passes, the whole orders are filled.
     first_b = max(min(row[B1], row[B0]) for row in block)
-    cut: int | None = 2 * first_b + 2 * REPEAT_INTERVAL
+    span = max(max(row) for row in block) + REPEAT_INTERVAL * m
+    likely = 2 * first_b + 2 * REPEAT_INTERVAL
+    cut: int | None = likely
+    if 2 * likely > span:
+        cut = None
+    else:
+        bound = _cut(ids_of, m, block)
+        if bound is not None and 2 * bound <= span:
+            cut = bound
     while True:
-        filled = _fill_before(orders, m, block, cut)
+        filled = _fill_before(orders, ids_of, m, block, cut)
         if isinstance(filled, list):
             return filled
         cut = filled  # one that holds every forward the scan can reach (None: no cut)
 
 
+def _cut(ids_of: list[np.ndarray], m: int, block: list[list[int]]) -> int | None:
+    """A cell of the repeated block before which :func:`_fill_warmup` finds every forward
+    its scan can reach (None: the whole orders).
+
+    Squeezing moves passes earlier only, so a device's first B is squeezed into a cell no
+    later than its cell in the repeated block, and the scan's horizon (the last first B)
+    is no later than theirs; the passes before it in the order fill all but at most
+    (that cell - their number) of the cells before it, which bounds the holes the scan can
+    fill. A pass at position q of its order is squeezed into cell q or later: so the cut
+    must hold, per device and chunk, one more forward past the horizon's position than
+    that bound (:func:`_fill_before` checks it on the squeezed cells)."""
+    rows = np.asarray(block, dtype=np.int64)
+    first_b = rows[:, [B1, B0]].min(axis=1)
+    horizon = int(first_b.max())
+    cut = 0
+    for i, ids in enumerate(ids_of):
+        repeated = rows[i, ids % PASSES] + REPEAT_INTERVAL * ((ids // PASSES) % m)
+        holes = int(first_b[i]) - int(np.searchsorted(repeated, first_b[i]))
+        code = ids[horizon + 1 :] % PASSES
+        for chunk in (F0, F1):
+            beyond = np.flatnonzero(code == chunk)
+            if len(beyond) <= holes:
+                return None
+            cut = max(cut, int(repeated[horizon + 1 + beyond[holes]]) + 1)
+    return cut
+
+
 def _fill_before(
-    orders: list[list[int]], m: int, block: list[list[int]], cut: int | None
+    orders: list[list[int]],
+    ids_of: list[np.ndarray],
+    m: int,
+    block: list[list[int]],
+    cut: int | None,
 ) -> list[list[int]] | int | None:
     """:func:`_fill_warmup` on the passes before cell ``cut`` of the repeated block (all of
     them for None); when the scan could reach a forward past it, the cut that holds every
     one it can reach instead (None: no cut)."""
     d = len(orders)
-    ids_of = [np.asarray(order, dtype=np.int64) for order in orders]
     # The peak of a squeezed order is its order's (levels rise only at forwards, and a
     # forward's cell sees the forwards and Ws before it in the order): :func:`order_peaks`.
-    peak = [_order_peak(ids) for ids in ids_of]
+    peak = _order_peaks(np.array(ids_of))
     kept = [len(order) for order in orders]
     if cut is not None:
         rows = np.asarray(block, dtype=np.int64)
@@ -447,52 +488,39 @@ def _fill_before(
     ]
 
 
-def _order_peak(ids: np.ndarray) -> int:
-    """:func:`order_peaks` of one order of pass ids, with NumPy."""
+def _order_peaks(ids: np.ndarray) -> list[int]:
+    """:func:`order_peaks` of orders of pass ids of one length (a row each), with NumPy."""
     code = ids % PASSES
     forward = code <= F1
-    if not forward.any():
-        return 0
     weight = (code >= W0).astype(np.int64)
-    level = np.cumsum(forward) - (np.cumsum(weight) - weight)
-    return int(level[forward].max())
+    level = np.cumsum(forward, axis=1) - (np.cumsum(weight, axis=1) - weight)
+    return np.where(forward, level, 0).max(axis=1, initial=0).tolist()  # type: ignore[no-any-return]
 
 
 def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:
     """Appendix C, cool-down: drop the W passes after each device's last F, squeeze, put the
     dropped Ws into the idle cells that remain (each after its B), the rest at the end."""
     kept: list[list[int]] = []
-    dropped: list[np.ndarray] = []
+    dropped: list[list[int]] = []
     for order in orders:
-        ids = np.asarray(order, dtype=np.int64)
-        code = ids % PASSES
-        last_f = int(np.flatnonzero(code <= F1)[-1])
-        tail, tail_code = ids[last_f + 1 :], code[last_f + 1 :]
-        kept.append(order[: last_f + 1] + tail[tail_code < W0].tolist())
-        dropped.append(tail[tail_code >= W0])
-    cell = np.asarray(squeeze(kept, m), dtype=np.int64)
+        last_f = max(k for k, g in enumerate(order) if g % PASSES <= F1)
+        tail = order[last_f + 1 :]
+        kept.append(order[: last_f + 1] + [g for g in tail if g % PASSES < W0])
+        dropped.append([g for g in tail if g % PASSES >= W0])
+    start = squeeze(kept, m)
     result = []
     for order, ws in zip(kept, dropped, strict=True):
-        ids = np.asarray(order, dtype=np.int64)
-        cells = cell[ids]  # increasing: a squeezed order runs in cell order
-        # Each W after its B (the W's id minus the code offset gives its B's id), earliest
-        # B first, into the idle cells before the device's last pass.
-        code = ws % PASSES
-        b_cell = cell[ws - code + np.where(code == W0, B0, B1)]
-        by_b = np.argsort(b_cell, kind="stable")
-        waiting, ready = ws[by_b].tolist(), (b_cell[by_b] + 1).tolist()
-        horizon = int(cells[-1]) if len(cells) else 0
-        idle = np.setdiff1d(np.arange(horizon, dtype=np.int64), cells, assume_unique=True)
-        placed: list[int] = []
-        for t in idle.tolist():
-            if len(placed) == len(waiting):
+        cells = {start[g]: g for g in order}
+        # Each W after its B (the W's id minus the code offset gives its B's id).
+        b_cell = {g: start[g - g % PASSES + _B_OF_W[g % PASSES]] for g in ws}
+        waiting = sorted(ws, key=b_cell.__getitem__)
+        horizon = max(cells) if cells else 0
+        for t in range(horizon):
+            if not waiting:
                 break
-            if ready[len(placed)] <= t:
-                placed.append(t)
-        done = len(placed)
-        merged_cells = np.concatenate([cells, np.asarray(placed, dtype=np.int64)])
-        merged = np.concatenate([ids, np.asarray(waiting[:done], dtype=np.int64)])
-        result.append(merged[np.argsort(merged_cells)].tolist() + waiting[done:])
+            if t not in cells and b_cell[waiting[0]] + 1 <= t:
+                cells[t] = waiting.pop(0)
+        result.append([cells[t] for t in sorted(cells)] + waiting)
     return result
 
 

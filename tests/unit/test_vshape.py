@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from planner.schedules import ActionKind, block_offsets, building_block, generate
@@ -183,12 +184,12 @@ def test_the_columns_a_v_generator_fills_are_its_actions(name, d, m):
         assert (getattr(filled, field) == getattr(read, field)).all(), field
 
 
-@pytest.mark.parametrize("d, m", [(6, 48), (16, 64), (24, 96)])
+@pytest.mark.parametrize("d, m", [(6, 96), (8, 128), (16, 256)])
 def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, monkeypatch):
     """The warm-up fill squeezes and scans only the passes before a cut past the warm-up
-    (the rest of each order is left as it is): for the fixed V blocks and a sample of
-    v-adaptive's search space it gives what filling the whole orders gives, and the cut is
-    taken for most of them."""
+    (the rest of each order is left as it is), widening the cut when the scan could reach
+    past it: for the fixed V blocks and a sample of v-adaptive's search space it gives
+    what filling the whole orders gives, and both the cut and its widening are taken."""
     from planner.schedules import _vframe
     from planner.schedules._vadaptive import _space
 
@@ -196,16 +197,19 @@ def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, mon
     blocks = [space.cells[i].tolist() for i in range(0, len(space.blocks), len(space.blocks) // 60)]
     blocks += [block_offsets(name, d).block(d).cells() for name in VSHAPE_NAMES]
     fill = _vframe._fill_before
-    cut_taken = []
+    cuts: list[int] = []
+    widened: list[int] = []
 
-    def spy(orders, m, block, cut):
-        filled = fill(orders, m, block, cut)
-        if cut is not None and isinstance(filled, list):
-            cut_taken.append(cut)
+    def spy(orders, ids_of, m, block, cut):
+        filled = fill(orders, ids_of, m, block, cut)
+        if cut is not None:
+            (cuts if isinstance(filled, list) else widened).append(cut)
         return filled
 
     monkeypatch.setattr(_vframe, "_fill_before", spy)
     for cells in blocks:
         orders = _vframe.repeat(cells, m)
-        assert _vframe._fill_warmup(orders, m, cells) == fill(orders, m, cells, None)
-    assert len(cut_taken) > len(blocks) / 2
+        whole = fill(orders, [np.asarray(order) for order in orders], m, cells, None)
+        assert _vframe._fill_warmup(orders, m, cells) == whole
+    assert len(cuts) > len(blocks) / 2
+    assert widened
