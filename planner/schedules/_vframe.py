@@ -381,45 +381,55 @@ def _fill_before(
     them for None); when the scan could reach a forward past it, the cut that holds every
     one it can reach instead (None: no cut)."""
     d = len(orders)
+    ids = np.array(ids_of)  # (devices, 6 m): one row per device, all at once below
+    code = ids % PASSES
     # The peak of a squeezed order is its order's (levels rise only at forwards, and a
     # forward's cell sees the forwards and Ws before it in the order): :func:`order_peaks`.
-    peak = _order_peaks(np.array(ids_of))
-    kept = [len(order) for order in orders]
+    peak = _order_peaks(ids)
+    kept = np.full(d, ids.shape[1], np.int64)
     if cut is not None:
         rows = np.asarray(block, dtype=np.int64)
-        for i, ids in enumerate(ids_of):
-            repeated = rows[i, ids % PASSES] + REPEAT_INTERVAL * ((ids // PASSES) % m)
-            kept[i] = int(np.searchsorted(repeated, cut))  # orders run in repeated cells
-        if 2 * sum(kept) > sum(map(len, orders)):
+        repeated = np.take_along_axis(rows, code, axis=1) + REPEAT_INTERVAL * ((ids // PASSES) % m)
+        kept = (repeated < cut).sum(axis=1)  # orders run in repeated cells
+        if 2 * kept.sum() > ids.size:
             # Most of the orders (short runs): squeeze them all, with nothing to check.
-            cut, kept = None, [len(order) for order in orders]
-    prefix = [order[:k] for order, k in zip(orders, kept, strict=True)]
+            cut, kept = None, np.full(d, ids.shape[1], np.int64)
+    prefix = [order[:k] for order, k in zip(orders, kept.tolist(), strict=True)]
     at = squeeze(prefix, m)  # cell of every pass (moved forwards are updated); -1 past the cut
     dep, _ = dependencies(d, m)
-    cell_of: list[dict[int, int]] = []  # per device: cell -> pass id
-    alive: list[list[int]] = []  # per device and cell: saved activations
-    first_b: list[int] = []
-    forwards: list[list[list[int]]] = []  # per device and chunk: cells of its forwards
     cell = np.asarray(at, dtype=np.int64)
-    for order, all_ids, k in zip(prefix, ids_of, kept, strict=True):
-        ids = all_ids[:k]
-        code = ids % PASSES
-        squeezed = cell[ids]  # increasing: squeezed orders run in cell order
-        cell_of.append(dict(zip(squeezed.tolist(), order, strict=True)))
-        horizon = int(squeezed[-1]) + 1 if len(order) else 0
-        # A forward's activation lives from its cell through its W's (past the cut: beyond
-        # every cell kept here).
-        forward = code <= F1
-        delta = np.zeros(horizon + 1, np.int64)
-        delta[squeezed[forward]] += 1
-        freed = cell[ids[forward] - code[forward] + np.where(code[forward] == F0, W0, W1)]
-        delta[freed[freed >= 0] + 1] -= 1
-        alive.append(np.cumsum(delta).tolist())
-        backward = squeezed[(code == B1) | (code == B0)]
-        if cut is not None and not len(backward):
-            return None  # a first B past the cut
-        first_b.append(int(backward.min()) if len(backward) else horizon)
-        forwards.append([squeezed[code == F0].tolist(), squeezed[code == F1].tolist()])
+    squeezed = cell[ids]  # increasing along each kept prefix: squeezed orders run in order
+    inside = np.arange(ids.shape[1])[None, :] < kept[:, None]
+    last = squeezed[np.arange(d), np.maximum(kept - 1, 0)]
+    horizons = np.where(kept > 0, last + 1, 0)
+    # Per device and cell, the saved activations: a forward's from its cell through its
+    # W's (past the cut: beyond every cell kept here).
+    forward = (code <= F1) & inside
+    delta = np.zeros((d, int(horizons.max(initial=0)) + 2), np.int64)
+    f_row, f_col = np.nonzero(forward)
+    delta[f_row, squeezed[f_row, f_col]] += 1  # a device's cells are distinct
+    f_code = code[f_row, f_col]
+    weight = ids[f_row, f_col] - f_code + np.where(f_code == F0, W0, W1)
+    freed = cell[weight]
+    delta[f_row[freed >= 0], freed[freed >= 0] + 1] -= 1
+    levels = np.cumsum(delta, axis=1)
+    alive = [levels[i, : h + 1].tolist() for i, h in enumerate(horizons.tolist())]
+    backward = ((code == B1) | (code == B0)) & inside
+    if cut is not None and not backward.any(axis=1).all():
+        return None  # a first B past the cut
+    first_b = np.where(backward, squeezed, horizons[:, None]).min(axis=1).tolist()
+    # Per device and chunk, the cells of its forwards (in order, so increasing).
+    by_chunk = []
+    for chunk in (F0, F1):
+        mine = (code == chunk) & inside
+        ends = np.cumsum(mine.sum(axis=1))[:-1]
+        by_chunk.append([part.tolist() for part in np.split(squeezed[mine], ends)])
+    forwards = [list(pair) for pair in zip(*by_chunk, strict=True)]
+    rows_of = squeezed.tolist()
+    cell_of = [  # per device: cell -> pass id
+        dict(zip(rows_of[i][:k], order, strict=True))
+        for i, (k, order) in enumerate(zip(kept.tolist(), prefix, strict=True))
+    ]
     # The vacant cells before each device's first B, by cell: the scan visits only those
     # (cells left by a forward that moves earlier join when they are before the first B).
     horizon = max(first_b, default=0)
@@ -470,10 +480,10 @@ def _fill_before(
                 continue
             level = alive[device]
             full = peak[device]
-            if any(level[c] >= full for c in range(t, best)):
+            jumped = level[t:best]  # not empty: the forward is after t
+            if max(jumped) >= full:
                 continue
-            for c in range(t, best):
-                level[c] += 1
+            level[t:best] = [x + 1 for x in jumped]
             g = cells.pop(best)
             cells[t] = g
             chunk_cells = forwards[device][g % PASSES]
