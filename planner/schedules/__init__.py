@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from planner._gc import collector_paused
 from planner.schedules._bpipe import bpipe_mu_opt, plan_transfers
 from planner.schedules._comm import with_communication
 from planner.schedules._format import format_grid, format_timeline
@@ -108,5 +109,8 @@ def generate(
     """
     family = schedule_family(name)
     resolved = family.resolve(parameters)
-    schedule = family.build(num_devices, num_microbatches, resolved, times or PassTimes())
+    # A generator makes 10^5 acyclic objects (actions, keys, lists) for a large pipeline:
+    # the cyclic collector would walk every live object several times and find nothing.
+    with collector_paused():
+        schedule = family.build(num_devices, num_microbatches, resolved, times or PassTimes())
     return validate(schedule) if check else schedule

@@ -9,8 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from planner.errors import ScheduleConfigError
-from planner.schedules._ir import Action, ActionKind, Schedule, looped_placement
+from planner.schedules._ir import (
+    KIND_CODE,
+    Action,
+    ActionKind,
+    Columns,
+    Schedule,
+    actions_from_columns,
+    looped_placement,
+)
 from planner.schedules._registry import NUM_CHUNKS, ScheduleFamily, register
 
 __all__ = [
@@ -101,43 +111,51 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
         f"interleaved: the number of micro-batches ({m}) must be a multiple of the number of "
         f"devices ({p}); try {((m + p - 1) // p) * p}",
     )
-    total = m * v
+    total = m * v  # forwards (and backwards) per device
     group = p * v
-
-    def virtual(k: int, forward: bool) -> tuple[int, int]:
-        """(stage, micro-batch) of the k-th forward or backward of device r (stage w/o r)."""
-        in_group = k % group
-        chunk = in_group // p
-        if not forward:
-            chunk = v - 1 - chunk
-        microbatch = (k // group) * p + k % p
-        return chunk, microbatch
-
-    rows = []
+    k = np.arange(total, dtype=np.int64)  # the k-th forward or backward of a device
+    # Micro-batches run in groups of p through one chunk after the other; backwards go
+    # through the chunks in reverse.
+    chunk_f = (k % group) // p
+    chunk_b = v - 1 - chunk_f
+    microbatch = (k // group) * p + k % p
+    code_f, code_b, code_step = KIND_CODE[F], KIND_CODE[BW], KIND_CODE[ActionKind.OPTIMIZER_STEP]
+    size = 2 * total + v  # per device: every forward and backward, then a step per chunk
+    kind = np.empty((p, size), np.int64)
+    chunk = np.empty((p, size), np.int64)
+    mb = np.empty((p, size), np.int64)
     for r in range(p):
         warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
-        row: list[Action] = []
-
-        def fwd(k: int, r: int = r, row: list[Action] = row) -> None:
-            chunk, mb = virtual(k, True)
-            row.append(Action(F, chunk * p + r, mb, chunk))
-
-        def bwd(k: int, r: int = r, row: list[Action] = row) -> None:
-            chunk, mb = virtual(k, False)
-            row.append(Action(BW, chunk * p + r, mb, chunk))
-
-        for k in range(warmup):
-            fwd(k)
-        for i in range(total - warmup):
-            fwd(warmup + i)
-            bwd(i)
-        for k in range(total - warmup, total):
-            bwd(k)
-        row += [optimizer_step(c * p + r, m - 1, c) for c in range(v)]
-        rows.append(tuple(row))
-    return Schedule(
-        "interleaved", p, m, looped_placement(p, v), tuple(rows), meta={"num_chunks": v}
+        # Warm-up forwards, then forward k = warmup + i and backward i alternate, then the
+        # remaining backwards.
+        at_f = np.where(k < warmup, k, 2 * k - warmup)
+        at_b = np.where(k < total - warmup, warmup + 2 * k + 1, total + k)
+        kind[r, at_f], chunk[r, at_f], mb[r, at_f] = code_f, chunk_f, microbatch
+        kind[r, at_b], chunk[r, at_b], mb[r, at_b] = code_b, chunk_b, microbatch
+    kind[:, 2 * total :] = code_step
+    chunk[:, 2 * total :] = np.arange(v)
+    mb[:, 2 * total :] = m - 1
+    device = np.repeat(np.arange(p, dtype=np.int64), size)
+    columns = Columns(
+        device=device,
+        kind=kind.reshape(-1),
+        stage=chunk.reshape(-1) * p + device,
+        microbatch=mb.reshape(-1),
+        chunk=chunk.reshape(-1),
+        peer=np.full(p * size, -1, np.int64),
+        version=np.full(p * size, -1, np.int64),
+        offsets=np.arange(p + 1, dtype=np.int64) * size,
     )
+    schedule = Schedule(
+        "interleaved",
+        p,
+        m,
+        looped_placement(p, v),
+        actions_from_columns(columns),
+        meta={"num_chunks": v},
+    )
+    schedule.__dict__["columns"] = columns  # what Schedule.columns would find
+    return schedule
 
 
 register(

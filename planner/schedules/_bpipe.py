@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from operator import itemgetter
+
+import numpy as np
 
 from planner.schedules._basic import interleaved, one_f_one_b, require
 from planner.schedules._engine import compile_schedule, run_timing
 from planner.schedules._inflight import saved_peak
-from planner.schedules._ir import Action, ActionKind, Schedule
+from planner.schedules._ir import KIND_CODE, Action, ActionKind, Schedule
 from planner.schedules._registry import NUM_CHUNKS, Parameter, ScheduleFamily, register
 
 __all__ = ["bpipe", "bpipe_mu_opt", "plan_transfers"]
@@ -50,53 +53,54 @@ def plan_transfers(
     just before ``compute[i]`` (overlapping it). Returns the transfers and the peak number of
     saved micro-batches the device then holds (loads and evictions in flight counted)."""
     n = len(compute)
-    key = [(a.stage, a.microbatch) for a in compute]
-    is_f = [a.kind is F for a in compute]
-    frees = [a.kind is BW or a.kind is ActionKind.W for a in compute]  # ends the activation
+    kinds = list(map(itemgetter(0), compute))
+    key = list(zip(map(itemgetter(1), compute), map(itemgetter(2), compute), strict=True))
+    is_f = [kind is F for kind in kinds]
+    frees = [kind is BW or kind is ActionKind.W for kind in kinds]  # ends the activation
     plain_peak = saved_peak(compute)  # counts every forward, whatever its stage
     if plain_peak <= capacity:
         # Never over capacity without transfers: the loop below would plan none (a device
         # in the acceptor half, or a short run), so skip it.
         return [[] for _ in range(n)], plain_peak
-    needs_input = [a.kind.is_backward for a in compute]  # B or BW: wants its activations
+    needs_input = [kind is BW or kind is ActionKind.B for kind in kinds]  # wants its activations
     backward_at = {key[i]: i for i in range(n) if needs_input[i]}
     transfers: list[list[tuple[ActionKind, tuple[int, int]]]] = [[] for _ in range(n)]
     held: set[tuple[int, int]] = set()
     evicted: set[tuple[int, int]] = set()
     # Where the LOAD for the backward at j goes: j - 1 if a forward precedes it (steady
     # phase), else j itself (cool-down: the device is waiting anyway). Inverted: the
-    # backwards whose load position is i.
-    loads_for: list[list[int]] = [[] for _ in range(n)]
+    # micro-batches of the backwards whose load position is i (issued if evicted then).
+    loads_for: dict[int, list[tuple[int, int]]] = {}
     for j in range(n):
         if needs_input[j]:
-            loads_for[j - 1 if j > 0 and is_f[j - 1] else j].append(j)
-
-    def loads_issued_at(i: int) -> list[tuple[int, int]]:
-        return [key[j] for j in loads_for[i] if key[j] in evicted]
-
+            loads_for.setdefault(j - 1 if j > 0 and is_f[j - 1] else j, []).append(key[j])
     # Belady's victim is the held micro-batch whose backward comes last: a heap of the held
     # ones by that position, entries of micro-batches no longer held dropped when they surface.
     furthest_first: list[tuple[int, tuple[int, int]]] = []
     peak = 0
     for i in range(n):
-        for item in loads_issued_at(i):
-            evicted.discard(item)
-            held.add(item)
-            heapq.heappush(furthest_first, (-backward_at[item], item))
-            transfers[i].append((LOAD, item))
+        for item in loads_for.get(i, ()):
+            if item in evicted:
+                evicted.discard(item)
+                held.add(item)
+                heapq.heappush(furthest_first, (-backward_at[item], item))
+                transfers[i].append((LOAD, item))
+        here = key[i]
         if is_f[i]:
-            held.add(key[i])
-            heapq.heappush(furthest_first, (-backward_at.get(key[i], n), key[i]))
-        peak = max(peak, len(held))
+            held.add(here)
+            heapq.heappush(furthest_first, (-backward_at.get(here, n), here))
+        if len(held) > peak:
+            peak = len(held)
         if frees[i]:
-            held.discard(key[i])
+            held.discard(here)
         if i + 1 >= n:
             break
-        demand = len(held) + (1 if is_f[i + 1] else 0)
         # Loads that would be issued at i + 1 if nothing else changes.
-        upcoming = loads_issued_at(i + 1)
-        demand += len(upcoming)
-        busy = {key[i], key[i + 1], *upcoming}
+        upcoming = [item for item in loads_for.get(i + 1, ()) if item in evicted]
+        demand = len(held) + (1 if is_f[i + 1] else 0) + len(upcoming)
+        if demand <= capacity:
+            continue
+        busy = {here, key[i + 1], *upcoming}
         while demand > capacity:
             victim = _furthest(furthest_first, held, busy)
             if victim is None:
@@ -145,22 +149,26 @@ def bpipe(num_devices: int, num_microbatches: int, num_chunks: int = 1) -> Sched
     rows: list[list[Action]] = []
     pairs: list[list[int]] = []
     for r, row in enumerate(base.actions):
-        compute = [a for a in row if a.kind is F or a.kind is BW]
-        transfers, _ = plan_transfers(compute, capacity)
+        where = [i for i, a in enumerate(row) if a.kind is F or a.kind is BW]
+        transfers, _ = plan_transfers([row[i] for i in where], capacity)
         if not any(transfers):
             rows.append(list(row))
             continue
         acceptor = p - 1 - r
         assert acceptor > r, f"device {r} would evict but is not in the evictor half"
         pairs.append([r, acceptor])
+        # The row with each compute action's transfers just before it.
         new_row: list[Action] = []
-        position = 0
-        for action in row:
-            if action.kind is F or action.kind is BW:
-                for kind, (stage, mb) in transfers[position]:
-                    new_row.append(Action(kind, stage, mb, base.chunk_of(stage), peer=acceptor))
-                position += 1
-            new_row.append(action)
+        last = 0
+        for index, planned in enumerate(transfers):
+            if planned:
+                new_row += row[last : where[index]]
+                last = where[index]
+                new_row += [
+                    Action(kind, stage, mb, base.chunk_of(stage), peer=acceptor)
+                    for kind, (stage, mb) in planned
+                ]
+        new_row += row[last:]
         rows.append(new_row)
     evictor_only = Schedule(
         "bpipe", p, num_microbatches, base.stage_devices, tuple(tuple(r) for r in rows)
@@ -178,31 +186,34 @@ def _add_acceptor_mirrors(
     evictor issues it (timed with a typical F:B = 1:2), so that an executor posts the receive
     (or the send back) in time and a person reading the lists sees both ends."""
     compiled = compile_schedule(evictor_only)
-    durations = [1.0 if a.kind is F else 2.0 for a in compiled.action_of]
+    columns = evictor_only.columns
+    durations = np.where(columns.kind == KIND_CODE[F], 1.0, 2.0).tolist()
     timing = run_timing(compiled, durations, transfer=0.5)
     mirrors: dict[int, list[tuple[float, Action]]] = {}
-    for evictor, row in enumerate(rows):
-        base = compiled.offsets[evictor]
-        for position, action in enumerate(row):
-            if action.kind is EVICT or action.kind is LOAD:
-                assert action.peer is not None
-                mirror = Action(action.kind, action.stage, action.microbatch, action.chunk, evictor)
-                mirrors.setdefault(action.peer, []).append((timing.start[base + position], mirror))
+    moving = (columns.kind == KIND_CODE[EVICT]) | (columns.kind == KIND_CODE[LOAD])
+    for i in np.flatnonzero(moving).tolist():  # evictors' transfers, in device and list order
+        action, evictor = compiled.action_of[i], compiled.device_of[i]
+        assert action.peer is not None
+        mirror = Action(action.kind, action.stage, action.microbatch, action.chunk, evictor)
+        mirrors.setdefault(action.peer, []).append((timing.start[i], mirror))
     out = []
     for device, row in enumerate(rows):
         pending = sorted(mirrors.get(device, []), key=lambda item: item[0])
         if not pending:
             out.append(tuple(row))
             continue
+        # Each mirror goes before the first action that starts no earlier than it (the
+        # first whose running maximum of start times reaches it), in time order.
         base = compiled.offsets[device]
+        started = np.maximum.accumulate(np.asarray(timing.start[base : base + len(row)]))
+        places = np.searchsorted(started, [time for time, _ in pending], side="left")
         merged: list[Action] = []
-        k = 0
-        for position, action in enumerate(row):
-            while k < len(pending) and pending[k][0] <= timing.start[base + position]:
-                merged.append(pending[k][1])
-                k += 1
-            merged.append(action)
-        merged += [m for _, m in pending[k:]]
+        last = 0
+        for place, (_, mirror) in zip(places.tolist(), pending, strict=True):
+            merged += row[last:place]
+            merged.append(mirror)
+            last = place
+        merged += row[last:]
         out.append(tuple(merged))
     return tuple(out)
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain
+from operator import itemgetter
 
 import numpy as np
 
@@ -220,10 +222,11 @@ def compile_schedule(schedule: Schedule) -> CompiledSchedule:
     device = c.device
     cross_a = (dep_a >= 0) & (device[np.maximum(dep_a, 0)] != device)
     cross_b = (dep_b >= 0) & (device[np.maximum(dep_b, 0)] != device)
+    actions = list(chain.from_iterable(schedule.actions))
     return CompiledSchedule(
         schedule,
         device.tolist(),
-        [a for acts in schedule.actions for a in acts],
+        actions,
         lane.tolist(),
         dep_a.tolist(),
         cross_a.tolist(),
@@ -231,7 +234,7 @@ def compile_schedule(schedule: Schedule) -> CompiledSchedule:
         cross_b.tolist(),
         c.offsets.tolist(),
         owner.tolist(),
-        [a.kind for acts in schedule.actions for a in acts],
+        list(map(itemgetter(0), actions)),  # their kinds
         c.stage.tolist(),
     )
 

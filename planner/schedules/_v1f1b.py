@@ -37,12 +37,11 @@ import numpy as np
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
-from planner.schedules._ir import Action, ActionKind, Schedule, v_placement
+from planner.schedules._ir import Schedule
 from planner.schedules._registry import ScheduleFamily, register
 from planner.schedules._vframe import (
     B0,
     B1,
-    CHUNK,
     F0,
     F1,
     PASSES,
@@ -50,6 +49,7 @@ from planner.schedules._vframe import (
     W0,
     W1,
     stable_peak,
+    to_schedule,
 )
 
 __all__ = ["v1f1b", "v1f1b_block"]
@@ -103,21 +103,53 @@ def v1f1b_block(num_devices: int, turn: int | None = None) -> list[list[int]]:
     return rows
 
 
-def _input_of(g: int, d: int, m: int) -> int:
-    """The pass whose end pass ``g`` waits for (-1: none); a backward waits for the whole
-    BW before it, i.e. its W cell."""
+def _inputs(g: np.ndarray, d: int, m: int) -> np.ndarray:
+    """Per pass id in ``g``, the pass whose end it waits for (-1: none); a backward waits
+    for the whole BW before it, i.e. its W cell."""
     j = g % PASSES
-    i = g // (m * PASSES)
     row = m * PASSES
-    if j == F0:
-        return g - row if i > 0 else -1
-    if j == F1:
-        return g + row if i < d - 1 else g - F1 + F0
-    if j == B1:
-        return g - row - B1 + W1 if i > 0 else g - B1 + F1
-    if j == B0:
-        return g + row - B0 + W0 if i < d - 1 else g - B0 + W1
-    return g - j + (B0 if j == W0 else B1)  # a W right after its B
+    base = g - j  # the id of pass code 0 of the same micro-batch and device
+    top, bottom = g < row, g >= (d - 1) * row  # device 0, device d - 1
+    out = base + W1 - B1 + B0  # a W waits for its B (W0 after B0, W1 after B1)
+    out = np.where(j == W1, base + B1, out)
+    out = np.where(j == F0, np.where(top, -1, g - row), out)
+    out = np.where(j == F1, np.where(bottom, base + F0, g + row), out)
+    out = np.where(j == B1, np.where(top, base + F1, g - row - B1 + W1), out)
+    return np.where(j == B0, np.where(bottom, base + W1, g + row - B0 + W0), out)
+
+
+class _Slack:
+    """Per cell of one device, how many more saved activations it may hold before reaching
+    the schedule's peak: the compaction's memory check. Stored as bytes when the peak
+    allows (below 256), so that a range changes and the last full cell is found in C;
+    the slack never leaves 0..peak (a forward moves back only over cells with slack, and a
+    backward frees what it held)."""
+
+    BYTES_BELOW = 256  # peaks below this are stored as bytes
+    _LESS = bytes((value - 1) % 256 for value in range(256))
+    _MORE = bytes((value + 1) % 256 for value in range(256))
+
+    def __init__(self, slack: list[int], peak: int) -> None:
+        self.cells: bytearray | list[int] = bytearray(slack) if peak < self.BYTES_BELOW else slack
+
+    def last_full(self, first: int, stop: int) -> int:
+        """The last cell in [first, stop) without slack, or -1."""
+        cells = self.cells
+        if isinstance(cells, bytearray):
+            return cells.rfind(0, first, stop)
+        for cell in range(stop - 1, first - 1, -1):
+            if cells[cell] == 0:
+                return cell
+        return -1
+
+    def change(self, first: int, stop: int, more: bool) -> None:
+        """One more (``more``) or one less unit of slack on the cells [first, stop)."""
+        cells = self.cells
+        if isinstance(cells, bytearray):
+            cells[first:stop] = cells[first:stop].translate(self._MORE if more else self._LESS)
+        else:
+            step = 1 if more else -1
+            cells[first:stop] = [value + step for value in cells[first:stop]]
 
 
 def compact(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
@@ -130,7 +162,7 @@ def compact(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
     # Per device: the vacant cells inside its span (sorted), and the saved activations
     # during each cell (a forward's from its cell through its W's cell).
     vacant: list[list[int]] = []
-    level: list[list[int]] = []
+    level: list[np.ndarray] = []
     for i in range(d):
         mine = grid[i]
         low, high = int(mine.min()), int(mine.max())
@@ -142,35 +174,43 @@ def compact(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
         for f, w in ((F0, W0), (F1, W1)):
             np.add.at(delta, mine[:, f], 1)
             np.add.at(delta, mine[:, w] + 1, -1)
-        level.append(np.cumsum(delta).tolist())
-    peak = max(max(alive) for alive in level)
-    # F and B passes (a W moves with its B) by cell, devices in order within a cell.
+        level.append(np.cumsum(delta))
+    peak = max(int(alive.max()) for alive in level)
+    slack = [_Slack((peak - alive).tolist(), peak) for alive in level]
+    # F and B passes (a W moves with its B) by cell, devices in order within a cell, with
+    # what the scan needs of each: its device, its input, the same pass of the previous
+    # micro-batch (-1 for micro-batch 0), whether it is a forward, and its W.
     ids = np.arange(d * per_device, dtype=np.int64)
     movable = ids[ids % PASSES < W0]
-    visit = movable[np.lexsort((movable // per_device, grid.reshape(-1)[movable]))].tolist()
-    for g in visit:
-        device = g // per_device
+    visit = movable[np.lexsort((movable // per_device, grid.reshape(-1)[movable]))]
+    code = visit % PASSES
+    scan = zip(
+        visit.tolist(),
+        (visit // per_device).tolist(),
+        _inputs(visit, d, m).tolist(),
+        np.where((visit // PASSES) % m > 0, visit - PASSES, -1).tolist(),
+        (code <= F1).tolist(),
+        (visit - code + np.where(code == B0, W0, W1)).tolist(),
+        strict=True,
+    )
+    for g, device, before, previous, forward, w in scan:
         holes = vacant[device]
         t = at[g]
         if not holes or holes[0] >= t:
             continue  # nothing earlier to move into
-        k = (g // PASSES) % m
-        j = g % PASSES
         # After the same pass of the previous micro-batch and after its input is done.
-        earliest = at[g - PASSES] + 1 if k else 0
+        earliest = at[previous] + 1 if previous >= 0 else 0
         if holes[-1] < earliest:
             continue
-        before = _input_of(g, d, m)
         if before >= 0 and at[before] + 1 > earliest:
             earliest = at[before] + 1
-        forward = j <= F1
-        alive = level[device]
+        room = slack[device]
         if forward:
-            # A forward goes back only while the device stays below the peak.
-            floor = t
-            while floor > earliest and alive[floor - 1] < peak:
-                floor -= 1
-            earliest = floor
+            # A forward goes back only while the device stays below the peak: not past
+            # the last full cell before it.
+            full = room.last_full(earliest, t)
+            if full >= 0:
+                earliest = full + 1
         index = bisect_left(holes, earliest)
         target = -1
         while index < len(holes) and holes[index] < t:
@@ -182,20 +222,17 @@ def compact(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
         if target < 0:
             continue
         if forward:
-            holes.remove(target)
+            del holes[index]
             insort(holes, t)
             at[g] = target
-            for c in range(target, t):  # alive from the new cell on
-                alive[c] += 1
+            room.change(target, t, more=False)  # alive from the new cell on
             continue
-        w = g - j + _W_OF_B[j]  # its W, right after it
-        old_w = at[w]
+        old_w = at[w]  # its W, right after it
         del holes[index : index + 2]
         insort(holes, t)
         insort(holes, old_w)
         at[g], at[w] = target, target + 1
-        for c in range(target + 2, old_w + 1):  # freed after the W's new cell
-            alive[c] -= 1
+        room.change(target + 2, old_w + 1, more=True)  # freed after the W's new cell
     by_cell = np.asarray(at, dtype=np.int64).reshape(d, per_device)
     return [
         (np.argsort(row, kind="stable") + i * per_device).tolist() for i, row in enumerate(by_cell)
@@ -209,26 +246,21 @@ def v1f1b(num_devices: int, num_microbatches: int, turn: int | None = None) -> S
     require(d >= 2, f"{NAME}: needs at least 2 devices (2 stages each), got {d}")
     require(m >= 1, f"{NAME}: the number of micro-batches must be at least 1, got {m}")
     cells = v1f1b_block(d, turn)
-    rows = []
-    for i, order in enumerate(compact(cells, m)):
-        stages = (i, 2 * d - 1 - i)
-        row: list[Action] = []
-        for position, g in enumerate(order):
-            j = g % PASSES
-            if j == W0 or j == W1:
-                # The compaction keeps a BW's two cells together (module docstring).
-                assert order[position - 1] == g - j + (B0 if j == W0 else B1)
-                continue
-            kind = ActionKind.F if j <= F1 else ActionKind.BW
-            row.append(Action(kind, stages[CHUNK[j]], (g // PASSES) % m, CHUNK[j]))
-        row += [Action(ActionKind.OPTIMIZER_STEP, stages[c], m - 1, c) for c in (0, 1)]
-        rows.append(tuple(row))
+    orders = compact(cells, m)
+    # The compaction keeps a BW's two cells together (module docstring): each W right
+    # after its B, so that the two make one BW action.
+    for order in orders:
+        ids = np.asarray(order, dtype=np.int64)
+        code = ids % PASSES
+        w = np.flatnonzero(code >= W0)
+        b = ids[w] - code[w] + np.where(code[w] == W0, B0, B1)
+        assert (w > 0).all() and (ids[w - 1] == b).all()
     meta = {
         "block_cells": cells,
         "repeat_interval": REPEAT_INTERVAL,
         "stable_peak_stage_activations": stable_peak(cells, m),
     }
-    return Schedule(NAME, d, m, v_placement(d), tuple(rows), meta=meta)
+    return to_schedule(NAME, orders, m, meta, split_backward=False)
 
 
 register(

@@ -196,18 +196,18 @@ def _check_transfers(s: Schedule) -> None:
         return
     mirrors: Counter[tuple[ActionKind, int, int, int]] = Counter()
     owned: list[tuple[int, Action]] = []
+    slots = columns.stage * s.total_microbatches + columns.microbatch  # (stage, micro-batch)
     for device, acts in enumerate(s.actions):
-        # Only what this device moves can break the rule: follow those micro-batches.
+        # Only what this device moves can break the rule: follow those micro-batches' actions.
         first, last = columns.offsets[device], columns.offsets[device + 1]
         here = np.flatnonzero(moving[first:last])
         if not len(here):
             continue
-        keys = {(acts[i].stage, acts[i].microbatch) for i in here.tolist()}
+        slot = slots[first:last]
         state: dict[tuple[int, int], str] = {}
-        for a in acts:
+        for i in np.flatnonzero(np.isin(slot, slot[here])).tolist():
+            a = acts[i]
             key = (a.stage, a.microbatch)
-            if key not in keys:
-                continue
             if a.kind.is_transfer and s.stage_devices[a.stage] != device:
                 mirrors[(a.kind, a.stage, a.microbatch, device)] += 1
                 continue

@@ -21,12 +21,18 @@ from bisect import bisect_right, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
 
 import numpy as np
 
 from planner.errors import ScheduleConfigError
-from planner.schedules._ir import KIND_CODE, Action, ActionKind, Columns, Schedule, v_placement
+from planner.schedules._ir import (
+    KIND_CODE,
+    ActionKind,
+    Columns,
+    Schedule,
+    actions_from_columns,
+    v_placement,
+)
 
 __all__ = [
     "PASSES",
@@ -296,51 +302,163 @@ def build_orders(
     what squeezing keeps) and reorder the warm-up and cool-down (Appendix C)."""
     orders = repeat(cells, num_microbatches)
     if reorder:
-        orders = _fill_warmup(orders, num_microbatches)
+        orders = _fill_warmup(orders, num_microbatches, cells)
         orders = _reorder_cooldown(orders, num_microbatches)
     return orders
 
 
-def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
+def _fill_warmup(orders: list[list[int]], m: int, block: list[list[int]]) -> list[list[int]]:
     """Appendix C, warm-up: scan the squeezed cells left to right; a vacant cell before the
     device's first B is filled with the first later forward of that device whose input is
     ready by then, leaving every other pass where it is. A move is taken only if the
     device's saved activations stay within the peak the squeezed schedule already has: the
     warm-up reorder buys throughput, never memory (the paper: "the peak of memory happens
-    in the stable phase")."""
-    at = squeeze(orders, m)  # cell of every pass (moved forwards are updated)
-    dep, _ = dependencies(len(orders), m)
-    cell_of: list[dict[int, int]] = []
-    alive: list[list[int]] = []
-    first_b: list[int] = []
-    for order in orders:
-        cells = {at[g]: g for g in order}
-        cell_of.append(cells)
-        horizon = at[order[-1]] + 1 if order else 0
-        level = [0] * (horizon + 1)
-        first = horizon
-        for g in order:
-            j = g % PASSES
-            if j <= F1:
-                level[at[g]] += 1
-                level[at[g - j + (W0 if j == F0 else W1)] + 1] -= 1
-            elif j <= B0 and at[g] < first:
-                first = at[g]
-        alive.append(list(accumulate(level)))
-        first_b.append(first)
-    peak = [max(level) if level else 0 for level in alive]
-    # Per device and chunk, the cells of its forwards, in order.
-    forwards = [  # squeezed orders run in cell order: already sorted
-        [[at[g] for g in order if g % PASSES == chunk] for chunk in (F0, F1)] for order in orders
+    in the stable phase").
+
+    ``orders`` repeat ``block`` (:func:`repeat`). Only the warm-up is scanned, so only the
+    passes before a cut well past every device's first B are squeezed and scanned, the rest
+    of each order staying as it is: the passes before a cell of the repeated block are
+    closed under inputs (an input is in an earlier cell), so their squeezed cells are those
+    of the whole; :func:`_fill_before` checks that the scan cannot reach past the cut, and
+    the whole orders are filled when it could."""
+    ids_of = list(np.array(orders, dtype=np.int64))  # every device runs 6 m passes
+    # Squeezing moves passes earlier only: every device's first B is squeezed into a cell
+    # no later than in the repeated block. A cut twice as far usually holds what the scan
+    # reaches, and :func:`_cut` one that always does; on short runs, where the cut would
+    # keep most passes, the whole orders are filled.
+    first_b = max(min(row[B1], row[B0]) for row in block)
+    span = max(max(row) for row in block) + REPEAT_INTERVAL * m
+    likely = 2 * first_b + 2 * REPEAT_INTERVAL
+    cut: int | None = likely
+    if 2 * likely > span:
+        cut = None
+    else:
+        bound = _cut(ids_of, m, block)
+        if bound is not None and 2 * bound <= span:
+            cut = bound
+    while True:
+        filled = _fill_before(orders, ids_of, m, block, cut)
+        if isinstance(filled, list):
+            return filled
+        cut = filled  # one that holds every forward the scan can reach (None: no cut)
+
+
+def _cut(ids_of: list[np.ndarray], m: int, block: list[list[int]]) -> int | None:
+    """A cell of the repeated block before which :func:`_fill_warmup` finds every forward
+    its scan can reach (None: the whole orders).
+
+    Squeezing moves passes earlier only, so a device's first B is squeezed into a cell no
+    later than its cell in the repeated block, and the scan's horizon (the last first B)
+    is no later than theirs; the passes before it in the order fill all but at most
+    (that cell - their number) of the cells before it, which bounds the holes the scan can
+    fill. A pass at position q of its order is squeezed into cell q or later: so the cut
+    must hold, per device and chunk, one more forward past the horizon's position than
+    that bound (:func:`_fill_before` checks it on the squeezed cells)."""
+    rows = np.asarray(block, dtype=np.int64)
+    first_b = rows[:, [B1, B0]].min(axis=1)
+    horizon = int(first_b.max())
+    cut = 0
+    for i, ids in enumerate(ids_of):
+        repeated = rows[i, ids % PASSES] + REPEAT_INTERVAL * ((ids // PASSES) % m)
+        holes = int(first_b[i]) - int(np.searchsorted(repeated, first_b[i]))
+        code = ids[horizon + 1 :] % PASSES
+        for chunk in (F0, F1):
+            beyond = np.flatnonzero(code == chunk)
+            if len(beyond) <= holes:
+                return None
+            cut = max(cut, int(repeated[horizon + 1 + beyond[holes]]) + 1)
+    return cut
+
+
+def _fill_before(
+    orders: list[list[int]],
+    ids_of: list[np.ndarray],
+    m: int,
+    block: list[list[int]],
+    cut: int | None,
+) -> list[list[int]] | int | None:
+    """:func:`_fill_warmup` on the passes before cell ``cut`` of the repeated block (all of
+    them for None); when the scan could reach a forward past it, the cut that holds every
+    one it can reach instead (None: no cut)."""
+    d = len(orders)
+    ids = np.array(ids_of)  # (devices, 6 m): one row per device, all at once below
+    code = ids % PASSES
+    # The peak of a squeezed order is its order's (levels rise only at forwards, and a
+    # forward's cell sees the forwards and Ws before it in the order): :func:`order_peaks`.
+    peak = _order_peaks(ids)
+    kept = np.full(d, ids.shape[1], np.int64)
+    if cut is not None:
+        rows = np.asarray(block, dtype=np.int64)
+        repeated = np.take_along_axis(rows, code, axis=1) + REPEAT_INTERVAL * ((ids // PASSES) % m)
+        kept = (repeated < cut).sum(axis=1)  # orders run in repeated cells
+        if 2 * kept.sum() > ids.size:
+            # Most of the orders (short runs): squeeze them all, with nothing to check.
+            cut, kept = None, np.full(d, ids.shape[1], np.int64)
+    prefix = [order[:k] for order, k in zip(orders, kept.tolist(), strict=True)]
+    at = squeeze(prefix, m)  # cell of every pass (moved forwards are updated); -1 past the cut
+    dep, _ = dependencies(d, m)
+    cell = np.asarray(at, dtype=np.int64)
+    squeezed = cell[ids]  # increasing along each kept prefix: squeezed orders run in order
+    inside = np.arange(ids.shape[1])[None, :] < kept[:, None]
+    last = squeezed[np.arange(d), np.maximum(kept - 1, 0)]
+    horizons = np.where(kept > 0, last + 1, 0)
+    # Per device and cell, the saved activations: a forward's from its cell through its
+    # W's (past the cut: beyond every cell kept here).
+    forward = (code <= F1) & inside
+    delta = np.zeros((d, int(horizons.max(initial=0)) + 2), np.int64)
+    f_row, f_col = np.nonzero(forward)
+    delta[f_row, squeezed[f_row, f_col]] += 1  # a device's cells are distinct
+    f_code = code[f_row, f_col]
+    weight = ids[f_row, f_col] - f_code + np.where(f_code == F0, W0, W1)
+    freed = cell[weight]
+    delta[f_row[freed >= 0], freed[freed >= 0] + 1] -= 1
+    levels = np.cumsum(delta, axis=1)
+    alive = [levels[i, : h + 1].tolist() for i, h in enumerate(horizons.tolist())]
+    backward = ((code == B1) | (code == B0)) & inside
+    if cut is not None and not backward.any(axis=1).all():
+        return None  # a first B past the cut
+    first_b = np.where(backward, squeezed, horizons[:, None]).min(axis=1).tolist()
+    # Per device and chunk, the cells of its forwards (in order, so increasing).
+    by_chunk = []
+    for chunk in (F0, F1):
+        mine = (code == chunk) & inside
+        ends = np.cumsum(mine.sum(axis=1))[:-1]
+        by_chunk.append([part.tolist() for part in np.split(squeezed[mine], ends)])
+    forwards = [list(pair) for pair in zip(*by_chunk, strict=True)]
+    rows_of = squeezed.tolist()
+    cell_of = [  # per device: cell -> pass id
+        dict(zip(rows_of[i][:k], order, strict=True))
+        for i, (k, order) in enumerate(zip(kept.tolist(), prefix, strict=True))
     ]
     # The vacant cells before each device's first B, by cell: the scan visits only those
     # (cells left by a forward that moves earlier join when they are before the first B).
     horizon = max(first_b, default=0)
     vacant: list[list[int]] = [[] for _ in range(horizon)]
+    holes = [0] * d  # per device: vacant cells before its first B
     for device, cells in enumerate(cell_of):
         for t in range(first_b[device]):
             if t not in cells:
                 vacant[t].append(device)
+                holes[device] += 1
+    if cut is not None:
+        # A forward past the scan's horizon moves only into one of these holes, taking the
+        # earliest of its chunk past the horizon each time (and leaving no hole before the
+        # first B): with more of them kept than holes, every one the scan can take is kept.
+        needed = cut
+        for device, ids in enumerate(ids_of):
+            for chunk, chunk_cells in zip((F0, F1), forwards[device], strict=True):
+                if len(chunk_cells) - bisect_right(chunk_cells, horizon) > holes[device]:
+                    continue
+                # Passes at positions past the horizon are squeezed past it (one cell a
+                # pass): the cut must hold holes + 1 forwards of the chunk there.
+                beyond = np.flatnonzero(ids[horizon + 1 :] % PASSES == chunk)
+                if len(beyond) <= holes[device]:
+                    return None
+                g = int(ids[horizon + 1 + beyond[holes[device]]])
+                repeated = block[device][chunk] + REPEAT_INTERVAL * ((g // PASSES) % m)
+                needed = max(needed, repeated + 1)
+        if needed > cut:
+            return needed
     for t in range(horizon):
         devices = vacant[t]
         if len(devices) > 1:
@@ -362,10 +480,10 @@ def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
                 continue
             level = alive[device]
             full = peak[device]
-            if any(level[c] >= full for c in range(t, best)):
+            jumped = level[t:best]  # not empty: the forward is after t
+            if max(jumped) >= full:
                 continue
-            for c in range(t, best):
-                level[c] += 1
+            level[t:best] = [x + 1 for x in jumped]
             g = cells.pop(best)
             cells[t] = g
             chunk_cells = forwards[device][g % PASSES]
@@ -374,7 +492,19 @@ def _fill_warmup(orders: list[list[int]], m: int) -> list[list[int]]:
             at[g] = t
             if best < first_b[device]:
                 vacant[best].append(device)
-    return [[cells[t] for t in sorted(cells)] for cells in cell_of]
+    return [
+        list(map(cells.__getitem__, sorted(cells))) + order[k:]
+        for cells, order, k in zip(cell_of, orders, kept, strict=True)
+    ]
+
+
+def _order_peaks(ids: np.ndarray) -> list[int]:
+    """:func:`order_peaks` of orders of pass ids of one length (a row each), with NumPy."""
+    code = ids % PASSES
+    forward = code <= F1
+    weight = (code >= W0).astype(np.int64)
+    level = np.cumsum(forward, axis=1) - (np.cumsum(weight, axis=1) - weight)
+    return np.where(forward, level, 0).max(axis=1, initial=0).tolist()  # type: ignore[no-any-return]
 
 
 def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:
@@ -424,42 +554,46 @@ def require_block(block: VBlock, name: str) -> list[list[int]]:
 
 
 def to_schedule(
-    name: str, orders: Sequence[Sequence[int]], num_microbatches: int, meta: dict[str, object]
+    name: str,
+    orders: Sequence[Sequence[int]],
+    num_microbatches: int,
+    meta: dict[str, object],
+    split_backward: bool = True,
 ) -> Schedule:
-    """The IR of V orders: each device's passes, then its two optimizer steps. The
-    schedule's columns are filled from the pass ids at once (a V schedule is large)."""
+    """The IR of V orders: each device's passes, then its two optimizer steps. Without
+    ``split_backward`` a B and the W right after it are one BW (1F1B-V). The schedule's
+    columns are computed from the pass ids at once (a V schedule is large) and the actions
+    made from them."""
     d, m = len(orders), num_microbatches
-    kinds = (ActionKind.F, ActionKind.F, ActionKind.B, ActionKind.B, ActionKind.W, ActionKind.W)
-    rows = []
-    for i, order in enumerate(orders):
-        stages = (i, 2 * d - 1 - i)
-        made = [(kinds[j], stages[CHUNK[j]], CHUNK[j]) for j in range(PASSES)]
-        row = []
-        for g in order:
-            kind, stage, chunk = made[g % PASSES]
-            row.append(Action(kind, stage, (g // PASSES) % m, chunk))
-        row += [Action(ActionKind.OPTIMIZER_STEP, stages[c], m - 1, c) for c in (0, 1)]
-        rows.append(tuple(row))
-    schedule = Schedule(name, d, m, v_placement(d), tuple(rows), split_backward=True, meta=meta)
-    schedule.__dict__["columns"] = _columns_of(orders, m)  # what Schedule.columns would find
+    columns = _columns_of(orders, m, split_backward)
+    actions = actions_from_columns(columns)
+    schedule = Schedule(
+        name, d, m, v_placement(d), actions, split_backward=split_backward, meta=meta
+    )
+    schedule.__dict__["columns"] = columns  # what Schedule.columns would find
     return schedule
 
 
 _STEP_CODE = KIND_CODE[ActionKind.OPTIMIZER_STEP]
-_PASS_CODE = np.array(
-    [KIND_CODE[k] for k in (ActionKind.F,) * 2 + (ActionKind.B,) * 2 + (ActionKind.W,) * 2]
-)
+_PASS_CODE = {  # kind code of each pass code, with the backward split or fused
+    True: np.array([KIND_CODE[k] for k in (ActionKind.F,) * 2 + (ActionKind.B,) * 2]),
+    False: np.array([KIND_CODE[k] for k in (ActionKind.F,) * 2 + (ActionKind.BW,) * 2]),
+}
+_PASS_CODE[True] = np.concatenate([_PASS_CODE[True], [KIND_CODE[ActionKind.W]] * 2])
 
 
-def _columns_of(orders: Sequence[Sequence[int]], m: int) -> Columns:
+def _columns_of(orders: Sequence[Sequence[int]], m: int, split_backward: bool) -> Columns:
     """:class:`Columns` of the schedule :func:`to_schedule` makes, from the pass ids."""
     d = len(orders)
-    sizes = [len(order) + 2 for order in orders]
+    passes = [np.asarray(order, dtype=np.int64) for order in orders]
+    if not split_backward:  # a W is part of the BW its B stands for
+        passes = [row[row % PASSES < W0] for row in passes]
+    sizes = [len(row) + 2 for row in passes]
     ids = np.full(sum(sizes), -1, np.int64)
     offsets = np.zeros(d + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    for i, order in enumerate(orders):
-        ids[offsets[i] : offsets[i + 1] - 2] = order
+    for i, row in enumerate(passes):
+        ids[offsets[i] : offsets[i + 1] - 2] = row
     device = np.repeat(np.arange(d, dtype=np.int64), sizes)
     is_step = ids < 0
     # The two steps of a device: chunk 0, then chunk 1.
@@ -468,9 +602,10 @@ def _columns_of(orders: Sequence[Sequence[int]], m: int) -> Columns:
     code = np.where(is_step, -1, ids % PASSES)
     chunk = np.where(is_step, step_chunk, np.array(CHUNK)[np.maximum(code, 0)])
     stage = np.where(chunk == 0, device, 2 * d - 1 - device)
+    pass_code = _PASS_CODE[split_backward]
     return Columns(
         device=device,
-        kind=np.where(is_step, _STEP_CODE, _PASS_CODE[np.maximum(code, 0)]),
+        kind=np.where(is_step, _STEP_CODE, pass_code[np.maximum(code, 0)]),
         stage=stage,
         microbatch=np.where(is_step, m - 1, (ids // PASSES) % m),
         chunk=chunk,

@@ -28,9 +28,11 @@ from collections.abc import Mapping
 from itertools import product
 from typing import Any
 
+import numpy as np
+
 from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
-from planner.schedules._ir import Action, ActionKind, Schedule
+from planner.schedules._ir import KIND_CODE, ActionKind, Columns, Schedule, actions_from_columns
 from planner.schedules._registry import MEMORY_LIMIT, PassTimes, ScheduleFamily, register
 
 __all__ = ["smallest_zb_limit", "zb_adaptive"]
@@ -228,11 +230,7 @@ def zb_adaptive(
             f"peak on {p} devices with {m} micro-batches; raise memory_limit"
         )
     chosen = best[2]
-    rows = []
-    for stage, order in enumerate(chosen.orders):
-        row = [Action(_KIND[kind], stage, index) for kind, index in order]
-        row.append(Action(ActionKind.OPTIMIZER_STEP, stage, m - 1))
-        rows.append(tuple(row))
+    columns = _columns(chosen.orders, m)
     peak = max(_peak(order) for order in chosen.orders)
     meta = {
         "memory_limit": memory_limit,
@@ -246,15 +244,48 @@ def zb_adaptive(
             "comm": times.comm,
         },
     }
-    return Schedule("zb-adaptive", p, m, tuple(range(p)), tuple(rows), True, meta=meta)
+    actions = actions_from_columns(columns)
+    schedule = Schedule("zb-adaptive", p, m, tuple(range(p)), actions, True, meta=meta)
+    schedule.__dict__["columns"] = columns  # what Schedule.columns would find
+    return schedule
+
+
+_KIND_CODE = np.array([KIND_CODE[kind] for kind in _KIND], dtype=np.int64)
+
+
+def _columns(orders: list[list[tuple[int, int]]], m: int) -> Columns:
+    """The schedule's columns: each stage's passes (kind, micro-batch), then its step."""
+    sizes = [len(order) + 1 for order in orders]
+    kind = np.full(sum(sizes), KIND_CODE[ActionKind.OPTIMIZER_STEP], np.int64)
+    microbatch = np.full(sum(sizes), m - 1, np.int64)
+    offsets = np.zeros(len(orders) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    for stage, order in enumerate(orders):
+        if order:
+            kinds, indices = zip(*order, strict=True)
+            first, last = offsets[stage], offsets[stage + 1] - 1
+            kind[first:last] = _KIND_CODE[np.array(kinds, dtype=np.int64)]
+            microbatch[first:last] = indices
+    device = np.repeat(np.arange(len(orders), dtype=np.int64), sizes)
+    missing = np.full(len(kind), -1, np.int64)
+    return Columns(
+        device=device,
+        kind=kind,
+        stage=device,
+        microbatch=microbatch,
+        chunk=np.zeros(len(kind), np.int64),
+        peer=missing,
+        version=missing.copy(),
+        offsets=offsets,
+    )
 
 
 def _peak(order: list[tuple[int, int]]) -> int:
-    level = peak = 0
-    for kind, _ in order:
-        level += int(_MEMORY[kind])
-        peak = max(peak, level)
-    return peak
+    """The most stage activations the order holds at once (F saves one, W frees it)."""
+    if not order:
+        return 0
+    level = np.cumsum(np.array(_MEMORY)[[kind for kind, _ in order]])
+    return max(0, int(level.max()))
 
 
 def _build(p: int, m: int, params: Mapping[str, float], times: PassTimes) -> Schedule:

@@ -16,6 +16,7 @@ from planner.schedules import (
     validate,
     with_communication,
 )
+from planner.schedules._ir import actions_from_columns
 from tests.unit.helpers import generate_any
 
 K = ActionKind
@@ -197,3 +198,12 @@ def test_explicit_communication_pairs_every_send_with_a_receive(name):
         if schedule.stage_devices[s] != schedule.stage_devices[s + 1]
     )
     assert sends == 2 * cross * schedule.total_microbatches
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_actions_made_from_columns_are_the_schedules_actions(name):
+    """Generators that compute a schedule as arrays make its actions from the columns;
+    the columns of any schedule (peers, weight versions and SEND/RECV included) give its
+    actions back."""
+    for schedule in (generate_any(name, 4, 8), with_communication(generate_any(name, 4, 8))):
+        assert actions_from_columns(schedule.columns) == schedule.actions

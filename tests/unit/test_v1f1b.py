@@ -7,7 +7,7 @@ import pytest
 
 from planner.errors import ScheduleConfigError
 from planner.schedules import ActionKind, generate, v_placement, validate
-from planner.schedules._v1f1b import loss_turn, v1f1b, v1f1b_block
+from planner.schedules._v1f1b import _Slack, compact, loss_turn, v1f1b, v1f1b_block
 from planner.schedules._vframe import REPEAT_INTERVAL, stable_peak
 from planner.simulate import Durations, simulate
 from tests.unit.helpers import assert_complete, assert_dependencies_hold
@@ -104,3 +104,13 @@ def test_bad_input_says_what_to_change():
         generate("1f1b-v", 4, 0)
     with pytest.raises(ScheduleConfigError, match="1f1b-v has no parameter memory_limit"):
         generate("1f1b-v", 4, 8, memory_limit=0.7)
+
+
+@pytest.mark.parametrize("d, m", [(6, 20), (16, 64)])
+def test_the_compaction_is_the_same_whatever_stores_its_memory_check(d, m, monkeypatch):
+    """Peaks of 256 stage activations or more (about 190 devices) keep the memory check in
+    a list instead of bytes: both give the same orders."""
+    cells = v1f1b_block(d)
+    in_bytes = compact(cells, m)
+    monkeypatch.setattr(_Slack, "BYTES_BELOW", 0)
+    assert compact(cells, m) == in_bytes

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from planner.schedules import ActionKind, block_offsets, building_block, generate
+from planner.schedules._vshape import VSHAPE_NAMES
 from planner.simulate import Durations, simulate
 
 K = ActionKind
@@ -180,3 +182,34 @@ def test_the_columns_a_v_generator_fills_are_its_actions(name, d, m):
     filled, read = schedule.columns, _columns(schedule)
     for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
         assert (getattr(filled, field) == getattr(read, field)).all(), field
+
+
+@pytest.mark.parametrize("d, m", [(6, 96), (8, 128), (16, 256)])
+def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, monkeypatch):
+    """The warm-up fill squeezes and scans only the passes before a cut past the warm-up
+    (the rest of each order is left as it is), widening the cut when the scan could reach
+    past it: for the fixed V blocks and a sample of v-adaptive's search space it gives
+    what filling the whole orders gives, and both the cut and its widening are taken."""
+    from planner.schedules import _vframe
+    from planner.schedules._vadaptive import _space
+
+    space = _space(d)
+    blocks = [space.cells[i].tolist() for i in range(0, len(space.blocks), len(space.blocks) // 60)]
+    blocks += [block_offsets(name, d).block(d).cells() for name in VSHAPE_NAMES]
+    fill = _vframe._fill_before
+    cuts: list[int] = []
+    widened: list[int] = []
+
+    def spy(orders, ids_of, m, block, cut):
+        filled = fill(orders, ids_of, m, block, cut)
+        if cut is not None:
+            (cuts if isinstance(filled, list) else widened).append(cut)
+        return filled
+
+    monkeypatch.setattr(_vframe, "_fill_before", spy)
+    for cells in blocks:
+        orders = _vframe.repeat(cells, m)
+        whole = fill(orders, [np.asarray(order) for order in orders], m, cells, None)
+        assert _vframe._fill_warmup(orders, m, cells) == whole
+    assert len(cuts) > len(blocks) / 2
+    assert widened
