@@ -39,6 +39,7 @@ from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
 from planner.schedules._ir import Schedule
 from planner.schedules._registry import ScheduleFamily, register
+from planner.schedules._vcolumns import to_schedule
 from planner.schedules._vframe import (
     B0,
     B1,
@@ -49,7 +50,6 @@ from planner.schedules._vframe import (
     W0,
     W1,
     stable_peak,
-    to_schedule,
 )
 
 __all__ = ["v1f1b", "v1f1b_block"]

@@ -43,6 +43,7 @@ from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
 from planner.schedules._ir import Schedule
 from planner.schedules._registry import MEMORY_LIMIT, PassTimes, ScheduleFamily, register
+from planner.schedules._vcolumns import to_schedule
 from planner.schedules._vframe import (
     REPEAT_INTERVAL,
     VBlock,
@@ -50,7 +51,6 @@ from planner.schedules._vframe import (
     order_peaks,
     repeat,
     time_orders,
-    to_schedule,
 )
 
 __all__ = [

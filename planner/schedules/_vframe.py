@@ -25,14 +25,6 @@ from functools import lru_cache
 import numpy as np
 
 from planner.errors import ScheduleConfigError
-from planner.schedules._ir import (
-    KIND_CODE,
-    ActionKind,
-    Columns,
-    Schedule,
-    actions_from_columns,
-    v_placement,
-)
 
 __all__ = [
     "PASSES",
@@ -44,7 +36,6 @@ __all__ = [
     "require_block",
     "stable_peak",
     "time_orders",
-    "to_schedule",
 ]
 
 REPEAT_INTERVAL = 6  # cells per micro-batch per device: 2 F + 2 B + 2 W, one unit each
@@ -551,65 +542,3 @@ def require_block(block: VBlock, name: str) -> list[list[int]]:
             f"{name}: {problem or 'the building block collides with itself when repeated'}"
         )
     return cells
-
-
-def to_schedule(
-    name: str,
-    orders: Sequence[Sequence[int]],
-    num_microbatches: int,
-    meta: dict[str, object],
-    split_backward: bool = True,
-) -> Schedule:
-    """The IR of V orders: each device's passes, then its two optimizer steps. Without
-    ``split_backward`` a B and the W right after it are one BW (1F1B-V). The schedule's
-    columns are computed from the pass ids at once (a V schedule is large) and the actions
-    made from them."""
-    d, m = len(orders), num_microbatches
-    columns = _columns_of(orders, m, split_backward)
-    actions = actions_from_columns(columns)
-    schedule = Schedule(
-        name, d, m, v_placement(d), actions, split_backward=split_backward, meta=meta
-    )
-    schedule.__dict__["columns"] = columns  # what Schedule.columns would find
-    return schedule
-
-
-_STEP_CODE = KIND_CODE[ActionKind.OPTIMIZER_STEP]
-_PASS_CODE = {  # kind code of each pass code, with the backward split or fused
-    True: np.array([KIND_CODE[k] for k in (ActionKind.F,) * 2 + (ActionKind.B,) * 2]),
-    False: np.array([KIND_CODE[k] for k in (ActionKind.F,) * 2 + (ActionKind.BW,) * 2]),
-}
-_PASS_CODE[True] = np.concatenate([_PASS_CODE[True], [KIND_CODE[ActionKind.W]] * 2])
-
-
-def _columns_of(orders: Sequence[Sequence[int]], m: int, split_backward: bool) -> Columns:
-    """:class:`Columns` of the schedule :func:`to_schedule` makes, from the pass ids."""
-    d = len(orders)
-    passes = [np.asarray(order, dtype=np.int64) for order in orders]
-    if not split_backward:  # a W is part of the BW its B stands for
-        passes = [row[row % PASSES < W0] for row in passes]
-    sizes = [len(row) + 2 for row in passes]
-    ids = np.full(sum(sizes), -1, np.int64)
-    offsets = np.zeros(d + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    for i, row in enumerate(passes):
-        ids[offsets[i] : offsets[i + 1] - 2] = row
-    device = np.repeat(np.arange(d, dtype=np.int64), sizes)
-    is_step = ids < 0
-    # The two steps of a device: chunk 0, then chunk 1.
-    step_chunk = np.zeros(len(ids), np.int64)
-    step_chunk[offsets[1:] - 1] = 1
-    code = np.where(is_step, -1, ids % PASSES)
-    chunk = np.where(is_step, step_chunk, np.array(CHUNK)[np.maximum(code, 0)])
-    stage = np.where(chunk == 0, device, 2 * d - 1 - device)
-    pass_code = _PASS_CODE[split_backward]
-    return Columns(
-        device=device,
-        kind=np.where(is_step, _STEP_CODE, pass_code[np.maximum(code, 0)]),
-        stage=stage,
-        microbatch=np.where(is_step, m - 1, (ids // PASSES) % m),
-        chunk=chunk,
-        peer=np.full(len(ids), -1, np.int64),
-        version=np.full(len(ids), -1, np.int64),
-        offsets=offsets,
-    )

@@ -35,6 +35,7 @@ from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
 from planner.schedules._ir import ActionKind, Schedule
 from planner.schedules._registry import ScheduleFamily, register
+from planner.schedules._vcolumns import to_schedule
 from planner.schedules._vframe import (
     CHUNK,
     PASSES,
@@ -42,7 +43,6 @@ from planner.schedules._vframe import (
     VBlock,
     build_orders,
     require_block,
-    to_schedule,
 )
 
 __all__ = ["VSHAPE_NAMES", "BlockOffsets", "block_offsets", "building_block", "vshape"]
