@@ -100,7 +100,7 @@ def serve(*, host: str, port: int, database_url: str | None, workers: int) -> in
         f", {workers} process(es), database {describe_url(settings.database_url)}\n"
     )
     uvicorn.run(
-        "api.app:create_app",
+        "api.app:served_app",
         factory=True,
         host=host,
         port=port,
