@@ -17,16 +17,6 @@ from fastapi.routing import APIRoute
 
 __all__ = ["no_unknown_query_parameters"]
 
-_KNOWN: dict[int, frozenset[str]] = {}  # declared names by route (routes live as long as the app)
-
-
-def _declared(route: APIRoute) -> frozenset[str]:
-    known = _KNOWN.get(id(route))
-    if known is None:
-        known = frozenset(_query_names(route.dependant))
-        _KNOWN[id(route)] = known
-    return known
-
 
 def _query_names(dependant: Dependant) -> set[str]:
     """The query parameters a route reads, its dependencies' included."""
@@ -43,7 +33,10 @@ async def no_unknown_query_parameters(request: Request) -> None:
         return
     if not route.include_in_schema:  # the dashboard's pages: a browser may add anything
         return
-    declared = _declared(route)
+    # Derived on each request that has a query: a walk over a handful of parameters. (A
+    # cache by id(route) could answer for another application's route that reused the id;
+    # routes themselves are unhashable.)
+    declared = frozenset(_query_names(route.dependant))
     unknown = sorted({name for name in request.query_params if name not in declared})
     if not unknown:
         return
