@@ -6,9 +6,13 @@ times every action of a schedule (the engine's semantics, see
 
 Memory model (what a "saved activation" is): a forward of stage s allocates
 ``activation[s]`` at its start; a fused BW frees it at its end, a split backward frees it at
-the end of W (B keeps what W needs). BPipe's EVICT moves it to the acceptor (allocated there
-when the copy starts, freed on the evictor when it ends); LOAD moves it back the same way, so
-copies in flight count on both sides. By default ``activation[s] = 1 / num_stages``, which
+the end of W (B keeps what W needs). BPipe's EVICT and LOAD move it between evictor and
+acceptor as the executor does (:mod:`executor.transfers`): the receiving side allocates when
+it issues its side of the copy (once the compute action before it has ended), and the sending
+side keeps its copy until its fence, the start of the second compute action after an EVICT
+and of the next one after the acceptor's LOAD, so copies in flight count on both sides. That
+makes every device's peak a property of its action order, as the planner counts it
+(:mod:`planner.schedules._inflight`). By default ``activation[s] = 1 / num_stages``, which
 makes the numbers "micro-batches of the whole model": 1F1B's stage 0 peaks at 1.0.
 """
 
@@ -23,6 +27,7 @@ import numpy as np
 from planner.errors import SimulationError
 from planner.schedules import Action, ActionKind, Schedule
 from planner.schedules._engine import (
+    COMPUTE,
     CompiledSchedule,
     compile_schedule,
     run_timing,
@@ -213,10 +218,12 @@ def _memory_curves(
     compiled: CompiledSchedule, start: list[float], end: list[float], sizes: list[float]
 ) -> list[list[tuple[float, float]]]:
     """Each device's saved-activation level over time, as (time, level) after each change.
-    At equal times frees are applied before allocations, as an allocator would reuse them.
+    At equal times changes apply in the order the device reaches them in its list (a W's free
+    before the next action's allocation; a transfer issued after a W but before the next
+    compute action's fence), which is what makes the peak the order's own.
 
-    Vectorised with NumPy: one event array for all devices, sorted by (device, time, free
-    before alloc), and a cumulative sum restarted at each device."""
+    Vectorised with NumPy: one event array for all devices, sorted by (device, time,
+    position in the list), and a cumulative sum restarted at each device."""
     kinds = np.fromiter((_EVENT_CODE[k] for k in compiled.kinds), np.int8, len(compiled.kinds))
     stage = np.asarray(compiled.stages, dtype=np.int64)
     device = np.asarray(compiled.device_of, dtype=np.int64)
@@ -224,32 +231,29 @@ def _memory_curves(
     t_end = np.asarray(end, dtype=np.float64)
     size = np.asarray(sizes, dtype=np.float64)[stage]
     owned = np.asarray(compiled.owner_of_transfer, dtype=bool)
-    peer = (
-        np.fromiter(
-            (-1 if a.peer is None else a.peer for a in compiled.action_of),
-            np.int64,
-            len(compiled.action_of),
-        )
-        if owned.any()
-        else np.full(len(kinds), -1, dtype=np.int64)
-    )
-
-    alloc = kinds == _ALLOC
-    free = kinds == _FREE
-    evict = owned & (kinds == _EVICT)
-    load = owned & (kinds == _LOAD)
-    # (device, time, order: 0 = free first, 1 = alloc, signed size)
+    evict = kinds == _EVICT
+    load = kinds == _LOAD
+    alloc = np.flatnonzero(kinds == _ALLOC)
+    free = np.flatnonzero(kinds == _FREE)
+    # (action, time, position: 2 i at action i, 2 i + 1 just after it, signed size)
     parts = [
-        (device[alloc], t_start[alloc], 1, size[alloc]),
-        (device[free], t_end[free], 0, -size[free]),
-        (peer[evict], t_start[evict], 1, size[evict]),
-        (device[evict], t_end[evict], 0, -size[evict]),
-        (device[load], t_start[load], 1, size[load]),
-        (peer[load], t_end[load], 0, -size[load]),
+        (alloc, t_start[alloc], 2 * alloc, size[alloc]),
+        (free, t_end[free], 2 * free + 1, -size[free]),
     ]
-    ev_device = np.concatenate([p[0] for p in parts])
+    if evict.any() or load.any():
+        clock = _ComputeClock(compiled, t_start, t_end)
+        # Allocated when issued: the evictor's LOAD (its receive buffer), the acceptor's EVICT.
+        taken = np.flatnonzero((owned & load) | (~owned & evict))
+        parts.append((taken, clock.issued(taken), 2 * taken, size[taken]))
+        # The evictor's copy is dropped at the start of the second compute action after its
+        # EVICT (the fence); the acceptor's once the LOAD's send has gone, before its next one.
+        for mask, nth in ((owned & evict, 2), (~owned & load, 1)):
+            ids = np.flatnonzero(mask)
+            at, position = clock.compute_start(ids, nth)
+            parts.append((ids, at, 2 * position - 1, -size[ids]))
+    ev_device = device[np.concatenate([p[0] for p in parts])]
     ev_time = np.concatenate([p[1] for p in parts])
-    ev_order = np.concatenate([np.full(len(p[0]), p[2], dtype=np.int8) for p in parts])
+    ev_order = np.concatenate([p[2] for p in parts])
     ev_delta = np.concatenate([p[3] for p in parts])
     order = np.lexsort((ev_order, ev_time, ev_device))
     ev_device, ev_time, ev_delta = ev_device[order], ev_time[order], ev_delta[order]
@@ -264,6 +268,45 @@ def _memory_curves(
         levels = np.round(running[lo:hi] - base, 9)
         curves.append(list(zip(ev_time[lo:hi].tolist(), levels.tolist(), strict=True)))
     return curves
+
+
+class _ComputeClock:
+    """When a device's transfers take and give back memory, as the executor does it
+    (:mod:`executor.transfers`): a transfer is issued when the compute action before it has
+    ended, and a copy is released when a later compute action starts (its fence)."""
+
+    def __init__(self, compiled: CompiledSchedule, start: np.ndarray, end: np.ndarray) -> None:
+        is_compute = np.asarray(compiled.lane, dtype=np.int8) == COMPUTE
+        self._ids = np.flatnonzero(is_compute)  # compute actions, device by device, in order
+        counted = np.concatenate(([0], np.cumsum(is_compute)))
+        self._before = counted[:-1]  # compute actions before each action (all devices)
+        offsets = np.asarray(compiled.offsets, dtype=np.int64)
+        device = np.asarray(compiled.device_of, dtype=np.int64)
+        self._first = counted[offsets[:-1]][device]  # the device's first compute action
+        self._stop = counted[offsets[1:]][device]  # one past the device's last
+        self._start, self._end = start, end
+        # A device with nothing after the transfer releases it when its last action ends.
+        last = np.zeros(len(offsets) - 1)
+        np.maximum.at(last, device, end)
+        self._last = last[device]
+        self._past_end = offsets[1:][device]
+
+    def issued(self, ids: np.ndarray) -> np.ndarray:
+        """The end of the compute action before each of ``ids`` on its device (0 if none)."""
+        prev = self._before[ids] - 1
+        has = prev >= self._first[ids]
+        return np.where(has, self._end[self._ids[np.where(has, prev, 0)]], 0.0)
+
+    def compute_start(self, ids: np.ndarray, nth: int) -> tuple[np.ndarray, np.ndarray]:
+        """The start of the ``nth`` compute action after each of ``ids`` on its device, and
+        that action's index (the device's last moment and one past the list if none)."""
+        target = self._before[ids] + nth - 1
+        has = target < self._stop[ids]
+        index = self._ids[np.where(has, target, 0)] if len(self._ids) else target
+        return (
+            np.where(has, self._start[index], self._last[ids]),
+            np.where(has, index, self._past_end[ids]),
+        )
 
 
 _ALLOC, _FREE, _EVICT, _LOAD, _OTHER = 1, 2, 3, 4, 0

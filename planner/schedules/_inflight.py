@@ -7,8 +7,9 @@ BW frees at its end). That makes a device's peak a property of its order, the sa
 durations: no simulation is needed, which is what lets the search count in-flight
 micro-batches for thousands of candidates. BPipe transfers are counted the way the engine
 runs them: an EVICT frees the evictor's copy after the compute action it overlaps, a LOAD
-allocates when issued; the acceptor's mirror allocates (EVICT) or frees (LOAD) where the
-mirror sits in its list. Tests check these peaks against the simulator's.
+allocates when issued; the acceptor's mirror allocates where its EVICT sits in its list and
+frees before the compute action after its LOAD, once the send back has gone (as
+:mod:`executor.transfers` does). Tests check these peaks against the simulator's.
 
 :func:`inflight_profile` keeps, per device, the per-stage micro-batch counts at every moment
 that could be the peak (only the Pareto-maximal ones), so that the peak for any per-stage
@@ -75,11 +76,13 @@ def _moments(
 
     Frees of a W or fused BW apply when the next action starts (the W has ended); an
     evictor's EVICT frees its copy once the compute action it overlaps has ended (two
-    compute actions later); a transfer is issued after the previous compute action ended."""
+    compute actions later), an acceptor's LOAD once its send is waited for (before the next
+    compute action, so a transfer issued in between still finds it held); a transfer is
+    issued after the previous compute action ended."""
     slot = {stage: i for i, stage in enumerate(stages)}
     counts = [0] * len(stages)
     pending: list[int] = []  # slots freed when the running compute action ends
-    deferred: list[list[int]] = []  # [compute actions still to start, slot]: EVICTs
+    deferred: list[list[int]] = []  # [compute actions still to start, slot]: copies sent
     seen: set[tuple[int, ...]] = set()
     for action in row:
         kind = action.kind
@@ -112,8 +115,8 @@ def _moments(
             elif kind is K.EVICT or owner:  # the acceptor receives / the evictor loads
                 counts[slot[action.stage]] += 1
                 seen.add(tuple(counts))
-            else:  # the acceptor hands a LOAD back
-                pending.append(slot[action.stage])
+            else:  # the acceptor hands a LOAD back: its copy goes when the send has
+                deferred.append([1, slot[action.stage]])  # (before the next compute action)
     return seen
 
 

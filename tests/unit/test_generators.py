@@ -90,24 +90,7 @@ def test_schedules_with_fewer_microbatches_than_devices_still_run():
         assert_complete(schedule)
 
 
-# A known defect, not yet fixed: with stages of different sizes, an acceptor of interleaved
-# BPipe that receives one eviction and sends another load back around a single compute
-# action (e.g. p = 3, m = 9, B = 2 F, transfer 0.1 F, sizes 1,3,2,2,3,1) is counted one
-# chunk-micro-batch lower from its order than the simulator holds (9 against 10 units on
-# device 2); the evictor's peak, which sets the fit, agrees there.
-_ORDER_COUNT_DEFECT = pytest.mark.xfail(
-    reason="interleaved BPipe acceptor counted from the order can differ from the simulator",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=_ORDER_COUNT_DEFECT) if n == "bpipe-interleaved" else n
-        for n in SCHEDULE_NAMES
-    ],
-)
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
 @PROPERTY
 @given(
     devices=st.integers(2, 16),
