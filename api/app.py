@@ -67,6 +67,12 @@ tokens; reads need one with `read` only when some token lists that scope.
 """
 
 
+def _database_threads(settings: Settings) -> int:
+    """Threads of one server process that may hold a database connection at once: the
+    request threads, the planner threads, the job poller and the health probe."""
+    return settings.request_threads + settings.planner_threads + 2
+
+
 def served_app() -> FastAPI:
     """The application of a ``stagewright serve`` process (uvicorn's factory): settings from
     the environment, the heap frozen once started."""
@@ -94,6 +100,7 @@ def create_app(
         settings.database_url,
         statement_timeout_s=settings.db_statement_timeout_s,
         operation_timeout_s=settings.db_operation_timeout_s,
+        connections=_database_threads(settings),
     )
     metrics = Metrics()
     searcher: Searcher = (
