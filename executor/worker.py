@@ -17,14 +17,23 @@ finished but ``--verify`` found a mismatch (the report names rank, stage and ten
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# Before any process group exists, on purpose: this module's collectives take
+# ``group=group.WORLD`` as a default argument, evaluated when it is imported. Imported later (the
+# first torch.optim optimizer imports torch._dynamo, which imports it), every one of those
+# functions holds the default group for the life of the process, so destroy_process_group could
+# not free it; imported now, the defaults are None (the default group, looked up at call time).
+import torch.distributed.nn  # noqa: F401, E402
 
 from executor.comm import Comm
 from executor.inputs import BadInput, check_writable, read_config
@@ -121,26 +130,50 @@ def main(argv: list[str] | None = None) -> int:
             )
             sys.stderr.flush()
             os._exit(EXIT_FAILED)  # do not wait for peers that may be gone
-    _leave_together(rank, world, args.timeout)
-    return 0 if passed else EXIT_MISMATCH
+    code = 0 if passed else EXIT_MISMATCH
+    if not _leave_together(rank, world, args.timeout):
+        # A process group is still referenced from somewhere we do not control: its gloo
+        # threads would be joined and its connections closed by the interpreter's own
+        # teardown, which can abort the process (see _leave_together). Everything is written
+        # and every rank has left, so end here, with the run's status.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
-def _leave_together(rank: int, world: int, timeout_s: float) -> None:
-    """Tear the process group down only once every rank is done with it.
+def _leave_together(rank: int, world: int, timeout_s: float) -> bool:
+    """Tear the process groups down once every rank is done with them, here and now; true
+    when every group is gone (its gloo threads joined, its connections closed).
 
     A rank that closed its connections while a peer was still inside the last collective
-    made that peer's gloo thread abort ("terminate called without an active exception",
-    exit -6): 1 run in 6 with no barrier, and still 1 in 8 on a loaded machine with a final
-    barrier alone, since a rank leaves the barrier before its peers have all read its last
-    message. So each rank also says it has left the barrier through the rendezvous store
-    (torchrun's, not a gloo connection) and waits until every rank has."""
+    made that peer's gloo thread abort: so all ranks pass a final barrier, then each says it
+    has left the barrier through the rendezvous store (torchrun's, not a gloo connection) and
+    waits until every rank has.
+
+    destroy_process_group only forgets the groups; a gloo group's C++ side (its worker
+    threads, its transport's event loop and its connections) goes when the last Python
+    reference to it does. The data-parallel groups are held by this run's objects, in
+    reference cycles, and the default group was held by torch.distributed.nn's default
+    arguments (see the import at the top), so both were torn down inside the interpreter's
+    finalization (~ProcessGroupGloo called from Py_FinalizeEx), with their threads running
+    while Python had already marked itself finalizing: a state in which a thread that
+    reaches for the interpreter is ended with pthread_exit, which C++ destructors cannot
+    unwind through. The rare abort at exit ("terminate called without an active exception",
+    exit -6, about 1 run in 78 once ranks left together) came after the report, when the
+    only threads left besides the main one were these gloo threads. So the cycles are
+    collected right after destroy_process_group and the groups are checked to be gone:
+    every gloo thread is joined before the interpreter ends."""
     dist.barrier()
     store = dist.distributed_c10d._get_default_store()
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     keys = [f"stagewright/{attempt}/left/{r}" for r in range(world)]
     store.set(keys[rank], "1")
     store.wait(keys, timedelta(seconds=timeout_s))
+    groups = [weakref.ref(group) for group in dist.distributed_c10d._world.pg_map]
     dist.destroy_process_group()
+    gc.collect()
+    return all(group() is None for group in groups)
 
 
 def schedule_for_batches(config: ExecutorConfig, batches: int) -> Schedule:
