@@ -156,14 +156,17 @@ def _leave_together(rank: int, world: int, timeout_s: float) -> bool:
     reference to it does. The data-parallel groups are held by this run's objects, in
     reference cycles, and the default group was held by torch.distributed.nn's default
     arguments (see the import at the top), so both were torn down inside the interpreter's
-    finalization (~ProcessGroupGloo called from Py_FinalizeEx), with their threads running
-    while Python had already marked itself finalizing: a state in which a thread that
-    reaches for the interpreter is ended with pthread_exit, which C++ destructors cannot
-    unwind through. The rare abort at exit ("terminate called without an active exception",
-    exit -6, about 1 run in 78 once ranks left together) came after the report, when the
-    only threads left besides the main one were these gloo threads. So the cycles are
-    collected right after destroy_process_group and the groups are checked to be gone:
-    every gloo thread is joined before the interpreter ends."""
+    finalization (~ProcessGroupGloo called from Py_FinalizeEx's last garbage collection and
+    module teardown), their threads running until then, at a different moment on each rank.
+    The rare abort at exit ("terminate called without an active exception", exit -6, about
+    1 run in 78 once ranks left together) came in that stretch, after the report, when the
+    only threads left besides the main one were these gloo threads. (That message is what
+    gloo's event loop prints when it is destroyed with its thread not joined, and what any
+    thread prints that touches the interpreter once it is finalizing: it is ended with
+    pthread_exit, which C++ destructors cannot unwind through.) So the cycles are collected
+    right after destroy_process_group and the groups are checked to be gone: every gloo
+    thread is joined here, while the interpreter is whole and every rank has left its
+    collectives, and none is left for the interpreter's teardown."""
     dist.barrier()
     store = dist.distributed_c10d._get_default_store()
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
