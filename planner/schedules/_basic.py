@@ -18,7 +18,6 @@ from planner.schedules._ir import (
     ActionKind,
     Columns,
     Schedule,
-    actions_from_columns,
     looped_placement,
 )
 from planner.schedules._registry import NUM_CHUNKS, ScheduleFamily, register
@@ -146,16 +145,9 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
         version=np.full(p * size, -1, np.int64),
         offsets=np.arange(p + 1, dtype=np.int64) * size,
     )
-    schedule = Schedule(
-        "interleaved",
-        p,
-        m,
-        looped_placement(p, v),
-        actions_from_columns(columns),
-        meta={"num_chunks": v},
+    return Schedule.from_columns(
+        "interleaved", p, m, looped_placement(p, v), columns, meta={"num_chunks": v}
     )
-    schedule.__dict__["columns"] = columns  # what Schedule.columns would find
-    return schedule
 
 
 register(

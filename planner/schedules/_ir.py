@@ -192,6 +192,32 @@ class Schedule:
     def _chunk_of_stage(self) -> dict[int, int]:
         return _chunks(self.stage_devices)
 
+    @classmethod
+    def from_columns(
+        cls,
+        name: str,
+        num_devices: int,
+        num_microbatches: int,
+        stage_devices: tuple[int, ...],
+        columns: Columns,
+        *,
+        split_backward: bool = False,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Schedule:
+        """The schedule a generator computed as arrays: its actions made from ``columns``
+        (:func:`actions_from_columns`), which also serve as its :attr:`columns` as they are."""
+        schedule = cls(
+            name,
+            num_devices,
+            num_microbatches,
+            stage_devices,
+            actions_from_columns(columns),
+            split_backward,
+            meta={} if meta is None else meta,
+        )
+        schedule.__dict__["columns"] = columns  # what the cached property would compute
+        return schedule
+
     @cached_property
     def columns(self) -> Columns:
         """Every action as NumPy columns, devices in order (what whole-schedule checks and

@@ -12,7 +12,6 @@ from planner.schedules._ir import (
     ActionKind,
     Columns,
     Schedule,
-    actions_from_columns,
     v_placement,
 )
 from planner.schedules._vframe import CHUNK, PASSES, W0
@@ -33,12 +32,9 @@ def to_schedule(
     made from them."""
     d, m = len(orders), num_microbatches
     columns = _columns_of(orders, m, split_backward)
-    actions = actions_from_columns(columns)
-    schedule = Schedule(
-        name, d, m, v_placement(d), actions, split_backward=split_backward, meta=meta
+    return Schedule.from_columns(
+        name, d, m, v_placement(d), columns, split_backward=split_backward, meta=meta
     )
-    schedule.__dict__["columns"] = columns  # what Schedule.columns would find
-    return schedule
 
 
 _STEP_CODE = KIND_CODE[ActionKind.OPTIMIZER_STEP]

@@ -32,7 +32,7 @@ import numpy as np
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
-from planner.schedules._ir import KIND_CODE, ActionKind, Columns, Schedule, actions_from_columns
+from planner.schedules._ir import KIND_CODE, ActionKind, Columns, Schedule
 from planner.schedules._registry import MEMORY_LIMIT, PassTimes, ScheduleFamily, register
 
 __all__ = ["smallest_zb_limit", "zb_adaptive"]
@@ -244,10 +244,9 @@ def zb_adaptive(
             "comm": times.comm,
         },
     }
-    actions = actions_from_columns(columns)
-    schedule = Schedule("zb-adaptive", p, m, tuple(range(p)), actions, True, meta=meta)
-    schedule.__dict__["columns"] = columns  # what Schedule.columns would find
-    return schedule
+    return Schedule.from_columns(
+        "zb-adaptive", p, m, tuple(range(p)), columns, split_backward=True, meta=meta
+    )
 
 
 _KIND_CODE = np.array([KIND_CODE[kind] for kind in _KIND], dtype=np.int64)
