@@ -1,10 +1,11 @@
 """The REST service: ``create_app(settings)`` builds the FastAPI application.
 
 The application owns one database engine (with statement and connection timeouts), one job
-runner (planner threads, each with a search process, plus a poller), a health probe, a
-timeline cache and its metrics. It does not migrate: ``stagewright serve`` migrates and
-loads the bundled profiles before it starts the server processes. If the database is
-unreachable the application still starts; requests that need it answer 503 until it is back.
+runner (planner threads, each with a search process, plus a poller), a health probe, caches
+of done plans' answers (kept true by a feed of plan deletions on PostgreSQL) and its
+metrics. It does not migrate: ``stagewright serve`` migrates and loads the bundled profiles
+before it starts the server processes. If the database is unreachable the application
+still starts; requests that need it answer 503 until it is back.
 
 Layers: routes (``api/routes``) parse and answer; use cases (``api/services``) do the
 work on threads (``api.state.offload``); the store (``api/store``) is SQL. Errors become
@@ -122,6 +123,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         runner.start()
+        state.deletions.start()
         log.info("stagewright %s on %s", version(), database)
         if freeze_heap:
             # Everything loaded so far (modules, schemas, the app) lives as long as the
@@ -134,6 +136,7 @@ def create_app(
             yield
         finally:
             runner.stop()
+            state.deletions.close()
             health_probe.close()
             database.dispose()
 

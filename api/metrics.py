@@ -83,7 +83,14 @@ class Metrics:
             self._jobs_finished[status] += 1
             self._job_seconds.observe(seconds)
 
-    def render(self, *, jobs: Mapping[str, int] | None, database_up: bool, in_progress: int) -> str:
+    def render(
+        self,
+        *,
+        jobs: Mapping[str, int] | None,
+        database_up: bool,
+        in_progress: int,
+        deletions_heard: bool,
+    ) -> str:
         out: list[str] = []
 
         def family(name: str, kind: str, help_text: str) -> None:
@@ -126,6 +133,13 @@ class Metrics:
             out.append(f"stagewright_jobs{_labels({'status': status})} {n}")
         family("stagewright_database_up", "gauge", "1 if the database answered this scrape.")
         out.append(f"stagewright_database_up {1 if database_up else 0}")
+        family(
+            "stagewright_plan_deletions_heard",
+            "gauge",
+            "1 while this process hears plan deletions from PostgreSQL (cached plans are "
+            "then served without a database round trip); 0 on SQLite or when not listening.",
+        )
+        out.append(f"stagewright_plan_deletions_heard {1 if deletions_heard else 0}")
         family("stagewright_start_time_seconds", "gauge", "Unix time this process started.")
         out.append(f"stagewright_start_time_seconds {self._started}")
         return "\n".join(out) + "\n"

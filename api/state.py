@@ -23,6 +23,7 @@ from api.metrics import Metrics
 from api.problems import server_busy
 from api.services.cache import PerPlanCache
 from api.services.health import HealthProbe
+from api.services.plan_deletions import DeletionFeed
 from api.services.timelines import timeline_weight
 
 __all__ = ["AppState", "offload"]
@@ -36,7 +37,7 @@ T = TypeVar("T")
 @dataclass
 class AppState:
     """One application's settings, database, metrics, job runner, caches (timelines, done
-    plans' JSON) and threads."""
+    plans' JSON), the feed of plan deletions that keeps the caches true, and threads."""
 
     settings: Settings
     database: Database
@@ -45,6 +46,7 @@ class AppState:
     health: HealthProbe
     timelines: PerPlanCache[int, dict[str, Any]] = field(init=False)
     plans: PerPlanCache[bool, bytes] = field(init=False)
+    deletions: DeletionFeed = field(init=False)
     threads: anyio.CapacityLimiter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +55,15 @@ class AppState:
         # whether it lists the rejected configurations, at most plan_cache_mb.
         self.timelines = PerPlanCache(_TIMELINE_ACTIONS, timeline_weight)
         self.plans = PerPlanCache(self.settings.plan_cache_mb * 1024 * 1024, len)
+        self.deletions = DeletionFeed(self.database, self.forget_plan)
+
+    def forget_plan(self, plan_id: str | None) -> None:
+        """Drop what the caches hold of a deleted plan (of every plan: None)."""
+        for cache in (self.timelines, self.plans):
+            if plan_id is None:
+                cache.clear()
+            else:
+                cache.forget(plan_id)
 
 
 async def offload(state: AppState, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -339,6 +339,21 @@ class Database:
         with factory() as session:
             yield session
 
+    def dedicated_connection(self, application_name: str) -> Any:
+        """A new psycopg connection outside the pool, in autocommit, with the pool's
+        connect timeout and TCP keepalives (PostgreSQL only): for a thread that holds one
+        connection for a long time (LISTEN), which must not take a pooled one from
+        requests. ``application_name`` names it in ``pg_stat_activity`` unless the URL
+        names the application already (the operator's name wins). The caller closes it."""
+        import psycopg
+
+        if self.dialect != "postgresql":
+            raise ValueError("a dedicated connection is for PostgreSQL")
+        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+        cparams.update(_postgres_options(self.url, None))
+        cparams.setdefault("application_name", application_name)
+        return psycopg.connect(*cargs, autocommit=True, **cparams)
+
     def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""
         with self.engine.connect() as conn:

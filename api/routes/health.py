@@ -58,6 +58,9 @@ async def metrics(state: StateDep) -> Response:
     stagewright_database_up 0."""
     jobs = await state.health.job_counts()
     text = state.metrics.render(
-        jobs=jobs, database_up=jobs is not None, in_progress=state.runner.in_progress
+        jobs=jobs,
+        database_up=jobs is not None,
+        in_progress=state.runner.in_progress,
+        deletions_heard=state.deletions.live,
     )
     return Response(content=text, media_type=CONTENT_TYPE)

@@ -25,7 +25,7 @@ from api.limits import check_plan_request
 from api.schemas import HARDWARE_NAME_PATTERN, PlanList, PlanSummary
 from api.security import Principal
 from api.services import read_retried
-from api.services.plan_cache import plan_exists
+from api.services.plan_deletions import still_stored
 from api.store import crud
 from api.store.models import PlanRecord
 from api.store.snapshots import snapshot_current
@@ -208,6 +208,7 @@ def _answer(
     record: PlanRecord,
     status: int,
     *,
+    since: int,
     include_rejected: bool,
     cache: str | None,
     failure_as_problem: bool,
@@ -223,7 +224,7 @@ def _answer(
         return PlanAnswer(int(error["status"]), json.dumps(error).encode(), headers, problem=True)
     body = json.dumps(plan_document(record, include_rejected=include_rejected)).encode()
     if record.status == "done":  # final: the same bytes answer every later read
-        state.plans.put(record.id, include_rejected, body)
+        state.plans.put(record.id, include_rejected, body, since=since)
     return PlanAnswer(status, body, headers)
 
 
@@ -231,11 +232,11 @@ def _cached(
     state: AppState, plan_id: str, status: int, *, include_rejected: bool, cache: str | None
 ) -> PlanAnswer | None:
     """The answer from this process's cache of done plans, if the plan is there and still
-    stored (one primary-key lookup; it may have been deleted by another process)."""
+    stored (it may have been deleted by another process: :mod:`api.services.plan_deletions`)."""
     body = state.plans.get(plan_id, include_rejected)
     if body is None:
         return None
-    if not plan_exists(state.database, plan_id):
+    if not still_stored(state.database, state.deletions, plan_id):
         state.plans.forget(plan_id)
         raise problems.plan_not_found(plan_id)
     headers = {"Location": f"/v1/plans/{plan_id}"}
@@ -256,6 +257,7 @@ def answer_admission(
         )
         if found is not None:
             return found
+    since = state.plans.generation
     with state.database.session() as session:
         record = load_plan(session, admission.plan_id)
     status = (201 if admission.created else 200) if record.status == "done" else 202
@@ -263,6 +265,7 @@ def answer_admission(
         state,
         record,
         status,
+        since=since,
         include_rejected=include_rejected,
         cache=cache,
         failure_as_problem=True,
@@ -274,10 +277,17 @@ def read_plan(state: AppState, plan_id: str, *, include_rejected: bool) -> PlanA
     found = _cached(state, plan_id, 200, include_rejected=include_rejected, cache=None)
     if found is not None:
         return found
+    since = state.plans.generation
     with state.database.session() as session:
         record = load_plan(session, plan_id)
     return _answer(
-        state, record, 200, include_rejected=include_rejected, cache=None, failure_as_problem=False
+        state,
+        record,
+        200,
+        since=since,
+        include_rejected=include_rejected,
+        cache=None,
+        failure_as_problem=False,
     )
 
 
@@ -330,5 +340,4 @@ def delete_plan(state: AppState, plan_id: str, principal: Principal) -> None:
                 + "; only that token or one with the admin scope may delete it"
             )
         crud.delete_plan(session=session, plan_id=plan_id)
-    state.timelines.forget(plan_id)
-    state.plans.forget(plan_id)
+    state.forget_plan(plan_id)

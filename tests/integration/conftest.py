@@ -194,6 +194,16 @@ def assert_problem(response: httpx.Response, status: int, *needles: str) -> dict
     return body
 
 
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Whether ``condition()`` became true within ``timeout_s`` (polled every 10 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def wait_done(client: httpx.Client, plan_id: str, timeout_s: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -1,0 +1,125 @@
+"""Plan deletions made by any server process, pushed to this one by PostgreSQL.
+
+A done plan never changes; only deleting it does. Each server process keeps done plans'
+answers in memory (:class:`api.services.cache.PerPlanCache`) and must stop serving one as
+soon as the plan is deleted, by whichever process. PostgreSQL sends a notice on the channel
+:data:`CHANNEL` for every deleted plan row (a trigger, migration 0006; delivered when the
+deleting transaction commits). :class:`DeletionFeed` listens on a connection of its own, on
+a thread of its own, and hands each deleted plan's id to ``forget``.
+
+While the feed is :attr:`~DeletionFeed.live` a cached answer is served without asking the
+database; otherwise (SQLite, the feed's connection lost or silent) each cached read checks
+that the plan is still stored (:func:`still_stored`). What that costs and buys:
+
+- a plan deleted by another process may be served here for as long as the notice takes to
+  arrive (sub-millisecond on a healthy server; the notice is sent at commit, the deleting
+  client's DELETE answers after it);
+- a lost connection makes the feed not live at once; one that stops answering is noticed
+  within :data:`SILENT_AFTER_S` (a heartbeat every second), after which reads check the
+  database again;
+- when the feed (re)connects, everything cached is forgotten before it goes live again:
+  deletions made while it was not listening were not heard.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy import select
+
+from api.core.db import Database
+from api.store.models import PlanRecord
+
+__all__ = ["CHANNEL", "SILENT_AFTER_S", "DeletionFeed", "plan_exists", "still_stored"]
+
+log = logging.getLogger("stagewright.deletions")
+
+CHANNEL = "stagewright_plan_deleted"  # also in migrations/versions/0006
+HEARTBEAT_S = 1.0
+# Not live when nothing was heard from the server for this long: longer than the pauses a
+# loaded server shows (up to 1.4 s seen on this project's load benchmark), short enough that
+# a stalled feed is not trusted for long.
+SILENT_AFTER_S = 5.0
+_RETRY_S = (0.5, 5.0)  # first and longest wait before reconnecting
+
+
+class DeletionFeed:
+    """Listens for deleted plans (PostgreSQL) and calls ``forget(plan_id)`` for each, and
+    ``forget(None)`` (forget everything) whenever it starts listening. Never live on SQLite.
+    """
+
+    def __init__(self, database: Database, forget: Callable[[str | None], None]) -> None:
+        self._database = database
+        self._forget = forget
+        self._heard_at: float | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def live(self) -> bool:
+        """Listening, and heard from the server within :data:`SILENT_AFTER_S`."""
+        heard = self._heard_at
+        return heard is not None and time.monotonic() - heard < SILENT_AFTER_S
+
+    def start(self) -> None:
+        if self._database.dialect != "postgresql" or self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._listen, name="stagewright-plan-deletions", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening (waits at most a heartbeat and a little for the thread)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(HEARTBEAT_S + 1.0)
+
+    def _listen(self) -> None:
+        wait = _RETRY_S[0]
+        while not self._stopping.is_set():
+            try:
+                with self._database.dedicated_connection("stagewright plan deletions") as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    # Deletions made while not listening were not heard.
+                    self._forget(None)
+                    self._heard_at = time.monotonic()
+                    wait = _RETRY_S[0]
+                    while not self._stopping.is_set():
+                        for notice in conn.notifies(timeout=HEARTBEAT_S):
+                            self._forget(notice.payload)
+                        conn.execute("SELECT 1")  # still answering?
+                        self._heard_at = time.monotonic()
+            except Exception as exc:
+                self._heard_at = None
+                if self._stopping.is_set():
+                    return
+                log.warning(
+                    "not listening for plan deletions (%s); cached plans are checked against "
+                    "the database until it reconnects (in %.1f s)",
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    wait,
+                )
+                self._stopping.wait(wait)
+                wait = min(2 * wait, _RETRY_S[1])
+        self._heard_at = None
+
+
+def still_stored(database: Database, feed: DeletionFeed, plan_id: str) -> bool:
+    """Whether a plan whose answer is cached here may be served: yes while the feed is
+    live (a deletion would have been forgotten), else one primary-key lookup."""
+    return feed.live or plan_exists(database, plan_id)
+
+
+def plan_exists(database: Database, plan_id: str) -> bool:
+    """Whether the plan is still stored. On PostgreSQL the lookup runs outside a
+    transaction (autocommit): one round trip instead of BEGIN, SELECT and ROLLBACK."""
+    statement = select(PlanRecord.id).where(PlanRecord.id == plan_id)
+    if database.dialect == "postgresql":
+        with database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            return conn.execute(statement).first() is not None
+    with database.session() as session:
+        return session.execute(statement).first() is not None

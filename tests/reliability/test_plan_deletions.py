@@ -1,0 +1,205 @@
+"""Done plans are answered from memory without a database round trip while the feed of
+plan deletions is live (PostgreSQL LISTEN/NOTIFY, api/services/plan_deletions.py), and a
+plan deleted by any process stops being served within a bounded time: on PostgreSQL by the
+notice, on SQLite (and whenever the feed is not live) by checking on every read.
+
+The other process is played by a second connection deleting the row, as another server
+process's DELETE does it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, delete, event, text
+from sqlalchemy.engine import make_url
+
+from api.app import create_app
+from api.core.db import Database
+from api.services import plan_deletions
+from api.store import crud
+from api.store.models import PlanRecord
+from planner.plan import plan as real_plan
+from tests.integration.conftest import (
+    PG_ADMIN_URL,
+    assert_problem,
+    example,
+    settings_for,
+    wait_until,
+)
+from tests.tcp_proxy import TcpProxy
+
+# A notice travels PostgreSQL -> this process's listener thread; well under this.
+NOTICE_BOUND_S = 2.0
+
+
+@contextmanager
+def _statements(engine: Engine) -> Iterator[list[str]]:
+    """The SQL statements ``engine`` sends while the block runs."""
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def _delete_elsewhere(url: str, plan_id: str) -> None:
+    other = Database(url)
+    try:
+        with other.session(write=True) as session:
+            assert crud.delete_plan(session=session, plan_id=plan_id)  # commits
+    finally:
+        other.dispose()
+
+
+def _cached_plan(client: TestClient) -> tuple[str, str]:
+    """A done plan whose answer is cached, after the feed went live on PostgreSQL (going
+    live forgets everything cached before)."""
+    state = client.app.state.stagewright  # type: ignore[attr-defined]
+    if state.database.dialect == "postgresql":
+        assert wait_until(lambda: state.deletions.live)
+    created = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert created.status_code == 201, created.text
+    location, plan_id = created.headers["location"], created.json()["id"]
+    assert client.get(location).status_code == 200
+    assert state.plans.get(plan_id, False) is not None
+    return location, plan_id
+
+
+def _backend(url: str) -> str:
+    return make_url(url).get_backend_name()
+
+
+def test_a_cached_read_asks_the_database_only_when_deletions_are_not_heard(
+    make_client, database_url
+):
+    client = make_client(planner=real_plan)
+    state = client.app.state.stagewright
+    location, plan_id = _cached_plan(client)
+    timeline = f"{location}/timeline"
+    assert client.get(timeline).status_code == 200  # cached too
+    postgres = _backend(database_url) == "postgresql"
+    if postgres:
+        assert state.database.engine.pool.checkedout() == 0  # the feed has its own
+    else:
+        time.sleep(0.2)
+        assert not state.deletions.live  # SQLite has no notices
+    heard = f"stagewright_plan_deletions_heard {1 if postgres else 0}"
+    assert heard in client.get("/metrics").text
+    with _statements(state.database.engine) as sent:
+        answers = [client.get(location) for _ in range(20)]
+        assert client.get(timeline).status_code == 200
+    assert {a.status_code for a in answers} == {200}
+    assert len({a.content for a in answers}) == 1
+    # PostgreSQL: no statement at all; SQLite: one primary-key lookup per read.
+    lookups = [s for s in sent if s.startswith("SELECT plans.id")]
+    assert len(sent if postgres else lookups) == (0 if postgres else 21), sent
+
+    _delete_elsewhere(database_url, plan_id)
+    assert wait_until(lambda: client.get(location).status_code == 404, NOTICE_BOUND_S)
+    assert_problem(client.get(location), 404, plan_id)
+    assert_problem(client.get(timeline), 404, plan_id)
+    assert state.plans.get(plan_id, False) is None
+    assert state.timelines.get(plan_id, 0) is None
+
+
+def _postgres_only(database_url: str) -> None:
+    if _backend(database_url) != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite checks every read")
+
+
+def test_a_rolled_back_delete_forgets_nothing(make_client, database_url):
+    _postgres_only(database_url)
+    client = make_client(planner=real_plan)
+    state = client.app.state.stagewright
+    location, plan_id = _cached_plan(client)
+    assert wait_until(lambda: state.deletions.live)
+    other = Database(database_url)
+    try:
+        with other.session(write=True) as session:
+            gone = session.execute(delete(PlanRecord).where(PlanRecord.id == plan_id))
+            assert gone.rowcount == 1  # type: ignore[attr-defined]
+            session.rollback()
+    finally:
+        other.dispose()
+    time.sleep(0.3)  # a notice, had one been sent, would have arrived
+    assert state.plans.get(plan_id, False) is not None
+    assert client.get(location).status_code == 200
+
+
+def _listener_pids(url: str) -> list[int]:
+    database = Database(url)
+    try:
+        with database.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = :name "
+                    "AND pid <> pg_backend_pid()"
+                ),
+                {"name": "stagewright plan deletions"},
+            )
+            return [int(row[0]) for row in rows]
+    finally:
+        database.dispose()
+
+
+def test_a_feed_that_lost_its_connection_forgets_everything_and_listens_again(
+    make_client, database_url
+):
+    _postgres_only(database_url)
+    client = make_client(planner=real_plan)
+    state = client.app.state.stagewright
+    location, plan_id = _cached_plan(client)
+    assert wait_until(lambda: state.deletions.live)
+    pids = _listener_pids(database_url)
+    assert pids, "no listening connection in pg_stat_activity"
+    admin = Database(database_url)
+    try:
+        with admin.engine.connect() as conn:
+            for pid in pids:
+                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    finally:
+        admin.dispose()
+    assert wait_until(lambda: not state.deletions.live, 2.0)
+    assert wait_until(lambda: state.deletions.live, 10.0)  # reconnected
+    # Deletions made while it was not listening were not heard: everything was forgotten.
+    assert state.plans.get(plan_id, False) is None
+    assert client.get(location).status_code == 200  # read again from the database
+    _delete_elsewhere(database_url, plan_id)
+    assert wait_until(lambda: client.get(location).status_code == 404, NOTICE_BOUND_S)
+
+
+def test_a_silent_feed_is_not_trusted_after_a_bound(postgres_schema, monkeypatch):
+    from tests.integration.conftest import migrate_with_profiles, schema_url
+
+    monkeypatch.setattr(plan_deletions, "SILENT_AFTER_S", 1.5)
+    url = schema_url(postgres_schema)
+    migrate_with_profiles(url)
+    target = make_url(PG_ADMIN_URL)
+    proxy = TcpProxy((target.host or "127.0.0.1", target.port or 5432))
+    proxy.up()
+    proxied = make_url(url).set(host="127.0.0.1", port=proxy.port)
+    app = create_app(settings_for(proxied.render_as_string(hide_password=False)))
+    feed = app.state.stagewright.deletions
+    try:
+        with TestClient(app, raise_server_exceptions=False):
+            assert wait_until(lambda: feed.live)
+            proxy.silence()
+            silenced_at = time.monotonic()
+            assert wait_until(lambda: not feed.live, 5.0)
+            # Trusted at most SILENT_AFTER_S after the last heartbeat it heard.
+            assert time.monotonic() - silenced_at <= 1.5 + 0.5
+            proxy.speak()
+            assert wait_until(lambda: feed.live, 5.0)
+    finally:
+        proxy.down()
