@@ -7,7 +7,8 @@ database (a SQLite file in a temporary folder; a new schema on the PostgreSQL se
 --postgres-url, dropped afterwards) and measured:
 
 - GET /v1/plans/{id}, cached: a done plan read again and again (the server keeps done
-  plans' JSON; each read still checks the plan exists);
+  plans' JSON; on PostgreSQL deletions are pushed to it, on SQLite each read checks the
+  plan still exists);
 - GET /v1/plans/{id}, uncached: the same with STAGEWRIGHT_PLAN_CACHE_MB=0 (each read loads
   and encodes the plan);
 - POST /v1/plans, answered from the store: the identical request again (200, cache hit);
