@@ -62,7 +62,7 @@ def plan_transfers(
         # Never over capacity without transfers: the loop below would plan none (a device
         # in the acceptor half, or a short run), so skip it.
         return [[] for _ in range(n)], plain_peak
-    needs_input = [kind is BW or kind is ActionKind.B for kind in kinds]  # wants its activations
+    needs_input = [kind.is_backward for kind in kinds]  # wants its activations
     backward_at = {key[i]: i for i in range(n) if needs_input[i]}
     transfers: list[list[tuple[ActionKind, tuple[int, int]]]] = [[] for _ in range(n)]
     held: set[tuple[int, int]] = set()

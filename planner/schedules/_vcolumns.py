@@ -38,11 +38,11 @@ def to_schedule(
 
 
 _STEP_CODE = KIND_CODE[ActionKind.OPTIMIZER_STEP]
-_PASS_CODE = {  # kind code of each pass code, with the backward split or fused
-    True: np.array([KIND_CODE[k] for k in (ActionKind.F,) * 2 + (ActionKind.B,) * 2]),
-    False: np.array([KIND_CODE[k] for k in (ActionKind.F,) * 2 + (ActionKind.BW,) * 2]),
+_F, _B, _BW, _W = (KIND_CODE[k] for k in (ActionKind.F, ActionKind.B, ActionKind.BW, ActionKind.W))
+_PASS_CODE = {  # kind code of each pass code, with the backward split (W apart) or fused
+    True: np.array([_F, _F, _B, _B, _W, _W]),
+    False: np.array([_F, _F, _BW, _BW]),
 }
-_PASS_CODE[True] = np.concatenate([_PASS_CODE[True], [KIND_CODE[ActionKind.W]] * 2])
 
 
 def _columns_of(orders: Sequence[Sequence[int]], m: int, split_backward: bool) -> Columns:

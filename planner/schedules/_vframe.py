@@ -265,25 +265,16 @@ def squeeze(orders: Sequence[Sequence[int]], num_microbatches: int) -> list[int]
     return start
 
 
-def order_peaks(orders: Sequence[Sequence[int]]) -> list[int]:
-    """Per device, the most activations saved at once by its order: a forward allocates at
-    its start, a W frees at its end (so a pass sees everything started before and itself)."""
-    peaks = []
-    for order in orders:
-        level = peak = 0
-        freed = 0
-        for g in order:
-            j = g % PASSES
-            if j <= F1:
-                level += 1 - freed
-                freed = 0
-                if level > peak:
-                    peak = level
-            else:
-                level -= freed
-                freed = 1 if j >= W0 else 0
-        peaks.append(peak)
-    return peaks
+def order_peaks(orders: Sequence[Sequence[int]] | np.ndarray) -> list[int]:
+    """Per device, the most activations saved at once by its order (orders of one length,
+    as every V order is: 6 m passes): a forward allocates at its start, a W frees at its
+    end (so a pass sees everything started before and itself)."""
+    ids = np.asarray(orders, dtype=np.int64)
+    code = ids % PASSES
+    forward = code <= F1
+    weight = (code >= W0).astype(np.int64)
+    level = np.cumsum(forward, axis=1) - (np.cumsum(weight, axis=1) - weight)
+    return np.where(forward, level, 0).max(axis=1, initial=0).tolist()  # type: ignore[no-any-return]
 
 
 def build_orders(
@@ -312,7 +303,7 @@ def _fill_warmup(orders: list[list[int]], m: int, block: list[list[int]]) -> lis
     closed under inputs (an input is in an earlier cell), so their squeezed cells are those
     of the whole; :func:`_fill_before` checks that the scan cannot reach past the cut, and
     the whole orders are filled when it could."""
-    ids_of = list(np.array(orders, dtype=np.int64))  # every device runs 6 m passes
+    ids = np.array(orders, dtype=np.int64)  # (devices, 6 m): every device runs 6 m passes
     # Squeezing moves passes earlier only: every device's first B is squeezed into a cell
     # no later than in the repeated block. A cut twice as far usually holds what the scan
     # reaches, and :func:`_cut` one that always does; on short runs, where the cut would
@@ -324,17 +315,17 @@ def _fill_warmup(orders: list[list[int]], m: int, block: list[list[int]]) -> lis
     if 2 * likely > span:
         cut = None
     else:
-        bound = _cut(ids_of, m, block)
+        bound = _cut(ids, m, block)
         if bound is not None and 2 * bound <= span:
             cut = bound
     while True:
-        filled = _fill_before(orders, ids_of, m, block, cut)
+        filled = _fill_before(orders, ids, m, block, cut)
         if isinstance(filled, list):
             return filled
         cut = filled  # one that holds every forward the scan can reach (None: no cut)
 
 
-def _cut(ids_of: list[np.ndarray], m: int, block: list[list[int]]) -> int | None:
+def _cut(ids: np.ndarray, m: int, block: list[list[int]]) -> int | None:
     """A cell of the repeated block before which :func:`_fill_warmup` finds every forward
     its scan can reach (None: the whole orders).
 
@@ -349,21 +340,34 @@ def _cut(ids_of: list[np.ndarray], m: int, block: list[list[int]]) -> int | None
     first_b = rows[:, [B1, B0]].min(axis=1)
     horizon = int(first_b.max())
     cut = 0
-    for i, ids in enumerate(ids_of):
-        repeated = rows[i, ids % PASSES] + REPEAT_INTERVAL * ((ids // PASSES) % m)
+    for i, row in enumerate(ids):
+        repeated = rows[i, row % PASSES] + REPEAT_INTERVAL * ((row // PASSES) % m)
         holes = int(first_b[i]) - int(np.searchsorted(repeated, first_b[i]))
-        code = ids[horizon + 1 :] % PASSES
         for chunk in (F0, F1):
-            beyond = np.flatnonzero(code == chunk)
-            if len(beyond) <= holes:
+            holding = _cut_holding(row, horizon, holes, chunk, block[i], m)
+            if holding is None:
                 return None
-            cut = max(cut, int(repeated[horizon + 1 + beyond[holes]]) + 1)
+            cut = max(cut, holding)
     return cut
+
+
+def _cut_holding(
+    row: np.ndarray, horizon: int, count: int, chunk: int, cells: list[int], m: int
+) -> int | None:
+    """A cut of the repeated block that holds ``count`` + 1 forwards of ``chunk`` of a
+    device's order ``row`` past position ``horizon`` (the cell after the last one's);
+    None when the order has no more than ``count`` of them there. ``cells``: the device's
+    cells in the block."""
+    beyond = np.flatnonzero(row[horizon + 1 :] % PASSES == chunk)
+    if len(beyond) <= count:
+        return None
+    g = int(row[horizon + 1 + beyond[count]])
+    return cells[chunk] + REPEAT_INTERVAL * ((g // PASSES) % m) + 1
 
 
 def _fill_before(
     orders: list[list[int]],
-    ids_of: list[np.ndarray],
+    ids: np.ndarray,
     m: int,
     block: list[list[int]],
     cut: int | None,
@@ -372,11 +376,10 @@ def _fill_before(
     them for None); when the scan could reach a forward past it, the cut that holds every
     one it can reach instead (None: no cut)."""
     d = len(orders)
-    ids = np.array(ids_of)  # (devices, 6 m): one row per device, all at once below
     code = ids % PASSES
     # The peak of a squeezed order is its order's (levels rise only at forwards, and a
     # forward's cell sees the forwards and Ws before it in the order): :func:`order_peaks`.
-    peak = _order_peaks(ids)
+    peak = order_peaks(ids)
     kept = np.full(d, ids.shape[1], np.int64)
     if cut is not None:
         rows = np.asarray(block, dtype=np.int64)
@@ -436,18 +439,16 @@ def _fill_before(
         # earliest of its chunk past the horizon each time (and leaving no hole before the
         # first B): with more of them kept than holes, every one the scan can take is kept.
         needed = cut
-        for device, ids in enumerate(ids_of):
+        for device, row in enumerate(ids):
             for chunk, chunk_cells in zip((F0, F1), forwards[device], strict=True):
                 if len(chunk_cells) - bisect_right(chunk_cells, horizon) > holes[device]:
                     continue
                 # Passes at positions past the horizon are squeezed past it (one cell a
                 # pass): the cut must hold holes + 1 forwards of the chunk there.
-                beyond = np.flatnonzero(ids[horizon + 1 :] % PASSES == chunk)
-                if len(beyond) <= holes[device]:
+                holding = _cut_holding(row, horizon, holes[device], chunk, block[device], m)
+                if holding is None:
                     return None
-                g = int(ids[horizon + 1 + beyond[holes[device]]])
-                repeated = block[device][chunk] + REPEAT_INTERVAL * ((g // PASSES) % m)
-                needed = max(needed, repeated + 1)
+                needed = max(needed, holding)
         if needed > cut:
             return needed
     for t in range(horizon):
@@ -487,15 +488,6 @@ def _fill_before(
         list(map(cells.__getitem__, sorted(cells))) + order[k:]
         for cells, order, k in zip(cell_of, orders, kept, strict=True)
     ]
-
-
-def _order_peaks(ids: np.ndarray) -> list[int]:
-    """:func:`order_peaks` of orders of pass ids of one length (a row each), with NumPy."""
-    code = ids % PASSES
-    forward = code <= F1
-    weight = (code >= W0).astype(np.int64)
-    level = np.cumsum(forward, axis=1) - (np.cumsum(weight, axis=1) - weight)
-    return np.where(forward, level, 0).max(axis=1, initial=0).tolist()  # type: ignore[no-any-return]
 
 
 def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:

@@ -200,8 +200,8 @@ def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, mon
     cuts: list[int] = []
     widened: list[int] = []
 
-    def spy(orders, ids_of, m, block, cut):
-        filled = fill(orders, ids_of, m, block, cut)
+    def spy(orders, ids, m, block, cut):
+        filled = fill(orders, ids, m, block, cut)
         if cut is not None:
             (cuts if isinstance(filled, list) else widened).append(cut)
         return filled
@@ -209,7 +209,7 @@ def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, mon
     monkeypatch.setattr(_vframe, "_fill_before", spy)
     for cells in blocks:
         orders = _vframe.repeat(cells, m)
-        whole = fill(orders, [np.asarray(order) for order in orders], m, cells, None)
+        whole = fill(orders, np.asarray(orders), m, cells, None)
         assert _vframe._fill_warmup(orders, m, cells) == whole
     assert len(cuts) > len(blocks) / 2
     assert widened
