@@ -14,9 +14,13 @@ that the plan is still stored (:func:`still_stored`). What that costs and buys:
 - a plan deleted by another process may be served here for as long as the notice takes to
   arrive (sub-millisecond on a healthy server; the notice is sent at commit, the deleting
   client's DELETE answers after it);
-- a lost connection makes the feed not live at once; one that stops answering is noticed
-  within :data:`SILENT_AFTER_S` (a heartbeat every second), after which reads check the
-  database again;
+- the feed proves it hears: every second it sends a probe notice on the channel itself and
+  is live only while its own probe came back within :data:`SILENT_AFTER_S`. PostgreSQL
+  delivers a listener's notices in commit order, so when a probe sent at time T is back,
+  every deletion committed before T has been forgotten. A lost connection makes the feed
+  not live at once; a silent one within that bound; a connection on which LISTEN cannot
+  work (a pooler such as PgBouncer in transaction mode) never goes live. Reads then check
+  the database;
 - when the feed (re)connects, everything cached is forgotten before it goes live again:
   deletions made while it was not listening were not heard.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from sqlalchemy import select
@@ -38,8 +43,10 @@ __all__ = ["CHANNEL", "SILENT_AFTER_S", "DeletionFeed", "plan_exists", "still_st
 log = logging.getLogger("stagewright.deletions")
 
 CHANNEL = "stagewright_plan_deleted"  # also in migrations/versions/0006
+_LISTEN = f"LISTEN {CHANNEL}"
+_PROBE = "probe:"  # a probe's payload starts so; a deleted plan's is its id (hex)
 HEARTBEAT_S = 1.0
-# Not live when nothing was heard from the server for this long: longer than the pauses a
+# Not live when no probe sent within this long has come back: longer than the pauses a
 # loaded server shows (up to 1.4 s seen on this project's load benchmark), short enough that
 # a stalled feed is not trusted for long.
 SILENT_AFTER_S = 5.0
@@ -60,7 +67,7 @@ class DeletionFeed:
 
     @property
     def live(self) -> bool:
-        """Listening, and heard from the server within :data:`SILENT_AFTER_S`."""
+        """Listening, and its last probe back was sent within :data:`SILENT_AFTER_S`."""
         heard = self._heard_at
         return heard is not None and time.monotonic() - heard < SILENT_AFTER_S
 
@@ -83,16 +90,18 @@ class DeletionFeed:
         while not self._stopping.is_set():
             try:
                 with self._database.dedicated_connection("stagewright plan deletions") as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(_LISTEN)
                     # Deletions made while not listening were not heard.
                     self._forget(None)
-                    self._heard_at = time.monotonic()
                     wait = _RETRY_S[0]
                     while not self._stopping.is_set():
+                        probe, sent_at = f"{_PROBE}{uuid.uuid4().hex}", time.monotonic()
+                        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, probe))
                         for notice in conn.notifies(timeout=HEARTBEAT_S):
-                            self._forget(notice.payload)
-                        conn.execute("SELECT 1")  # still answering?
-                        self._heard_at = time.monotonic()
+                            if notice.payload == probe:
+                                self._heard_at = sent_at
+                            elif not notice.payload.startswith(_PROBE):  # not another's
+                                self._forget(notice.payload)
             except Exception as exc:
                 self._heard_at = None
                 if self._stopping.is_set():

@@ -179,6 +179,30 @@ def test_a_feed_that_lost_its_connection_forgets_everything_and_listens_again(
     assert wait_until(lambda: client.get(location).status_code == 404, NOTICE_BOUND_S)
 
 
+def test_a_feed_that_does_not_hear_its_own_probe_never_goes_live(
+    database_url, make_client, monkeypatch
+):
+    """As behind a pooler on which LISTEN cannot work (PgBouncer in transaction mode): the
+    connection answers, but notices sent on the channel never arrive. Cached reads then
+    check the database, and a deletion elsewhere is seen at once."""
+    _postgres_only(database_url)
+    monkeypatch.setattr(plan_deletions, "_LISTEN", "LISTEN stagewright_somewhere_else")
+    client = make_client(planner=real_plan)
+    state = client.app.state.stagewright
+    created = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert created.status_code == 201
+    location, plan_id = created.headers["location"], created.json()["id"]
+    time.sleep(3 * plan_deletions.HEARTBEAT_S)  # three probes sent, none heard
+    assert not state.deletions.live
+    assert "stagewright_plan_deletions_heard 0" in client.get("/metrics").text
+    assert state.plans.get(plan_id, False) is not None
+    with _statements(state.database.engine) as sent:
+        assert client.get(location).status_code == 200
+    assert any(s.startswith("SELECT plans.id") for s in sent)  # checked
+    _delete_elsewhere(database_url, plan_id)
+    assert_problem(client.get(location), 404, plan_id)
+
+
 def test_a_silent_feed_is_not_trusted_after_a_bound(postgres_schema, monkeypatch):
     from tests.integration.conftest import migrate_with_profiles, schema_url
 
