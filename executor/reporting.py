@@ -104,6 +104,7 @@ def _verification(config: ExecutorConfig, ranks: list[dict[str, Any]]) -> Verifi
         tolerance=checks[0]["tolerance"],
         checked=sum(c["checked"] for c in checks),
         max_error=max(c["max_error"] for c in checks),
+        largest_share=max(c["largest_share"] for c in checks),
         mismatches=mismatches,
     )
 
@@ -164,7 +165,12 @@ def describe(report: RunReport) -> str:
         head = (
             f"verify: {'passed' if check.passed else 'FAILED'} ({check.compared}; "
             f"{check.checked} tensors vs a single-process reference in {check.precision}; "
-            f"largest error {check.max_error:.2e}, tolerance {check.tolerance:.2e})"
+            f"largest error {check.max_error:.2e}, tolerance {check.tolerance:.2e}"
+            + (
+                f"; the closest to its tensor's tolerance is {check.largest_share:.0%} of it)"
+                if check.largest_share is not None
+                else ")"
+            )
         )
         lines.append(head)
         for m in check.mismatches[:20]:

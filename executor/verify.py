@@ -99,6 +99,7 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
             for k, (a, b) in enumerate(zip(mine, ref, strict=True)):
                 error = abs(a - b) / max(abs(b), _FLOOR)
                 errors.append((runner.last_stage, f"loss of micro-batch {k}", "loss", error, None))
+    shares = [error / tolerances.get((s, name), tolerance) for s, name, _, error, _ in errors]
     mismatches = [
         Mismatch(
             rank=rank,
@@ -115,6 +116,8 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
     return {
         "checked": len(errors),
         "max_error": max((e[3] for e in errors), default=0.0),
+        # NaN compares false: a NaN error makes the share infinite (it is a mismatch too).
+        "largest_share": max((x if x == x else float("inf") for x in shares), default=0.0),
         "mismatches": mismatches,
         "compared": (
             "weights of the newest version after the run vs the PipeDream-2BW rule "

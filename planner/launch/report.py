@@ -93,6 +93,12 @@ class Verification(_Spec):
     tolerance: float = Field(description="Largest relative error accepted for this precision.")
     checked: int = Field(description="Tensors compared, over all ranks.")
     max_error: float
+    largest_share: float | None = Field(
+        default=None,
+        description="The largest error as a share of its own tensor's tolerance (at most 1 "
+        "when passed; tolerances of stale-weight runs are raised per weight to the rounding "
+        "noise, so this, not max_error against tolerance, says how close the run came).",
+    )
     mismatches: list[Mismatch]
 
 
