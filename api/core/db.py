@@ -62,6 +62,7 @@ _POOL_TIMEOUT_S = 5
 _POOL_MARGIN = 4
 _DEFAULT_CONNECTIONS = 5
 _PING_AFTER_S = 1.0
+_TCP_USER_TIMEOUT_MS = 10_000
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -352,6 +353,9 @@ class Database:
         cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
         cparams.update(_postgres_options(self.url, None))
         cparams.setdefault("application_name", application_name)
+        # A statement whose bytes the server stops acknowledging fails after this, rather
+        # than when TCP gives up (many minutes): keepalives only cover an idle connection.
+        cparams.setdefault("tcp_user_timeout", _TCP_USER_TIMEOUT_MS)
         return psycopg.connect(*cargs, autocommit=True, **cparams)
 
     def ping(self) -> None:

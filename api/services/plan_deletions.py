@@ -9,18 +9,19 @@ a thread of its own, and hands each deleted plan's id to ``forget``.
 
 While the feed is :attr:`~DeletionFeed.live` a cached answer is served without asking the
 database; otherwise (SQLite, the feed's connection lost or silent) each cached read checks
-that the plan is still stored (:func:`still_stored`). What that costs and buys:
+that the plan is still stored (:func:`plan_exists`). What that costs and buys:
 
 - a plan deleted by another process may be served here for as long as the notice takes to
   arrive (sub-millisecond on a healthy server; the notice is sent at commit, the deleting
   client's DELETE answers after it);
-- the feed proves it hears: every second it sends a probe notice on the channel itself and
-  is live only while its own probe came back within :data:`SILENT_AFTER_S`. PostgreSQL
-  delivers a listener's notices in commit order, so when a probe sent at time T is back,
-  every deletion committed before T has been forgotten. A lost connection makes the feed
-  not live at once; a silent one within that bound; a connection on which LISTEN cannot
-  work (a pooler such as PgBouncer in transaction mode) never goes live. Reads then check
-  the database;
+- the feed proves it hears: every second it sends a probe notice on the channel (every
+  process sees the others' probes and ignores them) and is live only while one of its own
+  probes sent within :data:`SILENT_AFTER_S` has come back. PostgreSQL delivers a
+  listener's notices in commit order, so when a probe sent at time T is back, every
+  deletion committed before T has been forgotten. A lost connection makes the feed not
+  live at once, a silent one within that bound; through a connection pooler (the server
+  process answering is not the one connected to) it never goes live. Reads then check the
+  database;
 - when the feed (re)connects, everything cached is forgotten before it goes live again:
   deletions made while it was not listening were not heard.
 """
@@ -32,19 +33,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import select
 
 from api.core.db import Database
 from api.store.models import PlanRecord
 
-__all__ = ["CHANNEL", "SILENT_AFTER_S", "DeletionFeed", "plan_exists", "still_stored"]
+__all__ = ["CHANNEL", "SILENT_AFTER_S", "DeletionFeed", "plan_exists"]
 
 log = logging.getLogger("stagewright.deletions")
 
 CHANNEL = "stagewright_plan_deleted"  # also in migrations/versions/0006
 _LISTEN = f"LISTEN {CHANNEL}"
 _PROBE = "probe:"  # a probe's payload starts so; a deleted plan's is its id (hex)
+_EVERY_PLAN = "*"  # TRUNCATE plans
 HEARTBEAT_S = 1.0
 # Not live when no probe sent within this long has come back: longer than the pauses a
 # loaded server shows (up to 1.4 s seen on this project's load benchmark), short enough that
@@ -87,40 +90,61 @@ class DeletionFeed:
 
     def _listen(self) -> None:
         wait = _RETRY_S[0]
+        reported = ""
         while not self._stopping.is_set():
             try:
                 with self._database.dedicated_connection("stagewright plan deletions") as conn:
-                    conn.execute(_LISTEN)
-                    # Deletions made while not listening were not heard.
-                    self._forget(None)
                     wait = _RETRY_S[0]
-                    while not self._stopping.is_set():
-                        probe, sent_at = f"{_PROBE}{uuid.uuid4().hex}", time.monotonic()
-                        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, probe))
-                        for notice in conn.notifies(timeout=HEARTBEAT_S):
-                            if notice.payload == probe:
-                                self._heard_at = sent_at
-                            elif not notice.payload.startswith(_PROBE):  # not another's
-                                self._forget(notice.payload)
+                    self._hear(conn)
             except Exception as exc:
                 self._heard_at = None
                 if self._stopping.is_set():
                     return
-                log.warning(
-                    "not listening for plan deletions (%s); cached plans are checked against "
-                    "the database until it reconnects (in %.1f s)",
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                    wait,
-                )
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if reason != reported:  # once per cause, not every retry
+                    log.warning(
+                        "not listening for plan deletions (%s); cached plans are checked "
+                        "against the database meanwhile",
+                        reason,
+                    )
+                    reported = reason
                 self._stopping.wait(wait)
                 wait = min(2 * wait, _RETRY_S[1])
         self._heard_at = None
 
-
-def still_stored(database: Database, feed: DeletionFeed, plan_id: str) -> bool:
-    """Whether a plan whose answer is cached here may be served: yes while the feed is
-    live (a deletion would have been forgotten), else one primary-key lookup."""
-    return feed.live or plan_exists(database, plan_id)
+    def _hear(self, conn: Any) -> None:
+        """LISTEN on ``conn``, then probe and apply what it hears until stopped; raises when
+        the connection fails or does not reach one server process."""
+        conn.execute(_LISTEN)
+        self._forget(None)  # deletions made while not listening were not heard
+        connected_to = conn.info.backend_pid
+        sent: dict[str, float] = {}  # probes not back yet -> when each was sent
+        while not self._stopping.is_set():
+            probe, sent_at = f"{_PROBE}{uuid.uuid4().hex}", time.monotonic()
+            row = conn.execute(
+                "SELECT pg_backend_pid(), pg_notify(%s, %s)", (CHANNEL, probe)
+            ).fetchone()
+            if row[0] != connected_to:
+                # A pooler between (PgBouncer): notices reach whichever client holds the
+                # server process that LISTENed, so hearing cannot be trusted.
+                raise ConnectionError(
+                    "the connection goes through a pooler (server process "
+                    f"{row[0]} answered, {connected_to} was connected to); the feed needs a "
+                    "direct connection to PostgreSQL"
+                )
+            sent[probe] = sent_at
+            for notice in conn.notifies(timeout=HEARTBEAT_S):
+                payload = notice.payload
+                if payload in sent:
+                    # Notices arrive in commit order: every deletion committed before this
+                    # probe was sent has been applied (a late probe counts as well).
+                    self._heard_at = max(self._heard_at or 0.0, sent.pop(payload))
+                elif payload == _EVERY_PLAN:
+                    self._forget(None)
+                elif not payload.startswith(_PROBE):  # another process's probe: ignored
+                    self._forget(payload)
+            stale = time.monotonic() - SILENT_AFTER_S
+            sent = {p: at for p, at in sent.items() if at >= stale}
 
 
 def plan_exists(database: Database, plan_id: str) -> bool:

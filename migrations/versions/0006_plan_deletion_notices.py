@@ -1,9 +1,11 @@
 """PostgreSQL tells every listening server process when a plan row is deleted.
 
 A trigger sends ``NOTIFY stagewright_plan_deleted, '<plan id>'`` for each deleted plan,
-whoever deletes it (the service, a script, an operator in psql). Notices are delivered
-when the deleting transaction commits, never for one rolled back. Server processes keep
-done plans' answers in memory and drop them on the notice
+whoever deletes it (the service, a script, an operator in psql), and ``'*'`` when the table
+is truncated. Notices are delivered when the deleting transaction commits, never for one
+rolled back. Triggers do not fire while disabled (``ALTER TABLE ... DISABLE TRIGGER``,
+``session_replication_role = replica``): restart the servers after deleting plans so.
+Server processes keep done plans' answers in memory and drop them on the notice
 (:mod:`api.services.plan_deletions`), so a cached read needs no database round trip.
 SQLite has no notices: nothing to do there (its reads check the file instead).
 
@@ -37,6 +39,18 @@ _TRIGGER = """
 CREATE TRIGGER plans_notify_deleted AFTER DELETE ON plans
 FOR EACH ROW EXECUTE FUNCTION stagewright_plan_deleted()
 """
+_TRUNCATE_FUNCTION = """
+CREATE OR REPLACE FUNCTION stagewright_plans_truncated() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_notify('stagewright_plan_deleted', '*');
+    RETURN NULL;
+END
+$$ LANGUAGE plpgsql
+"""
+_TRUNCATE_TRIGGER = """
+CREATE TRIGGER plans_notify_truncated AFTER TRUNCATE ON plans
+FOR EACH STATEMENT EXECUTE FUNCTION stagewright_plans_truncated()
+"""
 
 
 def _postgresql() -> bool:
@@ -45,11 +59,13 @@ def _postgresql() -> bool:
 
 def upgrade() -> None:
     if _postgresql():
-        op.execute(_FUNCTION)
-        op.execute(_TRIGGER)
+        for statement in (_FUNCTION, _TRIGGER, _TRUNCATE_FUNCTION, _TRUNCATE_TRIGGER):
+            op.execute(statement)
 
 
 def downgrade() -> None:
     if _postgresql():
+        op.execute("DROP TRIGGER IF EXISTS plans_notify_truncated ON plans")
+        op.execute("DROP FUNCTION IF EXISTS stagewright_plans_truncated()")
         op.execute("DROP TRIGGER IF EXISTS plans_notify_deleted ON plans")
         op.execute("DROP FUNCTION IF EXISTS stagewright_plan_deleted()")

@@ -106,7 +106,8 @@ def test_a_database_that_stops_answering_gives_clean_503s(pg_schema):
             started = time.monotonic()
             cached = client.get(location)
             assert cached.status_code == 200 and cached.json()["status"] == "done"
-            assert time.monotonic() - started < 0.5
+            # Not after the watchdog cut a connection waiting on the silent database.
+            assert time.monotonic() - started < BOUNDS["db_operation_timeout_s"]
             calls = {
                 "read plan": lambda: client.get(rejected),
                 "list hardware": lambda: client.get("/v1/hardware"),

@@ -1,6 +1,7 @@
 """Done plans are answered from a per-process cache of their JSON, never after they are
 gone: a plan deleted by another server process (here: straight in the database, as another
-process's DELETE does it) is 404 here too, on SQLite and PostgreSQL."""
+process's DELETE does it) is 404 here too, on SQLite and PostgreSQL (there as soon as the
+deletion's notice arrives: test_plan_deletions.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from typing import Any
 from api.core.db import Database
 from api.store import crud
 from planner.plan import plan as real_plan
-from tests.integration.conftest import assert_problem, example, wait_done
+from tests.integration.conftest import assert_problem, example, wait_done, wait_until
 
 
 def test_a_cached_plan_deleted_by_another_process_is_404(make_client, database_url):
     client = make_client(planner=real_plan)
+    state = client.app.state.stagewright
+    if state.database.dialect == "postgresql":  # going live forgets what was cached before
+        assert wait_until(lambda: state.deletions.live)
     created = client.post("/v1/plans", json=example("tiny-cpu"))
     assert created.status_code == 201
     location, plan_id = created.headers["location"], created.json()["id"]
@@ -33,6 +37,7 @@ def test_a_cached_plan_deleted_by_another_process_is_404(make_client, database_u
             assert crud.delete_plan(session=session, plan_id=plan_id)
     finally:
         other.dispose()
+    assert wait_until(lambda: client.get(location).status_code == 404, 2.0)
     assert_problem(client.get(location), 404, plan_id)
     assert cache.get(plan_id, False) is None
     # The same request is searched again: a new plan, not the deleted one from the cache.

@@ -118,6 +118,59 @@ def _postgres_only(database_url: str) -> None:
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite checks every read")
 
 
+def test_an_answer_read_before_a_deletion_is_not_cached_after_it(
+    make_client, database_url, monkeypatch
+):
+    """The deletion is applied here while a reader is between loading the plan and caching
+    what it loaded: the reader answers (the plan existed when read) but caches nothing."""
+    from api.services import plans, timelines
+
+    client = make_client(planner=real_plan)
+    state = client.app.state.stagewright
+    if state.database.dialect == "postgresql":
+        assert wait_until(lambda: state.deletions.live)
+    created = client.post("/v1/plans?include_rejected=false", json=example("tiny-cpu"))
+    location, plan_id = created.headers["location"], created.json()["id"]
+    state.forget_plan(None)  # nothing cached: the next reads load the plan
+    load_plan, compute = plans.load_plan, timelines._compute
+
+    def load_then_forgotten(session: Any, wanted: str) -> Any:
+        record = load_plan(session, wanted)
+        state.forget_plan(wanted)  # as the feed does when the notice arrives
+        return record
+
+    def compute_then_forgotten(app_state: Any, wanted: str, candidate: int) -> Any:
+        timeline = compute(app_state, wanted, candidate)
+        state.forget_plan(wanted)
+        return timeline
+
+    monkeypatch.setattr(plans, "load_plan", load_then_forgotten)
+    monkeypatch.setattr(timelines, "_compute", compute_then_forgotten)
+    assert client.get(location).status_code == 200
+    assert client.get(f"{location}/timeline").status_code == 200
+    assert state.plans.get(plan_id, False) is None
+    assert state.timelines.get(plan_id, 0) is None
+    monkeypatch.undo()  # read again, nothing in between: cached
+    assert client.get(location).status_code == 200
+    assert state.plans.get(plan_id, False) is not None
+
+
+def test_truncating_the_plans_forgets_every_cached_plan(make_client, database_url):
+    _postgres_only(database_url)
+    client = make_client(planner=real_plan)
+    state = client.app.state.stagewright
+    location, plan_id = _cached_plan(client)
+    other = Database(database_url)
+    try:
+        with other.session() as session:
+            session.execute(text("TRUNCATE plans CASCADE"))
+            session.commit()
+    finally:
+        other.dispose()
+    assert wait_until(lambda: state.plans.get(plan_id, False) is None, NOTICE_BOUND_S)
+    assert_problem(client.get(location), 404, plan_id)
+
+
 def test_a_rolled_back_delete_forgets_nothing(make_client, database_url):
     _postgres_only(database_url)
     client = make_client(planner=real_plan)
@@ -201,6 +254,37 @@ def test_a_feed_that_does_not_hear_its_own_probe_never_goes_live(
     assert any(s.startswith("SELECT plans.id") for s in sent)  # checked
     _delete_elsewhere(database_url, plan_id)
     assert_problem(client.get(location), 404, plan_id)
+
+
+class _BehindAPooler:
+    """A psycopg connection as a pooler hands it out: the server process it reports at
+    connect (the pooler's own key) is not the one answering."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.info = type("Info", (), {"backend_pid": -1})()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __enter__(self) -> _BehindAPooler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._conn.close()
+
+
+def test_a_feed_through_a_pooler_never_goes_live(database_url, make_client, monkeypatch):
+    _postgres_only(database_url)
+    direct = Database.dedicated_connection
+    monkeypatch.setattr(
+        Database,
+        "dedicated_connection",
+        lambda self, name: _BehindAPooler(direct(self, name)),
+    )
+    client = make_client(planner=real_plan)
+    time.sleep(3 * plan_deletions.HEARTBEAT_S)
+    assert not client.app.state.stagewright.deletions.live
 
 
 def test_a_silent_feed_is_not_trusted_after_a_bound(postgres_schema, monkeypatch):
