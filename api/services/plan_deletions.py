@@ -12,8 +12,9 @@ database; otherwise (SQLite, the feed's connection lost or silent) each cached r
 that the plan is still stored (:func:`plan_exists`). What that costs and buys:
 
 - a plan deleted by another process may be served here for as long as the notice takes to
-  arrive (sub-millisecond on a healthy server; the notice is sent at commit, the deleting
-  client's DELETE answers after it);
+  arrive (milliseconds on a healthy server; the notice is sent at commit, the deleting
+  client's DELETE answers after it), and up to :data:`SILENT_AFTER_S` if the feed's
+  connection stalls unnoticed;
 - the feed proves it hears: every second it sends a probe notice on the channel (every
   process sees the others' probes and ignores them) and is live only while one of its own
   probes sent within :data:`SILENT_AFTER_S` has come back. PostgreSQL delivers a

@@ -53,13 +53,19 @@ def _statements(engine: Engine) -> Iterator[list[str]]:
         event.remove(engine, "before_cursor_execute", record)
 
 
-def _delete_elsewhere(url: str, plan_id: str) -> None:
+@contextmanager
+def _another_process(url: str) -> Iterator[Database]:
+    """The database as another server process (or an operator) reaches it."""
     other = Database(url)
     try:
-        with other.session(write=True) as session:
-            assert crud.delete_plan(session=session, plan_id=plan_id)  # commits
+        yield other
     finally:
         other.dispose()
+
+
+def _delete_elsewhere(url: str, plan_id: str) -> None:
+    with _another_process(url) as other, other.session(write=True) as session:
+        assert crud.delete_plan(session=session, plan_id=plan_id)  # commits
 
 
 def _cached_plan(client: TestClient) -> tuple[str, str]:
@@ -160,13 +166,9 @@ def test_truncating_the_plans_forgets_every_cached_plan(make_client, database_ur
     client = make_client(planner=real_plan)
     state = client.app.state.stagewright
     location, plan_id = _cached_plan(client)
-    other = Database(database_url)
-    try:
-        with other.session() as session:
-            session.execute(text("TRUNCATE plans CASCADE"))
-            session.commit()
-    finally:
-        other.dispose()
+    with _another_process(database_url) as other, other.session() as session:
+        session.execute(text("TRUNCATE plans CASCADE"))
+        session.commit()
     assert wait_until(lambda: state.plans.get(plan_id, False) is None, NOTICE_BOUND_S)
     assert_problem(client.get(location), 404, plan_id)
 
@@ -176,34 +178,26 @@ def test_a_rolled_back_delete_forgets_nothing(make_client, database_url):
     client = make_client(planner=real_plan)
     state = client.app.state.stagewright
     location, plan_id = _cached_plan(client)
-    assert wait_until(lambda: state.deletions.live)
-    other = Database(database_url)
-    try:
-        with other.session(write=True) as session:
-            gone = session.execute(delete(PlanRecord).where(PlanRecord.id == plan_id))
-            assert gone.rowcount == 1  # type: ignore[attr-defined]
-            session.rollback()
-    finally:
-        other.dispose()
+    with _another_process(database_url) as other, other.session(write=True) as session:
+        gone = session.execute(delete(PlanRecord).where(PlanRecord.id == plan_id))
+        assert gone.rowcount == 1  # type: ignore[attr-defined]
+        session.rollback()
     time.sleep(0.3)  # a notice, had one been sent, would have arrived
     assert state.plans.get(plan_id, False) is not None
     assert client.get(location).status_code == 200
 
 
-def _listener_pids(url: str) -> list[int]:
-    database = Database(url)
-    try:
-        with database.engine.connect() as conn:
-            rows = conn.execute(
-                text(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = :name "
-                    "AND pid <> pg_backend_pid()"
-                ),
-                {"name": "stagewright plan deletions"},
-            )
-            return [int(row[0]) for row in rows]
-    finally:
-        database.dispose()
+def _terminate_listeners(url: str) -> int:
+    """pg_terminate_backend on every listening connection; how many there were."""
+    with _another_process(url) as admin, admin.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = :name AND pid <> pg_backend_pid()"
+            ),
+            {"name": "stagewright plan deletions"},
+        )
+        return len(rows.all())
 
 
 def test_a_feed_that_lost_its_connection_forgets_everything_and_listens_again(
@@ -213,16 +207,7 @@ def test_a_feed_that_lost_its_connection_forgets_everything_and_listens_again(
     client = make_client(planner=real_plan)
     state = client.app.state.stagewright
     location, plan_id = _cached_plan(client)
-    assert wait_until(lambda: state.deletions.live)
-    pids = _listener_pids(database_url)
-    assert pids, "no listening connection in pg_stat_activity"
-    admin = Database(database_url)
-    try:
-        with admin.engine.connect() as conn:
-            for pid in pids:
-                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-    finally:
-        admin.dispose()
+    assert _terminate_listeners(database_url) >= 1, "no listening connection"
     assert wait_until(lambda: not state.deletions.live, 2.0)
     assert wait_until(lambda: state.deletions.live, 10.0)  # reconnected
     # Deletions made while it was not listening were not heard: everything was forgotten.
