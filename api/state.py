@@ -23,7 +23,7 @@ from api.metrics import Metrics
 from api.problems import server_busy
 from api.services.cache import PerPlanCache
 from api.services.health import HealthProbe
-from api.services.plan_deletions import DeletionFeed
+from api.services.plan_deletions import DeletionFeed, plan_exists
 from api.services.timelines import timeline_weight
 
 __all__ = ["AppState", "offload"]
@@ -32,6 +32,8 @@ _TIMELINE_ACTIONS = 1_000_000  # actions kept over every cached timeline of one 
 
 P = ParamSpec("P")
 T = TypeVar("T")
+D = TypeVar("D")
+V = TypeVar("V")
 
 
 @dataclass
@@ -56,6 +58,16 @@ class AppState:
         self.timelines = PerPlanCache(_TIMELINE_ACTIONS, timeline_weight)
         self.plans = PerPlanCache(self.settings.plan_cache_mb * 1024 * 1024, len)
         self.deletions = DeletionFeed(self.database, self.forget_plan)
+
+    def cached(self, cache: PerPlanCache[D, V], plan_id: str, detail: D) -> V | None:
+        """What ``cache`` holds for the plan, if the plan is still stored: known while the
+        deletion feed is live, else asked of the database (a gone plan is forgotten)."""
+        heard = self.deletions.live  # before the lookup: the entry is no older than this
+        value = cache.get(plan_id, detail)
+        if value is not None and not heard and not plan_exists(self.database, plan_id):
+            self.forget_plan(plan_id)
+            return None
+        return value
 
     def forget_plan(self, plan_id: str | None) -> None:
         """Drop what the caches hold of a deleted plan (of every plan: None)."""

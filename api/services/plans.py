@@ -25,7 +25,6 @@ from api.limits import check_plan_request
 from api.schemas import HARDWARE_NAME_PATTERN, PlanList, PlanSummary
 from api.security import Principal
 from api.services import read_retried
-from api.services.plan_deletions import plan_exists
 from api.store import crud
 from api.store.models import PlanRecord
 from api.store.snapshots import snapshot_current
@@ -233,13 +232,9 @@ def _cached(
 ) -> PlanAnswer | None:
     """The answer from this process's cache of done plans, if the plan is there and still
     stored (it may have been deleted by another process: :mod:`api.services.plan_deletions`)."""
-    heard = state.deletions.live  # before the lookup: the entry is no older than this
-    body = state.plans.get(plan_id, include_rejected)
+    body = state.cached(state.plans, plan_id, include_rejected)
     if body is None:
         return None
-    if not heard and not plan_exists(state.database, plan_id):
-        state.forget_plan(plan_id)
-        raise problems.plan_not_found(plan_id)
     headers = {"Location": f"/v1/plans/{plan_id}"}
     if cache is not None:
         headers["Stagewright-Cache"] = cache

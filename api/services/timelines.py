@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session
 
 from api import problems
-from api.services.plan_deletions import plan_exists
 from api.services.plans import load_done_plan, ranked_candidate
 from api.store.snapshots import find_snapshot
 from planner.errors import StagewrightError
@@ -58,12 +57,8 @@ def plan_timeline(
 ) -> dict[str, Any]:
     """The timeline of candidate ``candidate`` (0 = best) of a done plan, windowed (the
     actions only: each device's stages, memory and memory curve come whole)."""
-    heard = state.deletions.live  # before the lookup: the entry is no older than this
-    timeline = state.timelines.get(plan_id, candidate)
-    if timeline is not None and not heard and not plan_exists(state.database, plan_id):
-        state.forget_plan(plan_id)
-        timeline = None  # deleted by another process: _compute answers 404
-    if timeline is None:
+    timeline = state.cached(state.timelines, plan_id, candidate)
+    if timeline is None:  # (a plan deleted meanwhile: _compute answers 404)
         since = state.timelines.generation
         timeline = _compute(state, plan_id, candidate)
         state.timelines.put(plan_id, candidate, timeline, since=since)
