@@ -161,12 +161,17 @@ AppFactory = Callable[..., TestClient]
 
 @pytest.fixture
 def make_client(database_url: str) -> Iterator[AppFactory]:
-    """make_client(planner=None, **settings) -> a started TestClient (httpx) on a reset store."""
+    """make_client(planner=None, search_function=None, **settings) -> a started TestClient
+    (httpx) on a reset store; without ``planner``, searches run in search processes calling
+    ``search_function`` (``module:name``; default: the planner)."""
     reset(database_url)
     clients: list[TestClient] = []
 
-    def make(planner: Planner | None = None, **overrides: Any) -> TestClient:
-        app = create_app(settings_for(database_url, **overrides), planner=planner)
+    def make(
+        planner: Planner | None = None, search_function: str | None = None, **overrides: Any
+    ) -> TestClient:
+        more = {} if search_function is None else {"search_function": search_function}
+        app = create_app(settings_for(database_url, **overrides), planner=planner, **more)
         client = TestClient(app, raise_server_exceptions=False)
         client.__enter__()
         clients.append(client)

@@ -1,0 +1,69 @@
+"""A search that runs too long, takes too much memory or dies is failed with the reason
+and is not retried into a crash loop (issue 16, the 345-byte request that took the server
+down 3 times): searches run in search processes with a wall-clock and a memory limit, the
+server stays up, and the next search gets a new process.
+
+The misbehaving searches are in ``_searches.py``; the planner's own requests are the tiny
+CPU example."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import select
+
+from api.core.db import Database
+from api.store.models import Job
+from tests.integration.conftest import assert_problem, example, wait_until
+
+SEARCHES = "tests.reliability._searches"
+
+
+def _job_of(database_url: str, plan_id: str) -> tuple[str, int]:
+    database = Database(database_url)
+    try:
+        with database.session() as session:
+            job = session.scalars(select(Job).where(Job.plan_id == plan_id)).one()
+            return job.status, job.attempts
+    finally:
+        database.dispose()
+
+
+@pytest.mark.parametrize(
+    ("function", "limits", "reason"),
+    [
+        ("endless", {"job_timeout_s": 2.0}, "took longer than this server's limit of 2 s"),
+        ("hoarding", {"job_memory_mb": 1024}, "memory limit of 1,024 MB"),
+        ("killed", {}, "killed by signal SIGKILL; it may have run out of memory"),
+    ],
+)
+def test_a_search_over_its_limits_fails_once_with_the_reason(
+    make_client, database_url, function, limits, reason
+):
+    client = make_client(search_function=f"{SEARCHES}:{function}", plan_wait_s=30.0, **limits)
+    started = time.monotonic()
+    answer = client.post("/v1/plans", json=example("tiny-cpu"))
+    problem = assert_problem(answer, 422, reason)
+    assert problem["type"].endswith("search-limit-exceeded")
+    assert time.monotonic() - started < 25  # the limit stopped it, not the wait
+    plan_id = problem["instance"].rsplit("/", 1)[-1]
+    assert _job_of(database_url, plan_id) == ("failed", 1)
+    # Not put back in the queue: several polls later it is still failed after one attempt.
+    time.sleep(1.0)
+    assert _job_of(database_url, plan_id) == ("failed", 1)
+    assert client.get(f"/v1/plans/{plan_id}").json()["status"] == "failed"
+    assert client.get("/healthz").status_code == 200  # the server is up
+
+
+def test_the_next_search_gets_a_new_process(make_client, database_url):
+    """After a search process was killed at its wall-clock limit, a new one takes the next
+    search (here the same endless function: it too is stopped, by a process of its own)."""
+    client = make_client(search_function=f"{SEARCHES}:endless", plan_wait_s=30.0, job_timeout_s=1.0)
+    first = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert first.status_code == 422
+    request = example("tiny-cpu")
+    request["training"]["global_batch_size"] *= 2  # another request: another search
+    second = client.post("/v1/plans", json=request)
+    assert_problem(second, 422, "took longer than this server's limit of 1 s")
+    assert wait_until(lambda: client.get("/healthz").status_code == 200)
