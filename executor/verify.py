@@ -99,7 +99,7 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
             for k, (a, b) in enumerate(zip(mine, ref, strict=True)):
                 error = abs(a - b) / max(abs(b), _FLOOR)
                 errors.append((runner.last_stage, f"loss of micro-batch {k}", "loss", error, None))
-    shares = [error / tolerances.get((s, name), tolerance) for s, name, _, error, _ in errors]
+    allowed = [tolerances.get((s, name), tolerance) for s, name, *_ in errors]
     mismatches = [
         Mismatch(
             rank=rank,
@@ -108,11 +108,12 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
             kind=kind,
             weight_version=version,
             error=error,
-            tolerance=tolerances.get((s, name), tolerance),
+            tolerance=limit,
         ).model_dump()
-        for s, name, kind, error, version in errors
-        if not error <= tolerances.get((s, name), tolerance)  # NaN is a mismatch too
+        for (s, name, kind, error, version), limit in zip(errors, allowed, strict=True)
+        if not error <= limit  # NaN is a mismatch too
     ]
+    shares = [e[3] / limit for e, limit in zip(errors, allowed, strict=True)]
     return {
         "checked": len(errors),
         "max_error": max((e[3] for e in errors), default=0.0),

@@ -30,27 +30,22 @@ depends_on: str | Sequence[str] | None = None
 _FUNCTION = """
 CREATE OR REPLACE FUNCTION stagewright_plan_deleted() RETURNS trigger AS $$
 BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        PERFORM pg_notify('stagewright_plan_deleted', '*');
+        RETURN NULL;
+    END IF;
     PERFORM pg_notify('stagewright_plan_deleted', OLD.id);
     RETURN OLD;
 END
 $$ LANGUAGE plpgsql
 """
-_TRIGGER = """
-CREATE TRIGGER plans_notify_deleted AFTER DELETE ON plans
-FOR EACH ROW EXECUTE FUNCTION stagewright_plan_deleted()
-"""
-_TRUNCATE_FUNCTION = """
-CREATE OR REPLACE FUNCTION stagewright_plans_truncated() RETURNS trigger AS $$
-BEGIN
-    PERFORM pg_notify('stagewright_plan_deleted', '*');
-    RETURN NULL;
-END
-$$ LANGUAGE plpgsql
-"""
-_TRUNCATE_TRIGGER = """
-CREATE TRIGGER plans_notify_truncated AFTER TRUNCATE ON plans
-FOR EACH STATEMENT EXECUTE FUNCTION stagewright_plans_truncated()
-"""
+# One function for both: a deleted row names its plan, a truncation every plan ('*').
+_TRIGGERS = (
+    """CREATE TRIGGER plans_notify_deleted AFTER DELETE ON plans
+    FOR EACH ROW EXECUTE FUNCTION stagewright_plan_deleted()""",
+    """CREATE TRIGGER plans_notify_truncated AFTER TRUNCATE ON plans
+    FOR EACH STATEMENT EXECUTE FUNCTION stagewright_plan_deleted()""",
+)
 
 
 def _postgresql() -> bool:
@@ -59,13 +54,12 @@ def _postgresql() -> bool:
 
 def upgrade() -> None:
     if _postgresql():
-        for statement in (_FUNCTION, _TRIGGER, _TRUNCATE_FUNCTION, _TRUNCATE_TRIGGER):
+        for statement in (_FUNCTION, *_TRIGGERS):
             op.execute(statement)
 
 
 def downgrade() -> None:
     if _postgresql():
         op.execute("DROP TRIGGER IF EXISTS plans_notify_truncated ON plans")
-        op.execute("DROP FUNCTION IF EXISTS stagewright_plans_truncated()")
         op.execute("DROP TRIGGER IF EXISTS plans_notify_deleted ON plans")
         op.execute("DROP FUNCTION IF EXISTS stagewright_plan_deleted()")

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, delete, text
 from sqlalchemy.engine import make_url
 
-from api.app import create_app
+from api.app import SEARCH_FUNCTION, create_app
 from api.core.config import Settings
 from api.core.db import Database, migrate
 from api.jobs.search import Planner
@@ -168,10 +168,13 @@ def make_client(database_url: str) -> Iterator[AppFactory]:
     clients: list[TestClient] = []
 
     def make(
-        planner: Planner | None = None, search_function: str | None = None, **overrides: Any
+        planner: Planner | None = None, search_function: str = SEARCH_FUNCTION, **overrides: Any
     ) -> TestClient:
-        more = {} if search_function is None else {"search_function": search_function}
-        app = create_app(settings_for(database_url, **overrides), planner=planner, **more)
+        app = create_app(
+            settings_for(database_url, **overrides),
+            planner=planner,
+            search_function=search_function,
+        )
         client = TestClient(app, raise_server_exceptions=False)
         client.__enter__()
         clients.append(client)
@@ -199,23 +202,28 @@ def assert_problem(response: httpx.Response, status: int, *needles: str) -> dict
     return body
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    """Whether ``condition()`` became true within ``timeout_s`` (polled every 10 ms)."""
+def wait_until(
+    condition: Callable[[], bool], timeout_s: float = 10.0, every_s: float = 0.01
+) -> bool:
+    """Whether ``condition()`` became true within ``timeout_s`` (polled every ``every_s``)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.01)
+        time.sleep(every_s)
     return True
 
 
+def plan_status(client: httpx.Client, plan_id: str) -> str:
+    status: str = client.get(f"/v1/plans/{plan_id}").json()["status"]
+    return status
+
+
 def wait_done(client: httpx.Client, plan_id: str, timeout_s: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body: dict[str, Any] = client.get(f"/v1/plans/{plan_id}").json()
-        if body["status"] in ("done", "failed") or time.monotonic() > deadline:
-            return body
-        time.sleep(0.1)
+    """The plan once done or failed (as it is after ``timeout_s`` otherwise)."""
+    wait_until(lambda: plan_status(client, plan_id) in ("done", "failed"), timeout_s, 0.1)
+    body: dict[str, Any] = client.get(f"/v1/plans/{plan_id}").json()
+    return body
 
 
 # -- real server processes ------------------------------------------------------------------

@@ -20,8 +20,10 @@ from tests.integration.conftest import (
     assert_problem,
     example,
     migrate_with_profiles,
+    plan_status,
     settings_for,
     wait_done,
+    wait_until,
 )
 from tests.tcp_proxy import TcpProxy
 
@@ -43,10 +45,8 @@ def _job(url: str) -> Job:
 
 
 def _wait_running(http: httpx.Client, plan_id: str) -> None:
-    deadline = time.monotonic() + 30
-    while http.get(f"/v1/plans/{plan_id}").json()["status"] != "running":
-        assert time.monotonic() < deadline, "the job never started"
-        time.sleep(0.05)
+    started = wait_until(lambda: plan_status(http, plan_id) == "running", 30, 0.05)
+    assert started, "the job never started"
 
 
 def test_a_search_survives_a_clean_stop_and_a_crash(tmp_path, start_server):

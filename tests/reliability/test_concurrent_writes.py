@@ -22,7 +22,7 @@ import pytest
 from api.core.db import Database
 from api.store.models import Job, PlanRecord
 from planner.plan import plan as real_plan
-from tests.integration.conftest import assert_problem, tiny, wait_done
+from tests.integration.conftest import assert_problem, plan_status, tiny, wait_done, wait_until
 from tests.integration.test_api_profiles import H200X, POINT
 
 CLIENTS = 20
@@ -128,10 +128,7 @@ def test_the_queue_cap_is_exact(make_client, database_url):
     client = make_client(planner=stuck, planner_threads=1, max_queued_jobs=cap)
     first = client.post("/v1/plans?wait_s=0", json=tiny(**{"training.global_batch_size": 4}))
     assert first.status_code == 202
-    deadline = time.monotonic() + 10
-    while client.get(first.headers["location"]).json()["status"] != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert wait_until(lambda: plan_status(client, first.json()["id"]) == "running", 10, 0.05)
     try:
         answers = _together(
             CLIENTS,
