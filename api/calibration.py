@@ -46,10 +46,13 @@ def calibrate(
     models: Sequence[str] = (),
     source: str | None = None,
     dry_run: bool = False,
+    exclude_outliers: bool = True,
 ) -> CalibrationOutcome:
     """Fit ``hardware``'s ``parameters`` (all registered ones by default) to its stored runs
-    (only those of ``models`` and whose source contains ``source``, when given), and unless
-    ``dry_run`` store the fitted profile as a new revision."""
+    (only those of ``models`` and whose source contains ``source``, when given), leaving
+    out measurements it misses far more than the rest unless not ``exclude_outliers``
+    (:func:`planner.calibrate.fit`), and unless ``dry_run`` store the fitted profile as a
+    new revision."""
     row = require_hardware(session=session, name=hardware)
     profile = hardware_profile(row, session)
     base_revision = row.revision
@@ -68,7 +71,9 @@ def calibrate(
         )
     used_ids = {i for i, _ in chosen}
     held_out = [(i, run) for i, run in everything if i not in used_ids]
-    result = fit(profile, [run for _, run in chosen], [], parameters)
+    result = fit(
+        profile, [run for _, run in chosen], [], parameters, exclude_outliers=exclude_outliers
+    )
     held = evaluate([run for _, run in held_out], profile, result.hardware, [])
     stored = None
     if not dry_run:

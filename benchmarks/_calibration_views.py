@@ -75,10 +75,12 @@ def calibrated_view(
     runs: Sequence[MeasuredRun],
     points: list[LayerPoint],
     checker_rows: Sequence[Row],
+    exclude_outliers: bool = True,
 ) -> View:
     """Fit the time parameters to ``runs`` (the model alone: no layer point hides a run
-    from the fit) and the memory allowance to the labels of ``checker_rows``."""
-    result = fit(base, runs, [])
+    from the fit), leaving out outliers as ``stagewright calibrate`` does unless not
+    ``exclude_outliers``, and the memory allowance to the labels of ``checker_rows``."""
+    result = fit(base, runs, [], exclude_outliers=exclude_outliers)
     hardware = result.hardware
     allowance = fit_allowance_on(hardware, points, checker_rows)
     hardware = hardware.with_parameters(
@@ -88,7 +90,11 @@ def calibrated_view(
         }
     )
     models = sorted({model_of_run(r) for r in runs})
-    fitted_on = f"{len(runs)} runs of {', '.join(models)}"
+    left_out = sum(q.excluded for q in result.quantities)
+    named = ", ".join(models) if len(models) <= 2 else f"{len(models)} models"
+    fitted_on = f"{len(runs)} runs of {named}" + (
+        f", {left_out} outlier(s) left out" if exclude_outliers else ", every quantity"
+    )
     return View(label, hardware, points, fitted_on, allowance)
 
 

@@ -77,7 +77,7 @@ def label(run: MeasuredRun) -> str:
 
 
 def fit_line(name: str, hw: HardwareProfile, runs: list[MeasuredRun]) -> str:
-    result = fit(hw, runs, [], TIME_PARAMETERS)
+    result = fit(hw, runs, [], TIME_PARAMETERS, exclude_outliers=False)  # the sets are chosen
     values = ", ".join(
         f"{p.parameter.name} {p.value:.3g}" for p in result.parameters if p.status != "held"
     )

@@ -37,9 +37,12 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
     result = outcome.result
     name = result.hardware.name
     stored = outcome.stored
+    kept = [q for q in result.quantities if not q.excluded]
+    excluded = [q for q in result.quantities if q.excluded]
     lines = [
         f"{name}: fitted to {len(outcome.used)} measured run(s) ({len(result.quantities)} "
-        f"measured quantities) in {result.iterations} iteration(s); "
+        f"measured quantities, {len(excluded)} left out as outliers) in {result.iterations} "
+        "iteration(s); "
         + (
             f"stored as revision {stored.revision} (was {outcome.base_revision}) in {where}"
             if stored is not None
@@ -66,7 +69,7 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
         f"{result.rms_log_error_before:.3f} before -> {result.rms_log_error:.3f} after",
         f"  {'group':<30}{'n':>4}{'before':>9}{'after':>9}{'bias after':>12}",
     ]
-    for label, group in _groups(result.quantities, outcome.used):
+    for label, group in _groups(kept, outcome.used):
         lines.append(
             f"  {label:<30}{len(group):>4}{rms_log_error(group, after=False):>9.3f}"
             f"{rms_log_error(group):>9.3f}{_bias(group):>+12.3f}"
@@ -83,19 +86,29 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
                 f"  {label:<30}{len(group):>4}{rms_log_error(group, after=False):>9.3f}"
                 f"{rms_log_error(group):>9.3f}{_bias(group):>+12.3f}"
             )
-    worst = sorted(result.quantities, key=lambda q: -abs(q.log_error_after))[:_WORST]
+    if excluded:
+        lines += [
+            "",
+            "left out as outliers (missed by more than 3 robust standard deviations of the "
+            "fit's errors; --keep-outliers fits them too):",
+        ]
+        lines += [_error_line(q, outcome.used) for q in excluded]
+    worst = sorted(kept, key=lambda q: -abs(q.log_error_after))[:_WORST]
     lines += ["", "largest errors after the fit:"]
-    for q in worst:
-        run_id, run = outcome.used[q.run]
-        c = run.config
-        lines.append(
-            f"  run {run_id} {q.name}: measured {q.measured:.4g}, predicted "
-            f"{q.predicted_after:.4g} ({q.predicted_after / q.measured - 1:+.1%}); "
-            f"{run.model.name} t{c.t} p{c.p} d{c.d} mb{c.micro_batch_size} {c.recompute} "
-            f"{c.schedule}"
-        )
+    lines += [_error_line(q, outcome.used) for q in worst]
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines)
+
+
+def _error_line(q: Quantity, runs: Sequence[tuple[int, MeasuredRun]]) -> str:
+    run_id, run = runs[q.run]
+    c = run.config
+    return (
+        f"  run {run_id} {q.name}: measured {q.measured:.4g}, predicted "
+        f"{q.predicted_after:.4g} ({q.predicted_after / q.measured - 1:+.1%}); "
+        f"{run.model.name} t{c.t} p{c.p} d{c.d} mb{c.micro_batch_size} {c.recompute} "
+        f"{c.schedule}"
+    )
 
 
 def _quantity(q: Quantity, runs: Sequence[tuple[int, MeasuredRun]]) -> dict[str, Any]:
@@ -107,6 +120,7 @@ def _quantity(q: Quantity, runs: Sequence[tuple[int, MeasuredRun]]) -> dict[str,
         "predicted_after": q.predicted_after,
         "log_error_before": q.log_error_before,
         "log_error_after": q.log_error_after,
+        "excluded": q.excluded,
     }
 
 

@@ -64,6 +64,8 @@ def add_measurement_commands(commands: Any) -> None:
         "parameters.py) to its stored measured runs by bounded least squares on "
         "ln(predicted / measured), and store the result as the profile's next revision with "
         "the fit's error and the runs used. Parameters no run informs are left as they are. "
+        "Measurements the fitted model misses by more than 3 robust standard deviations of "
+        "its errors are left out of the fit and listed (--keep-outliers fits them too). "
         "With --model or --source only matching runs are fitted and the rest are reported "
         "as held out (before and after).",
     )
@@ -87,6 +89,11 @@ def add_measurement_commands(commands: Any) -> None:
     )
     calibrate.add_argument(
         "--dry-run", action="store_true", help="print the fit without storing it"
+    )
+    calibrate.add_argument(
+        "--keep-outliers",
+        action="store_true",
+        help="fit every measurement, those the model misses far more than the rest too",
     )
     calibrate.add_argument("--json", action="store_true", help="print the fit as JSON")
     calibrate.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
@@ -191,6 +198,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             models=args.model,
             source=args.source,
             dry_run=args.dry_run,
+            exclude_outliers=not args.keep_outliers,
         )
     if args.json:
         sys.stdout.write(json.dumps(calibration_json(outcome), indent=1) + "\n")

@@ -12,6 +12,12 @@ parameters scaled to [0, 1] by their bounds; it is deterministic. A parameter th
 prediction depends on (zero sensitivity over every run: e.g. the memory allowance when no
 run measured memory) is never moved and is reported as uninformed. Standard errors come
 from the Gauss-Newton covariance s^2 (J^T J)^-1 at the solution.
+
+A run slowed by something the model does not represent (a straggling node, an allocator
+emptying its cache under memory pressure) would pull every parameter toward explaining it.
+So by default the fit leaves out, and reports, the measured quantities it misses by more
+than three robust standard deviations of its errors, and fits again until that set settles
+(:func:`outliers`); ``exclude_outliers=False`` fits every quantity.
 """
 
 from __future__ import annotations
@@ -36,7 +42,12 @@ from planner.measurements import (
     measured_step_time_s,
     plan_request,
 )
-from planner.profiles import CalibrationRecord, HardwareProfile, LayerPoint
+from planner.profiles import (
+    CalibrationRecord,
+    ExcludedMeasurement,
+    HardwareProfile,
+    LayerPoint,
+)
 
 __all__ = [
     "CalibrationResult",
@@ -46,6 +57,7 @@ __all__ = [
     "evaluate",
     "fit",
     "measured_quantities",
+    "outliers",
     "predict",
     "predict_quantities",
     "rms_log_error",
@@ -65,6 +77,7 @@ class Quantity:
     measured: float
     predicted_before: float
     predicted_after: float
+    excluded: bool = False  # left out of the fit as an outlier (:func:`outliers`)
 
     @property
     def log_error_before(self) -> float:
@@ -126,6 +139,16 @@ class CalibrationResult:
                 p.parameter.name for p in self.parameters if p.status == "uninformed"
             ),
             run_ids=list(run_ids),
+            excluded=[
+                ExcludedMeasurement(
+                    run_id=run_ids[q.run] if run_ids else None,
+                    quantity=q.name,
+                    measured=q.measured,
+                    predicted=q.predicted_after,
+                )
+                for q in self.quantities
+                if q.excluded
+            ],
             revision=revision,
         )
 
@@ -209,11 +232,18 @@ def fit(
     runs: Sequence[MeasuredRun],
     layer_points: Sequence[LayerPoint],
     parameters: Sequence[str] | None = None,
+    *,
+    exclude_outliers: bool = True,
 ) -> CalibrationResult:
     """Fit ``parameters`` (default: every registered one) of ``hardware`` to ``runs`` (all
     measured on it) by bounded least squares on ln(predicted / measured). Parameters not
-    named keep their values; uninformed ones are left where they are. Raises
-    StagewrightError when there is nothing to fit (no runs, no measured quantity)."""
+    named keep their values; uninformed ones are left where they are.
+
+    With ``exclude_outliers`` (the default) measured quantities the fitted model misses by
+    far more than it misses the rest of their kind (step times, memory, each pass time) are
+    left out of the fit and the fit repeated, until the set left out settles
+    (:func:`outliers`); they stay in the result, marked ``excluded``. Raises StagewrightError when there is nothing to fit (no runs, no measured
+    quantity)."""
     if not runs:
         raise StagewrightError(
             f"no measured runs of {hardware.name!r} to fit; add some with "
@@ -225,18 +255,108 @@ def fit(
     if not measured:
         raise StagewrightError("the runs measured nothing the cost model predicts")
     targets = np.log(np.array([value for _, _, value in measured]))
-    start = {p.name: hardware.parameter(p.name) for p in requested}
 
     def residuals_at(values: dict[str, float]) -> np.ndarray:
         predicted = _predicted(runs, hardware.with_parameters(values), layer_points, measured)
         logs: np.ndarray = np.log(predicted) - targets
         return logs
 
-    r0 = residuals_at(start)
-    informed = [p for p in requested if _informs(p, start, r0, residuals_at)]
+    excluded: frozenset[int] = frozenset()
+    solved = _solve(hardware, requested, residuals_at, excluded)
+    warnings = []
+    for _ in range(_OUTLIER_ROUNDS if exclude_outliers else 0):
+        found = outliers(solved.residuals, [name.split("[")[0] for _, name, _ in measured])
+        if found == excluded:
+            break
+        excluded = found
+        solved = _solve(hardware, requested, residuals_at, excluded)
+    else:
+        if exclude_outliers:
+            warnings.append(
+                f"the measurements left out as outliers did not settle in {_OUTLIER_ROUNDS} "
+                "rounds; the fit shown is the last round's"
+            )
+    kept = np.array([k not in excluded for k in range(len(measured))])
+    before, after = np.exp(solved.start + targets), np.exp(solved.residuals + targets)
+    quantities = [
+        Quantity(i, name, value, float(before[k]), float(after[k]), k in excluded)
+        for k, (i, name, value) in enumerate(measured)
+    ]
+    if not solved.converged:
+        warnings.append(f"stopped after {solved.iterations} iterations without converging")
+    return CalibrationResult(
+        hardware=hardware.with_parameters(
+            {f.parameter.name: f.value for f in solved.fits if f.status in ("fitted", "at bound")}
+        ),
+        parameters=solved.fits,
+        quantities=quantities,
+        iterations=solved.iterations,
+        rms_log_error_before=_rms(solved.start[kept]),
+        rms_log_error=_rms(solved.residuals[kept]),
+        num_runs=len(runs),
+        warnings=warnings,
+    )
+
+
+# Outliers: the Hampel identifier on the fit's ln errors of each kind of quantity, a
+# quantity more than _OUTLIER_SCALES robust standard deviations (1.4826 x the median
+# absolute deviation) from their median; never closer than _OUTLIER_SCALES x _NOISE_FLOOR,
+# so that a fit that leaves the others within a percent or two (few runs, several
+# parameters) does not call a run 4% off an outlier. Rounds of fit-and-exclude are
+# bounded, as sigma clipping bounds them.
+_OUTLIER_SCALES = 3.0
+_NOISE_FLOOR = 0.03
+_OUTLIER_ROUNDS = 5
+
+
+def outliers(log_errors: np.ndarray, kinds: Sequence[str] | None = None) -> frozenset[int]:
+    """Indices of the ln(predicted / measured) errors that lie more than 3 robust standard
+    deviations (at least 3 x 0.03) from the median of their kind: ``kinds[k]`` names error
+    k's kind of quantity (step times, memory, pass times are judged apart, as the model's
+    errors on each differ; default: one kind)."""
+    if kinds is None:
+        kinds = [""] * len(log_errors)
+    out: set[int] = set()
+    for kind in set(kinds):
+        members = np.array([k for k, name in enumerate(kinds) if name == kind])
+        errors = log_errors[members]
+        centre = float(np.median(errors))
+        spread = 1.4826 * float(np.median(np.abs(errors - centre)))
+        limit = _OUTLIER_SCALES * max(spread, _NOISE_FLOOR)
+        out.update(int(k) for k in members[np.abs(errors - centre) > limit])
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class _Solved:
+    """One bounded least-squares fit on the quantities not excluded: every quantity's ln
+    error at the start and at the solution, and what happened to each parameter."""
+
+    start: np.ndarray
+    residuals: np.ndarray
+    fits: list[ParameterFit]
+    iterations: int
+    converged: bool
+
+
+def _solve(
+    hardware: HardwareProfile,
+    requested: list[FreeParameter],
+    residuals_at: Callable[[dict[str, float]], np.ndarray],
+    excluded: frozenset[int],
+) -> _Solved:
+    start = {p.name: hardware.parameter(p.name) for p in requested}
+    r0_all = residuals_at(start)
+    kept = np.array([k not in excluded for k in range(len(r0_all))])
+
+    def kept_residuals(values: dict[str, float]) -> np.ndarray:
+        return residuals_at(values)[kept]  # type: ignore[no-any-return]
+
+    r0 = r0_all[kept]
+    informed = [p for p in requested if _informs(p, start, r0, kept_residuals)]
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        return residuals_at({**start, **_unscaled(informed, x)})
+        return kept_residuals({**start, **_unscaled(informed, x)})
 
     x0 = np.array([(start[p.name] - p.lower) / (p.upper - p.lower) for p in informed])
     solution = least_squares.minimise(residuals, x0, r0)
@@ -251,26 +371,12 @@ def fit(
             for p, e in zip(informed, errors, strict=True)
         },
     )
-    r = solution.residuals
-    before, after = np.exp(r0 + targets), np.exp(r + targets)
-    quantities = [
-        Quantity(i, name, value, float(before[k]), float(after[k]))
-        for k, (i, name, value) in enumerate(measured)
-    ]
-    warnings = []
-    if not solution.converged:
-        warnings.append(f"stopped after {solution.iterations} iterations without converging")
-    return CalibrationResult(
-        hardware=hardware.with_parameters(
-            {f.parameter.name: f.value for f in fits if f.status in ("fitted", "at bound")}
-        ),
-        parameters=fits,
-        quantities=quantities,
-        iterations=solution.iterations,
-        rms_log_error_before=_rms(r0),
-        rms_log_error=_rms(r),
-        num_runs=len(runs),
-        warnings=warnings,
+    return _Solved(
+        r0_all,
+        residuals_at({**start, **fitted}),
+        fits,
+        solution.iterations,
+        solution.converged,
     )
 
 

@@ -71,6 +71,20 @@ class Link:
         return self.latency_us * 1e-6 + num_bytes / (self.bandwidth_gbps * 1e9)
 
 
+class ExcludedMeasurement(BaseModel):
+    """A measured quantity a fit left out as an outlier (``planner.calibrate.outliers``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    run_id: int | None = Field(description="Store id of the run (None outside a store).")
+    quantity: str = Field(
+        description="What the run measured: step_time_s, peak_memory_gib[device], "
+        "forward_s, backward_s, backward_weight_s or weight_s."
+    )
+    measured: float = Field(description="The measured value (seconds or GiB).")
+    predicted: float = Field(description="The fitted model's prediction of it.")
+
+
 class CalibrationRecord(BaseModel):
     """How a profile's parameters were last fitted to measured runs (``planner.calibrate``).
 
@@ -93,6 +107,11 @@ class CalibrationRecord(BaseModel):
         description="Parameters left at their value: no run's prediction depends on them.",
     )
     run_ids: list[int] = Field(default_factory=list, description="Store ids of the runs used.")
+    excluded: list[ExcludedMeasurement] = Field(
+        default_factory=list,
+        description="Measured quantities of those runs left out of the fit as outliers: the "
+        "fitted model misses them by more than 3 robust standard deviations of its errors.",
+    )
     revision: int | None = Field(
         default=None, description="The hardware revision the fit produced (None outside a store)."
     )

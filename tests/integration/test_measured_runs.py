@@ -363,3 +363,37 @@ def test_the_service_plans_with_the_calibrated_revision(client, database_url, ca
     shown = client.get("/v1/hardware/a100-sxm-80g").json()
     assert shown["revision"] == 2 and shown["calibration"]["revision"] == 2
     assert set(shown["parameters"]) == {"gemm_efficiency"}  # workspace_gib: uninformed, kept
+
+
+def test_calibrate_leaves_out_and_lists_the_runs_it_cannot_explain(database_url, capsys):
+    reset(database_url)
+    url = ["--database-url", database_url]
+    only = ["--model", "gpt3-96b", "--parameter", "gemm_efficiency"]
+    fit_only = [*FIT[:2], *only, "--parameter", "collective_efficiency"]
+    code, out, err = cli(capsys, "calibrate", *fit_only, "--json", *url)
+    assert code == 0, err
+    fit = json.loads(out)
+    steps = [q for q in fit["quantities"] if q["quantity"] == "step_time_s"]
+    out_of_fit = [q for q in fit["quantities"] if q["excluded"]]
+    assert out_of_fit and all(q["quantity"] == "step_time_s" for q in out_of_fit)
+    # Left out: every one further from the step times' median error than any kept one.
+    centre = sorted(q["log_error_after"] for q in steps)[len(steps) // 2]
+    kept = [abs(q["log_error_after"] - centre) for q in steps if not q["excluded"]]
+    assert min(abs(q["log_error_after"] - centre) for q in out_of_fit) > max(kept)
+    # The stored record names them, by run id.
+    assert [(e["run_id"], e["quantity"]) for e in fit["stored"]["excluded"]] == [
+        (q["run_id"], q["quantity"]) for q in out_of_fit
+    ]
+    with stored_profiles(database_url) as store:
+        record = store.hardware("a100-sxm-80g").calibration
+        assert record is not None and len(record.excluded) == len(out_of_fit)
+    code, text, _ = cli(capsys, "calibrate", *fit_only, "--dry-run", *url)
+    assert f"{len(out_of_fit)} left out as outliers" in text
+    for q in out_of_fit:
+        assert f"run {q['run_id']} step_time_s: measured" in text.split("left out as")[-1]
+    # --keep-outliers fits them all, and the fit is worse over the runs it fits.
+    keep = ["--keep-outliers", "--dry-run", "--json"]
+    code, out, _ = cli(capsys, "calibrate", *fit_only, *keep, *url)
+    every = json.loads(out)
+    assert not any(q["excluded"] for q in every["quantities"]) and every["stored"] is None
+    assert every["rms_log_error"] > fit["rms_log_error"]

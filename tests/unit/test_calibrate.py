@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
-from planner.calibrate import fit, measured_quantities, predict, predict_quantities
+from planner.calibrate import fit, measured_quantities, outliers, predict, predict_quantities
 from planner.errors import StagewrightError
 from planner.measurements import MeasuredRun, candidate_config, fingerprint
 from planner.profiles import HardwareProfile, default_store
@@ -295,3 +296,53 @@ def test_a_profiled_layer_is_a_pass_measurement_of_one_layer():
     }
     one = predict_quantities(profiled, A100, [])
     assert set(one) == {"forward_s", "backward_s", "weight_s"}
+
+
+def test_outliers_are_errors_beyond_three_robust_deviations_or_three_noise_floors():
+    # Median 0.01; deviations 0.01, 0, 0.02, 0.01, 0.49: MAD 0.01, 1.4826 x MAD = 0.0148,
+    # below the 0.03 floor, so the limit is 0.09 and only the last is out.
+    assert outliers(np.array([0.0, 0.01, -0.01, 0.02, 0.5])) == {4}
+    assert outliers(np.array([0.0, 0.01, -0.01, 0.02, 0.09])) == set()  # 0.08 from the median
+    # A wide spread: median 0.05, deviations 0.25 0.15 0.05 0.05 0.15 0.95, MAD 0.15, robust
+    # deviation 0.2224, limit 0.667: only the 0.95 one.
+    assert outliers(np.array([-0.2, -0.1, 0.0, 0.1, 0.2, 1.0])) == {5}
+    # Judged within each kind: the step times, all far from the memory errors, are not
+    # outliers, and the memory one 0.5 off is (median 0.005, limit 0.09). Pooled, the
+    # spread is 1.4826 x 0.51 and nothing is.
+    errors = np.array([2.0, 2.1, 1.9, 0.0, 0.01, -0.01, 0.5])
+    kinds = ["step_time_s"] * 3 + ["peak_memory_gib"] * 4
+    assert outliers(errors, kinds) == {6}
+    assert outliers(errors) == set()
+
+
+def test_runs_the_model_cannot_explain_are_left_out_and_the_rest_recovered():
+    truth = A100.with_parameters({"gemm_efficiency": 0.6, "collective_efficiency": 0.5})
+    runs = synthetic(truth, with_memory=False)
+    # Two runs slowed by something the model does not represent (a straggler, say).
+    slowed = {0: 1.5, 3: 1.35}
+    for index, factor in slowed.items():
+        step = runs[index].measured.step_time_s * factor
+        runs[index] = runs[index].model_copy(
+            update={"measured": runs[index].measured.model_copy(update={"step_time_s": step})}
+        )
+    names = ["gemm_efficiency", "collective_efficiency"]
+    result = fit(A100, runs, [], parameters=names)
+    assert result.moved == {
+        "gemm_efficiency": pytest.approx(0.6, rel=1e-4),
+        "collective_efficiency": pytest.approx(0.5, rel=1e-4),
+    }
+    out = [q for q in result.quantities if q.excluded]
+    assert [(q.run, q.name) for q in out] == [(0, "step_time_s"), (3, "step_time_s")]
+    for q in out:  # predicted as the truth would: the slowdown is what is left
+        assert q.measured / q.predicted_after == pytest.approx(slowed[q.run], rel=1e-4)
+    assert result.rms_log_error < 1e-6  # over the quantities fitted
+    record = result.record("2026-01-01T00:00:00+00:00", run_ids=[10 + i for i in range(len(runs))])
+    assert [(e.run_id, e.quantity) for e in record.excluded] == [
+        (10, "step_time_s"),
+        (13, "step_time_s"),
+    ]
+    # Fitting every quantity, the slowed runs drag the parameters away from the truth.
+    everything = fit(A100, runs, [], parameters=names, exclude_outliers=False)
+    assert not any(q.excluded for q in everything.quantities)
+    assert everything.moved["gemm_efficiency"] < 0.6 * 0.95
+    assert everything.rms_log_error > 0.05
