@@ -242,8 +242,8 @@ def fit(
     With ``exclude_outliers`` (the default) measured quantities the fitted model misses by
     far more than it misses the rest of their kind (step times, memory, each pass time) are
     left out of the fit and the fit repeated, until the set left out settles
-    (:func:`outliers`); they stay in the result, marked ``excluded``. Raises StagewrightError when there is nothing to fit (no runs, no measured
-    quantity)."""
+    (:func:`outliers`); they stay in the result, marked ``excluded``. Raises
+    StagewrightError when there is nothing to fit (no runs, no measured quantity)."""
     if not runs:
         raise StagewrightError(
             f"no measured runs of {hardware.name!r} to fit; add some with "
