@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from planner.calibrate import Quantity, rms_log_error
+from planner.calibrate import Quantity, quantity_kind, rms_log_error
 from planner.measurements import MeasuredRun
 
 if TYPE_CHECKING:  # the outcome comes from the SQL store's use case (the service extra)
@@ -25,7 +25,7 @@ def _groups(
     for q in quantities:
         run = runs[q.run][1]
         by[f"model {run.model.name}"].append(q)
-        by[f"{run.measured.kind} {q.name.split('[')[0]}"].append(q)
+        by[f"{run.measured.kind} {quantity_kind(q.name)}"].append(q)
     return sorted(by.items())
 
 

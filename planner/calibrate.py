@@ -60,6 +60,7 @@ __all__ = [
     "outliers",
     "predict",
     "predict_quantities",
+    "quantity_kind",
     "rms_log_error",
 ]
 
@@ -256,27 +257,36 @@ def fit(
         raise StagewrightError("the runs measured nothing the cost model predicts")
     targets = np.log(np.array([value for _, _, value in measured]))
 
+    # Every round of outlier exclusion starts from the same values and probes the same
+    # bounds: each set of values is predicted once.
+    predicted_at: dict[tuple[tuple[str, float], ...], np.ndarray] = {}
+
     def residuals_at(values: dict[str, float]) -> np.ndarray:
-        predicted = _predicted(runs, hardware.with_parameters(values), layer_points, measured)
-        logs: np.ndarray = np.log(predicted) - targets
+        key = tuple(sorted(values.items()))
+        logs = predicted_at.get(key)
+        if logs is None:
+            predicted = _predicted(runs, hardware.with_parameters(values), layer_points, measured)
+            logs = predicted_at[key] = np.log(predicted) - targets
         return logs
 
+    kinds = [quantity_kind(name) for _, name, _ in measured]
     excluded: frozenset[int] = frozenset()
-    solved = _solve(hardware, requested, residuals_at, excluded)
+    kept = np.ones(len(measured), dtype=bool)
+    solved = _solve(hardware, requested, residuals_at, kept)
     warnings = []
     for _ in range(_OUTLIER_ROUNDS if exclude_outliers else 0):
-        found = outliers(solved.residuals, [name.split("[")[0] for _, name, _ in measured])
+        found = outliers(solved.residuals, kinds)
         if found == excluded:
             break
         excluded = found
-        solved = _solve(hardware, requested, residuals_at, excluded)
+        kept = np.array([k not in excluded for k in range(len(measured))])
+        solved = _solve(hardware, requested, residuals_at, kept)
     else:
         if exclude_outliers:
             warnings.append(
                 f"the measurements left out as outliers did not settle in {_OUTLIER_ROUNDS} "
                 "rounds; the fit shown is the last round's"
             )
-    kept = np.array([k not in excluded for k in range(len(measured))])
     before, after = np.exp(solved.start + targets), np.exp(solved.residuals + targets)
     quantities = [
         Quantity(i, name, value, float(before[k]), float(after[k]), k in excluded)
@@ -309,6 +319,12 @@ _NOISE_FLOOR = 0.03
 _OUTLIER_ROUNDS = 5
 
 
+def quantity_kind(name: str) -> str:
+    """The kind of a measured quantity: its name without a device index
+    (``peak_memory_gib[2]`` is a ``peak_memory_gib``)."""
+    return name.split("[")[0]
+
+
 def outliers(log_errors: np.ndarray, kinds: Sequence[str] | None = None) -> frozenset[int]:
     """Indices of the ln(predicted / measured) errors that lie more than 3 robust standard
     deviations (at least 3 x 0.03) from the median of their kind: ``kinds[k]`` names error
@@ -329,8 +345,8 @@ def outliers(log_errors: np.ndarray, kinds: Sequence[str] | None = None) -> froz
 
 @dataclass(frozen=True)
 class _Solved:
-    """One bounded least-squares fit on the quantities not excluded: every quantity's ln
-    error at the start and at the solution, and what happened to each parameter."""
+    """One bounded least-squares fit on the quantities ``kept``: every quantity's ln error
+    at the start and at the solution, and what happened to each parameter."""
 
     start: np.ndarray
     residuals: np.ndarray
@@ -343,11 +359,10 @@ def _solve(
     hardware: HardwareProfile,
     requested: list[FreeParameter],
     residuals_at: Callable[[dict[str, float]], np.ndarray],
-    excluded: frozenset[int],
+    kept: np.ndarray,
 ) -> _Solved:
     start = {p.name: hardware.parameter(p.name) for p in requested}
     r0_all = residuals_at(start)
-    kept = np.array([k not in excluded for k in range(len(r0_all))])
 
     def kept_residuals(values: dict[str, float]) -> np.ndarray:
         return residuals_at(values)[kept]  # type: ignore[no-any-return]
