@@ -7,18 +7,22 @@ sequence, h hidden, a heads, f MLP size, t tensor-parallel degree, T = s b token
 sequence parallelism (SP) the layer norms, dropouts and residual adds run on T / t tokens.
 
 Forward (F), in Megatron's order:
-  layer norm; [SP: all-gather]; QKV GEMM (T x 3h/t x h); attention core: scores
-  (b a/t GEMMs of s x s x h/a), scale-mask-softmax and dropout (memory-bound on b a/t s^2
-  elements), context (b a/t GEMMs of s x h/a x s) -- or one flash-attention kernel;
+  layer norm; [SP: all-gather]; QKV GEMM (T x 3h/t x h); QKV bias add; attention core:
+  scores (b a/t GEMMs of s x s x h/a), scale-mask-softmax and dropout (memory-bound on
+  b a/t s^2 elements), context (b a/t GEMMs of s x h/a x s) and its copy back to the
+  sequence-first layout -- or one flash-attention kernel;
   projection GEMM (T x h x h/t); reduce-scatter [all-reduce without SP]; bias-dropout-add;
   layer norm; [SP: all-gather]; FC1 GEMM (T x f/t x h); bias-GeLU; FC2 GEMM (T x h x f/t);
   reduce-scatter [all-reduce]; bias-dropout-add.
 Input gradient (B): the data gradient of every GEMM (m x k x n of its forward), the
   backward of every memory-bound op, the attention core's four GEMMs (or the flash
-  backward), and the transposes of the forward's collectives: the all-gathers before the
-  row-parallel data gradients (FC2, projection) block, as in the forward.
+  backward), the bias gradients, and the transposes of the forward's collectives: the
+  all-gathers before the row-parallel data gradients (FC2, projection) block, as in the
+  forward.
 Weight gradient (W): every GEMM's weight gradient (n x k x T, accumulated into the fp32
-  gradient buffer: Megatron's gradient-accumulation fusion) and the bias gradients.
+  gradient buffer: Megatron's gradient-accumulation fusion). It is all a zero-bubble
+  schedule defers: the bias gradients are taken with the input gradient (the zero-bubble
+  fork of Megatron-LM, ``LinearWithGradAccumulationAndAsyncCommunication.backward``).
 Overlapped collectives (Megatron-LM v3 ``LinearWithGradAccumulationAndAsyncCommunication``
   .backward, the column-parallel QKV, FC1 and output layers): the reduce-scatter of the input
   gradient (all-reduce without SP) is issued asynchronously and runs under the layer's
@@ -286,6 +290,15 @@ def _attention_core_forward(
             "gemm",
             gemm_seconds(rates, s.seq, s.head_dim, s.kv_seq, bh),
         ),
+        # The context comes out [b a/t, s, d] and the projection takes [s, b, h/t]: Megatron's
+        # core attention copies it (``permute(2, 0, 1, 3).contiguous()``). Its gradient needs
+        # no copy: the batched GEMMs of B read it through strides.
+        Op(
+            "context layout copy",
+            phase,
+            "memory",
+            memory_seconds(rates, 2 * s.eb * s.tokens * s.heads * s.head_dim),
+        ),
     ]
 
 
@@ -327,6 +340,11 @@ def _forward(
     ops = [Op("layer norm 1", phase, "memory", layer_norm)]
     ops += _gather(s, cost, phase)
     ops.append(Op("QKV GEMM", phase, "gemm", gemm_seconds(rates, T, s.qkv, h)))
+    if s.bias:
+        # The QKV layer does not skip its bias add (the others hand theirs to the fused
+        # bias-GeLU and bias-dropout-add), and Megatron adds it after the GEMM, as its own
+        # kernel: ``output = output + bias``.
+        ops.append(Op("QKV bias add", phase, "memory", memory_seconds(rates, 2 * eb * T * s.qkv)))
     ops += _rotary(rates, s, phase, backward=False)
     ops += _attention_core_forward(rates, s, phase, ring)
     ops.append(Op("projection GEMM", phase, "gemm", gemm_seconds(rates, T, h, h // s.t)))
@@ -415,11 +433,18 @@ def _input_gradient(
     qkv = Op("QKV data grad", "B", "gemm", gemm_seconds(rates, T, h, s.qkv))
     ops += [qkv, *_regather(s, cost, qkv)]
     ops.append(Op("layer norm 1 backward", "B", "memory", layer_norm))
+    if s.bias:
+        # Each bias gradient is a sum of its output gradient over the tokens, taken with the
+        # input gradient (``grad_output.sum(dim=0)`` in Megatron's linear backward, autograd's
+        # reduction for the fused bias-GeLU and bias-dropout-add); zero-bubble schedules
+        # defer only the weight GEMMs to W.
+        bias_bytes = eb * (T * s.qkv + norm * h + T * s.fc1 + norm * h)
+        ops.append(Op("bias grads", "B", "memory", memory_seconds(rates, bias_bytes, 4)))
     return ops
 
 
 def _weight_gradient(rates: DeviceRates, s: _Shape, cost: CollectiveCost) -> list[Op]:
-    T, h, eb, norm = s.tokens, s.hidden, s.eb, s.norm_tokens
+    T, h = s.tokens, s.hidden
     fp32 = 8.0  # read and write the fp32 gradient buffer
     qkv_grad = Op(
         "QKV weight grad", "W", "gemm", gemm_seconds(rates, s.qkv, h, T, output_bytes=fp32)
@@ -427,7 +452,7 @@ def _weight_gradient(rates: DeviceRates, s: _Shape, cost: CollectiveCost) -> lis
     fc1_grad = Op(
         "FC1 weight grad", "W", "gemm", gemm_seconds(rates, s.fc1, h, T, output_bytes=fp32)
     )
-    ops = [
+    return [
         qkv_grad,
         *_exposed(_reduce(s, cost, "W"), qkv_grad, "W"),
         Op(
@@ -440,10 +465,6 @@ def _weight_gradient(rates: DeviceRates, s: _Shape, cost: CollectiveCost) -> lis
         *_exposed(_reduce(s, cost, "W"), fc1_grad, "W"),
         Op("FC2 weight grad", "W", "gemm", gemm_seconds(rates, h, s.ffn, T, output_bytes=fp32)),
     ]
-    if s.bias:
-        bias_bytes = eb * (T * s.qkv + norm * h + T * s.fc1 + norm * h)
-        ops.append(Op("bias grads", "W", "memory", memory_seconds(rates, bias_bytes, 4)))
-    return ops
 
 
 def layer_ops(
