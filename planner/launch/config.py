@@ -62,11 +62,23 @@ class _Spec(BaseModel):
 
 
 class Parallel(_Spec):
-    """Parallel degrees; the job has t x p x d ranks."""
+    """Parallel degrees; the job has t x cp x p x d ranks."""
 
     t: int = Field(ge=1, description="Tensor-parallel degree.")
     p: int = Field(ge=1, description="Pipeline-parallel degree (devices in a pipeline).")
     d: int = Field(ge=1, description="Data-parallel degree.")
+    cp: int = Field(
+        default=1,
+        ge=1,
+        description="Context-parallel degree (Megatron-LM's; stagewright's executor runs only "
+        "cp = 1). A tensor group and its cp - 1 context peers are t x cp consecutive ranks, "
+        "numbered together by the placement's tp.",
+    )
+
+    @property
+    def group(self) -> int:
+        """Ranks of one tensor-and-context group: t x cp."""
+        return self.t * self.cp
 
 
 class StageSpec(_Spec):
@@ -228,7 +240,7 @@ class ExecutorConfig(_Spec):
 
     @property
     def world_size(self) -> int:
-        return self.parallel.t * self.parallel.p * self.parallel.d
+        return self.parallel.group * self.parallel.p * self.parallel.d
 
     @property
     def compact(self) -> bool:
@@ -245,12 +257,12 @@ class ExecutorConfig(_Spec):
     @cached_property
     def coords(self) -> tuple[tuple[int, int, int], ...]:
         """(dp, pp, tp) of every global rank, in rank order."""
-        spec, (t, p, d) = self.placement, (self.parallel.t, self.parallel.p, self.parallel.d)
+        spec, (g, p, d) = self.placement, (self.parallel.group, self.parallel.p, self.parallel.d)
         if spec.ranks is not None:
             return tuple((r.dp, r.pp, r.tp) for r in spec.ranks)
         if spec.blocks is not None:
-            return tuple((dp, pp, tp) for dp, pp in spec.blocks for tp in range(t))
-        return place(t, p, d, spec.gpus_per_node, spec.assignment).coords
+            return tuple((dp, pp, tp) for dp, pp in spec.blocks for tp in range(g))
+        return place(g, p, d, spec.gpus_per_node, spec.assignment).coords
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         """The global rank at (dp, pp, tp)."""
@@ -378,19 +390,23 @@ def _schedule_shape(schedule: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def _placement_problems(config: ExecutorConfig) -> list[str]:
-    t, p, d = config.parallel.t, config.parallel.p, config.parallel.d
+    g, p, d = config.parallel.group, config.parallel.p, config.parallel.d
     spec = config.placement
-    if spec.ranks is not None and [r.rank for r in spec.ranks] != list(range(t * p * d)):
-        return [f"placement.ranks must list ranks 0..{t * p * d - 1} in order"]
+    if spec.ranks is not None and [r.rank for r in spec.ranks] != list(range(g * p * d)):
+        return [f"placement.ranks must list ranks 0..{g * p * d - 1} in order"]
     if spec.ranks is None and spec.assignment == "optimized" and spec.blocks is None:
         return ["an optimized placement needs its ranks or its blocks"]
     try:
         coords = sorted(config.coords)
     except StagewrightError as exc:
         return [f"placement: {exc}"]
-    expected = [(a, b, c) for a in range(d) for b in range(p) for c in range(t)]
+    expected = [(a, b, c) for a in range(d) for b in range(p) for c in range(g)]
     if coords != expected:
-        return [f"the placement must hold each (dp, pp, tp) of t={t} p={p} d={d} once"]
+        cp = f" cp={config.parallel.cp}" if config.parallel.cp > 1 else ""
+        return [
+            f"the placement must hold each (dp, pp, tp) of t={config.parallel.t}{cp} p={p} "
+            f"d={d} once"
+        ]
     return []
 
 

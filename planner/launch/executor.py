@@ -49,7 +49,7 @@ def build_executor_config(
         "format": EXECUTOR_CONFIG_FORMAT,
         "model": request.model,
         "training": request.training,
-        "parallel": {"t": config.t, "p": config.p, "d": config.d},
+        "parallel": {"t": config.t, "p": config.p, "d": config.d, "cp": config.cp},
         "micro_batch_size": config.micro_batch_size,
         "num_microbatches": config.num_microbatches,
         "stages": stages,

@@ -17,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from cli.main import main
+from executor.inputs import BadInput, read_config
 from planner.launch import (
     EXECUTOR_CONFIG_FORMAT,
     MEGATRON_FLAGS,
@@ -588,3 +589,35 @@ def test_plan_emit_writes_the_files_and_refuses_a_folder_in_use(tmp_path, capsys
     assert json.loads((out / "plan.json").read_text())["id"] == printed["id"]
     assert main(["plan", str(request_file), "--emit", str(out)]) == 2
     assert "not empty; choose a new folder" in capsys.readouterr().err
+
+
+def test_a_context_parallel_candidate_gets_a_config_of_every_rank_that_the_executor_refuses(
+    tmp_path,
+):
+    """t = 2, cp = 2, p = 5, d = 2 on 5 nodes of 8: t x p x d = 20 ranks do not fill whole
+    nodes, t x cp x p x d = 40 do. The plan used to fail building this candidate's executor
+    config (it counted t x p x d ranks); the config now holds all 40, each tensor group with
+    its context peers (t x cp consecutive ranks, Megatron-LM's order), and stagewright's
+    executor refuses it saying what runs it instead."""
+    data = request(flash_attention=True, sequence_parallel=True).model_dump()
+    data["model"].update(num_layers=10, seq_length=128)
+    data["cluster"].update(num_nodes=5, gpus_per_node=8)
+    data["training"]["global_batch_size"] = 8
+    data["search"].update(
+        schedules=["1f1b"],
+        recompute=["none"],
+        micro_batch_sizes=[1],
+        context_parallel=[2],
+    )
+    planned = plan(PlanRequest.model_validate(data))
+    (found,) = [c for c in planned.candidates if (c.config.t, c.config.cp, c.config.p) == (2, 2, 5)]
+    assert found.config.d == 2 and "stagewright" not in found.runtimes
+    document = ExecutorConfig.model_validate(found.launch.executor_config)
+    assert document.parallel.cp == 2 and document.world_size == 40
+    coords = [document.coords_of(rank) for rank in range(40)]
+    assert coords[:5] == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3), (1, 0, 0)]
+    assert sorted(coords) == [(a, b, c) for a in range(2) for b in range(5) for c in range(4)]
+    path = tmp_path / "executor-config.json"
+    path.write_text(json.dumps(found.launch.executor_config))
+    with pytest.raises(BadInput, match=re.escape("context parallelism, cp = 2); run the")):
+        read_config(path)
