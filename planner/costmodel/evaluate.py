@@ -65,6 +65,7 @@ __all__ = [
     "PlanContext",
     "Priced",
     "StageCosts",
+    "counted_shape",
     "device_memory",
     "estimate",
     "inflight_microbatches",
@@ -109,6 +110,15 @@ def memory_allowance(hw: HardwareProfile) -> tuple[float, float]:
     )
 
 
+def counted_shape(config: CandidateConfig) -> Shape:
+    """The in-flight profile a candidate's memory is counted from: its schedule's shape, or
+    for a schedule built for a memory limit (the adaptive ones, whose order depends on pass
+    times not known here) the limit itself on every device."""
+    if built_for_a_limit(config.schedule):
+        return bounded_shape(config)
+    return schedule_shape(config.schedule, config.p, config.num_microbatches)
+
+
 def device_memory(
     ctx: PlanContext,
     config: CandidateConfig,
@@ -135,11 +145,7 @@ def device_memory(
     counted = static * (1 + fragmentation) + workspace <= capacity
     if counted:
         if shape is None:
-            shape = (
-                bounded_shape(config)
-                if built_for_a_limit(config.schedule)
-                else schedule_shape(config.schedule, config.p, config.num_microbatches)
-            )
+            shape = counted_shape(config)
         peaks = peak_from_profile(shape.profile, costs.activation_bytes)
         in_flight = list(shape.in_flight)
     else:

@@ -30,9 +30,9 @@ from ortools.sat.python import cp_model
 
 from planner.costmodel.evaluate import (
     PlanContext,
+    counted_shape,
     device_memory,
     memory_allowance,
-    shape_profile,
     stage_costs,
     stages_by_device,
 )
@@ -146,7 +146,8 @@ def _data(
     extra_static = [round(p * per_param / _KIB) for p in base.parameters]
     workspace, fragmentation = memory_allowance(ctx.hardware)
     effective = (capacity - workspace) / (1 + fragmentation)
-    profile = shape_profile(coarse.schedule, coarse.p, coarse.num_microbatches)
+    # A schedule built for a memory limit is held to the limit, as its estimate is.
+    profile = counted_shape(coarse).profile
     return _Data(
         stages=len(coarse.layers_per_stage),
         devices=coarse.p,

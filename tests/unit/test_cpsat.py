@@ -83,6 +83,24 @@ def test_solution_respects_memory_sums_layers_and_its_claims_reprice_exactly(exa
     assert result.bound_s <= result.objective_s + 1e-9
 
 
+@pytest.mark.parametrize("schedule, limit", [("zb-adaptive", 0.5), ("v-adaptive", 0.625)])
+def test_a_schedule_built_for_a_memory_limit_is_refined_under_that_limit(schedule, limit):
+    """An adaptive schedule's order depends on the pass times the refinement is choosing, so
+    its memory is counted as its estimate counts it: the limit on every device. (Refining
+    one used to ask for the shape of the schedule without a limit, and the plan crashed.)"""
+    ctx = _context("gpt3-96b-32xa100.json")
+    capacity = ctx.hardware.usable_memory_gib * GIB
+    coarse = _coarse(ctx, 4, 8, 1, 1, schedule).model_copy(update={"memory_limit": limit})
+    result = refine(ctx, coarse, MODES, capacity, RefineOptions(time_limit_s=3))
+    assert result.config is not None, result.status  # a solution, proven optimal or not
+    assert result.config.memory_limit == limit
+    memory, _ = check(ctx, result)
+    assert max(memory) <= capacity
+    units = ctx.request.model.num_layers + len(result.config.layers_per_stage)
+    for claimed, actual in zip(result.claimed_memory_bytes, memory, strict=True):
+        assert claimed == pytest.approx(actual, abs=1.05 * 1024 * units * 3)
+
+
 def test_refinement_rescues_a_configuration_the_uniform_grid_rejects():
     """BPipe's headline case under plain 1F1B: GPT-3 96B, t=4, p=8, mb=2 runs out of memory
     with every layer recomputing attention; recomputing a few layers fully on the early
