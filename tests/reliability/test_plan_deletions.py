@@ -9,6 +9,7 @@ process's DELETE does it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,6 +83,11 @@ def _cached_plan(client: TestClient) -> tuple[str, str]:
     return location, plan_id
 
 
+def _job_queue_only(statement: str) -> bool:
+    """A statement on the jobs table that touches no plan (the job poller's)."""
+    return bool(re.search(r"\bjobs\b", statement)) and not re.search(r"\bplans\b", statement)
+
+
 def _backend(url: str) -> str:
     return make_url(url).get_backend_name()
 
@@ -107,9 +113,12 @@ def test_a_cached_read_asks_the_database_only_when_deletions_are_not_heard(
         assert client.get(timeline).status_code == 200
     assert {a.status_code for a in answers} == {200}
     assert len({a.content for a in answers}) == 1
-    # PostgreSQL: no statement at all; SQLite: one primary-key lookup per read.
-    lookups = [s for s in sent if s.startswith("SELECT plans.id")]
-    assert len(sent if postgres else lookups) == (0 if postgres else 21), sent
+    # PostgreSQL: no statement at all; SQLite: one primary-key lookup per read. The job
+    # queue's poller asks about the jobs table alone on its own clock, whatever the reads
+    # do; on a loaded machine a poll can fall inside this window, so it is not counted.
+    for_reads = [s for s in sent if not _job_queue_only(s)]
+    lookups = [s for s in for_reads if s.startswith("SELECT plans.id")]
+    assert len(for_reads if postgres else lookups) == (0 if postgres else 21), for_reads
 
     _delete_elsewhere(database_url, plan_id)
     assert wait_until(lambda: client.get(location).status_code == 404, NOTICE_BOUND_S)
