@@ -69,11 +69,7 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
         f"{result.rms_log_error_before:.3f} before -> {result.rms_log_error:.3f} after",
         f"  {'group':<30}{'n':>4}{'before':>9}{'after':>9}{'bias after':>12}",
     ]
-    for label, group in _groups(kept, outcome.used):
-        lines.append(
-            f"  {label:<30}{len(group):>4}{rms_log_error(group, after=False):>9.3f}"
-            f"{rms_log_error(group):>9.3f}{_bias(group):>+12.3f}"
-        )
+    lines += _group_lines(kept, outcome.used)
     if outcome.held_out:
         held = outcome.held_out_quantities
         lines += [
@@ -81,11 +77,7 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
             f"held out (not fitted): {len(outcome.held_out)} run(s), {len(held)} quantities: "
             f"{rms_log_error(held, after=False):.3f} before -> {rms_log_error(held):.3f} after",
         ]
-        for label, group in _groups(held, outcome.held_out):
-            lines.append(
-                f"  {label:<30}{len(group):>4}{rms_log_error(group, after=False):>9.3f}"
-                f"{rms_log_error(group):>9.3f}{_bias(group):>+12.3f}"
-            )
+        lines += _group_lines(held, outcome.held_out)
     if excluded:
         lines += [
             "",
@@ -98,6 +90,18 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
     lines += [_error_line(q, outcome.used) for q in worst]
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines)
+
+
+def _group_lines(
+    quantities: Sequence[Quantity], runs: Sequence[tuple[int, MeasuredRun]]
+) -> list[str]:
+    """One line per group (model, kind of quantity): size, RMS ln error before and after,
+    bias after."""
+    return [
+        f"  {label:<30}{len(group):>4}{rms_log_error(group, after=False):>9.3f}"
+        f"{rms_log_error(group):>9.3f}{_bias(group):>+12.3f}"
+        for label, group in _groups(quantities, runs)
+    ]
 
 
 def _error_line(q: Quantity, runs: Sequence[tuple[int, MeasuredRun]]) -> str:

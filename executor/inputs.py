@@ -36,14 +36,10 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
             f"{path} is not a valid executor config ({where}: {first['msg']}); use a "
             f"candidate's executor config from stagewright plan --emit DIR"
         ) from None
-    problem = executor_problem(config.model, config.training, config.parallel.t, config.ir.name)
-    if config.parallel.cp > 1:
-        # Each rank would need its own share of the sequence and a ring for the attention.
-        problem = (
-            f"it does not split a sequence over ranks (context parallelism, cp = "
-            f"{config.parallel.cp}); run the candidate's megatron-node*.sh, or plan with "
-            f"search.context_parallel [1]"
-        )
+    parallel = config.parallel
+    problem = executor_problem(
+        config.model, config.training, parallel.t, config.ir.name, parallel.cp
+    )
     if problem is not None:
         raise BadInput(f"{path}: this executor cannot run it: {problem}")
     if lr is not None:

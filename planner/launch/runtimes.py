@@ -37,11 +37,10 @@ def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtim
         if runtime not in family.runtimes
     }
     if config.cp > 1:
-        for runtime in ("stagewright", "torch"):
-            limits.setdefault(
-                runtime,
-                f"{RUNTIME_TITLES[runtime]} does not run context parallelism (cp = {config.cp})",
-            )
+        limits.setdefault(
+            "torch",
+            f"{RUNTIME_TITLES['torch']} does not run context parallelism (cp = {config.cp})",
+        )
     if "megatron" not in limits:
         problem = recompute_problem(config)
         if problem is None and config.cp > 1 and not request.training.flash_attention:
@@ -52,7 +51,9 @@ def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtim
         if problem is not None:
             limits["megatron"] = problem
     if "stagewright" not in limits:
-        problem = executor_problem(request.model, request.training, config.t, config.schedule)
+        problem = executor_problem(
+            request.model, request.training, config.t, config.schedule, config.cp
+        )
         if problem is not None:
             limits["stagewright"] = problem
     return limits
@@ -63,8 +64,17 @@ def runtimes_of(limits: dict[Runtime, str]) -> list[Runtime]:
     return [runtime for runtime in RUNTIMES if runtime not in limits]
 
 
-def executor_problem(model: ModelSpec, training: TrainingSpec, t: int, schedule: str) -> str | None:
-    """Why stagewright's executor cannot run this, or None."""
+def executor_problem(
+    model: ModelSpec, training: TrainingSpec, t: int, schedule: str, cp: int = 1
+) -> str | None:
+    """Why stagewright's executor cannot run this, or None: what the plan says and what the
+    executor refuses with."""
+    if cp > 1:
+        # Each rank would need its own share of the sequence and a ring for the attention.
+        return (
+            f"it does not split a sequence over ranks (context parallelism, cp = {cp}); run "
+            f"the candidate's megatron-node*.sh, or plan with search.context_parallel [1]"
+        )
     llama = _llama_features(model)
     if llama:
         return (
