@@ -2,8 +2,10 @@
 ``GET /v1/plans/{id}/launch.tar.gz`` packs.
 
 Per ranked candidate, a folder ``candidate-N`` (N = its rank in the plan) with:
-- ``executor-config.json`` and ``run-node<i>.sh``, one per node, holding the plan's torchrun
-  line for that node (run it on that node, with ``MASTER_ADDR`` set when there are several);
+- ``executor-config.json`` and, where stagewright's executor can run the candidate,
+  ``run-node<i>.sh``, one per node, holding the plan's torchrun line for that node (run it on
+  that node, with ``MASTER_ADDR`` set when there are several); where it cannot, no script that
+  would only fail: the folder's line in ``README.md`` gives the reason;
 - where Megatron-LM can run the candidate as planned: ``megatron-args.txt`` (one argument per
   line) and ``megatron-node<i>.sh`` (``MEGATRON_LM`` names a Megatron-LM checkout; synthetic
   data and a null tokenizer unless ``DATA_ARGS`` says otherwise);
@@ -58,7 +60,7 @@ def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> 
         ),
         LaunchFile(f"{folder}/candidate.json", candidate.model_dump_json(indent=2)),
     ]
-    for node, line in enumerate(launch.torchrun):
+    for node, line in enumerate(launch.torchrun if "stagewright" in candidate.runtimes else []):
         files.append(
             LaunchFile(
                 f"{folder}/run-node{node}.sh",
@@ -113,6 +115,9 @@ def _readme(plan: Plan) -> str:
             f"{', '.join(candidate.runtimes) or 'no runtime'}"
             + (" (stale weights: PipeDream-2BW)" if candidate.semantics == "stale" else "")
         )
+        if "stagewright" not in candidate.runtimes:
+            reason = candidate.runtime_limits.get("stagewright", "")
+            lines.append(f"  (no run-node scripts: stagewright's executor cannot run it: {reason})")
     lines += [
         "",
         "Run `bash candidate-N/run-node<i>.sh` on node i (with MASTER_ADDR set to node 0's "

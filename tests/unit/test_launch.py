@@ -568,6 +568,7 @@ def test_launch_files_hold_each_candidates_artefacts():
         folder = f"candidate-{index}"
         config = json.loads(files[f"{folder}/executor-config.json"].content)
         assert config == materialize_launch(result.request, candidate).executor_config
+        assert "stagewright" in candidate.runtimes
         script = files[f"{folder}/run-node0.sh"]
         assert script.executable and candidate.launch.torchrun[0] + ' "$@"' in script.content
         assert (f"{folder}/megatron-args.txt" in files) == ("megatron" in candidate.runtimes)
@@ -621,3 +622,11 @@ def test_a_context_parallel_candidate_gets_a_config_of_every_rank_that_the_execu
     path.write_text(json.dumps(found.launch.executor_config))
     with pytest.raises(BadInput, match=re.escape("context parallelism, cp = 2); run the")):
         read_config(path)
+    # --emit writes no torchrun script that would only fail; its README line gives the reason.
+    index = planned.candidates.index(found) + 1
+    files = {f.path: f for f in launch_files(planned)}
+    assert f"candidate-{index}/executor-config.json" in files
+    assert not any(p.startswith(f"candidate-{index}/run-node") for p in files)
+    assert f"candidate-{index}/megatron-node0.sh" in files
+    readme = files["README.md"].content
+    assert f"cannot run it: {found.runtime_limits['stagewright']}" in readme
