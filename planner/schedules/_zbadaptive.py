@@ -176,8 +176,15 @@ class _Heuristic:
                 busy += cost[F][j]
                 required[j] += 1
             arrival = max(busy, arrival + comm) + cost[B][j]
+        # A later stage runs fewer warm-up forwards than the one before it, or as many when
+        # both run all n. (The authors' code tests that this stage runs all n, which with
+        # stages of unequal time lets a fast stage run forwards its predecessor has not.)
         for j in range(1, p):
-            while required[j] > 0 and required[j] >= required[j - 1] and f[j] + required[j] < n:
+            while (
+                required[j] > 0
+                and required[j] >= required[j - 1]
+                and f[j - 1] + required[j - 1] < n
+            ):
                 required[j] -= 1
         for j in range(p):
             for _ in range(required[j]):

@@ -157,6 +157,37 @@ def test_the_limit_holds_on_every_device_for_any_times():
         assert max(result.peak_activation) <= limit + 1e-9
 
 
+def test_zb_adaptive_is_a_valid_schedule_when_stages_take_unequal_times():
+    """A fast stage after a slow one fits more warm-up forwards before the first backward
+    reaches it than its predecessor does; if it runs them, it runs forwards whose input does
+    not exist yet (the authors' warm-up rule lets a stage keep that many when they are all m
+    of them). Every stage must run no more warm-up forwards than the stage before it:
+    ``generate`` validates the result against the IR's rules, and the limit still holds.
+    The first case is the smallest the rule broke on; the random ones are what the planner
+    passes (heavier middle stages, lighter end stages, uneven B and W, a hop)."""
+    cases = [(3, 5, (2.0, 1.0, 2.0), (2.0, 1.0, 2.0), (2.0, 1.0, 2.0), 0.0, 2.0)]
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        p = int(rng.integers(2, 9))
+        m = int(rng.integers(2, 3 * p + 1))
+        f = tuple(rng.choice([0.5, 1.0, 2.0, 3.0], p).tolist())
+        b = tuple((np.array(f) * rng.uniform(0.8, 1.3, p)).round(3).tolist())
+        w = tuple((np.array(f) * rng.uniform(0.4, 1.0, p)).round(3).tolist())
+        cases.append((p, m, f, b, w, float(rng.choice([0.0, 0.1])), float(rng.uniform(0.3, 2.5))))
+    built = 0
+    for p, m, f, b, w, comm, limit in cases:
+        times = PassTimes(f, b, w, comm)
+        try:
+            schedule = generate("zb-adaptive", p, m, memory_limit=limit, times=times)
+        except ScheduleConfigError as error:  # a limit below one forward, or none fits
+            assert "memory_limit" in str(error)
+            continue
+        built += 1
+        result = simulate(schedule, Durations(f, b, w, comm=comm))
+        assert max(result.peak_activation) <= limit + 1e-9
+    assert built >= 30
+
+
 def test_a_limit_no_schedule_reaches_names_the_smallest():
     smallest = smallest_v_limit(8, 32)
     with pytest.raises(
