@@ -17,8 +17,13 @@ the same operations on the same numbers as the reference, so they agree to the l
 the order of fp32 additions. Tensor parallelism splits matrix products: each rank rounds its
 partial sum to the compute precision before the all-reduce adds them, so the result differs
 from the unsplit product by about the unit roundoff u of that precision (bf16 2^-8, fp16
-2^-11) per layer, accumulated through the model (about 6u measured on a tiny GPT with t = 2 in
-bf16). The tolerance is 8u for bf16 and fp16, and 1e-5 for fp32.
+2^-11) per layer, accumulated through the model. The tolerance is 8u for bf16 and fp16, and
+1e-5 for fp32; with t > 1 in bf16 or fp16 a gradient may also differ by ``ROUNDING_MARGIN``
+times what the precision's rounding moves it: the reference gradient against the same
+reference computed in fp32. (A fixed 8u does not hold: measured on a tiny GPT of hidden 32
+at t = 2 in bf16, the largest error grows with depth, 5u at 4 layers, 8u at 8, 11u at 12,
+13u at 24, while the fp32 run of the same plan agrees within 1e-6; the layer-norm gradients,
+sums over every token, move 3-5% between bf16 and fp32 themselves.)
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from torch import Tensor
 
 from executor.interpreter import RankRunner
 from executor.reference import local_view, reference_gradients, reference_weights
+from planner.launch import ExecutorConfig
 from planner.launch.report import Mismatch
 
 __all__ = ["ROUNDING_MARGIN", "TOLERANCE", "verify_rank"]
@@ -58,6 +64,23 @@ def _on_rank_zero(compute: Callable[[], T]) -> T:
     return box[0]  # type: ignore[return-value]
 
 
+def _flushed_references(
+    config: ExecutorConfig, step: int
+) -> tuple[list[float], dict[str, Tensor], dict[str, Tensor] | None]:
+    """The reference's losses and gradients of ``step``; with tensor parallelism in bf16 or
+    fp16 also its gradients computed in fp32 from the same weights (how far the precision's
+    rounding moves each one), else None."""
+    weights = reference_weights(config, [1] * step)
+    losses, grads = reference_gradients(config, step, weights)
+    exact = None
+    if config.parallel.t > 1 and config.training.precision != "fp32":
+        in_fp32 = config.model_copy(
+            update={"training": config.training.model_copy(update={"precision": "fp32"})}
+        )
+        exact = reference_gradients(in_fp32, step, weights)[1]
+    return losses, grads, exact
+
+
 def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None) -> dict[str, Any]:
     """This rank's comparison: tensors checked, largest error, mismatches (as dicts of
     :class:`planner.launch.report.Mismatch`). ``segments``: the batches of each run of a
@@ -66,6 +89,7 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
     tolerance = TOLERANCE[config.training.precision]
     rank, tp = runner.comm.rank, runner.comm.tp
     errors: list[tuple[int, str, str, float, int | None]] = []
+    per_tensor = False  # a flushed run's gradients each with their own tolerance
     tolerances: dict[tuple[int, str], float] = {}
     if segments is not None:
         full, reordered = _on_rank_zero(
@@ -83,15 +107,16 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
                 noise = _error(rounding[name], expected[name])
                 tolerances[(s, name)] = max(tolerance, ROUNDING_MARGIN * noise)
     else:
-        losses, grads = _on_rank_zero(
-            lambda: reference_gradients(
-                config, first_step, reference_weights(config, [1] * first_step)
-            )
-        )
+        losses, grads, exact = _on_rank_zero(lambda: _flushed_references(config, first_step))
+        per_tensor = exact is not None
         for s in runner.weights:
             expected = local_view(config, grads, s, tp)
+            unrounded = local_view(config, exact, s, tp) if exact is not None else None
             for name, grad in runner.first_grads.get(s, {}).items():
                 errors.append((s, name, "gradient", _error(grad, expected[name]), None))
+                if unrounded is not None:
+                    noise = _error(unrounded[name], expected[name])
+                    tolerances[(s, name)] = max(tolerance, ROUNDING_MARGIN * noise)
         if runner.last_stage in runner.weights:
             m = config.num_microbatches
             mine = runner.first_losses
@@ -126,6 +151,12 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
             f"{ROUNDING_MARGIN:g}x the rounding difference of two references"
             if segments is not None
             else f"gradients and losses of step {first_step}"
+            + (
+                f", each gradient within at least {ROUNDING_MARGIN:g}x what "
+                f"{config.training.precision} rounding moves it (tensor parallelism)"
+                if per_tensor
+                else ""
+            )
         ),
         "tolerance": tolerance,
     }

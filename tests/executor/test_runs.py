@@ -40,6 +40,17 @@ RUNS = {
         "sequence_parallel": True,
     },
     "vzb-tp2-sp": {"schedule": "v-zb", "t": 2, "p": 2, "d": 1, "m": 4, "sequence_parallel": True},
+    # Deeper and narrower, in bf16: tensor parallelism's rounding outgrows a fixed 8u here
+    # (the verify module's docstring), and the check must still pass a correct run.
+    "tp2-bf16-deep": {
+        "schedule": "1f1b",
+        "t": 2,
+        "p": 2,
+        "d": 1,
+        "m": 4,
+        "precision": "bf16",
+        "model": {**TINY, "num_layers": 12, "hidden_size": 32},
+    },
     "uneven-mixed": {
         "schedule": "1f1b",
         "t": 1,
@@ -107,9 +118,11 @@ def test_each_run_matches_the_reference_and_the_predicted_memory(runs, name):
     check = run.verification
     assert check is not None and check.passed and check.checked > 0, check
     # Passed means every tensor within its own tolerance: the closest share is at most 1,
-    # and for flushed runs (one tolerance for all) it is the largest error over it.
+    # and for flushed runs with one tolerance for all (all but tensor parallelism in bf16
+    # or fp16, whose gradients each get their own) it is the largest error over it.
     assert check.largest_share is not None and 0 <= check.largest_share <= 1
-    if not run.continuous:
+    one_tolerance = run.config.t == 1 or run.config.precision == "fp32"
+    if not run.continuous and one_tolerance:
         assert check.largest_share == pytest.approx(check.max_error / check.tolerance)
     for rank in run.ranks:
         assert rank.predicted_saved_activation_bytes is not None
