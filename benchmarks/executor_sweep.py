@@ -1,0 +1,123 @@
+"""A randomized sweep of the executor: random tiny plans, each run as emitted with --verify.
+
+    python benchmarks/executor_sweep.py [--seed S] [--runs N]
+
+Each run plans a random tiny GPT (4-12 layers, hidden 32 or 64) on one node of 4 `cpu`
+devices for one random schedule (any of the registry's, 2BW with stale weights allowed),
+recompute mode, precision (fp32 or bf16), optimizer (Adam or SGD), with or without the
+distributed optimizer and sequence parallelism, and global batch 4-16, for stagewright's
+executor; emits the launch files; picks one ranked candidate at random; and runs its
+``run-node0.sh --verify`` on 4 gloo ranks with only PATH, HOME and MASTER_ADDR set, as a
+person would. A run passes when it exits 0 and its verification passed. About 10 s a run on
+a 2-core machine. Exits 1 when any run failed, printing its request and output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.schedules import SCHEDULE_NAMES  # noqa: E402
+
+BIN = Path(sys.executable).parent  # the environment's stagewright and torchrun
+
+
+def random_request(rng: random.Random) -> dict[str, Any]:
+    schedule = rng.choice(SCHEDULE_NAMES)
+    return {
+        "model": {
+            "name": "tiny",
+            "num_layers": rng.choice([4, 6, 8, 12]),
+            "hidden_size": rng.choice([32, 64]),
+            "num_attention_heads": 4,
+            "seq_length": rng.choice([16, 32]),
+            "vocab_size": 128,
+        },
+        "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
+        "training": {
+            "global_batch_size": rng.choice([4, 8, 12, 16]),
+            "precision": rng.choice(["fp32", "bf16"]),
+            "optimizer": rng.choice(["adam", "sgd"]),
+            "distributed_optimizer": rng.random() < 0.3,
+            "sequence_parallel": rng.random() < 0.3,
+        },
+        "search": {
+            "schedules": [schedule],
+            "allow_stale_weights": schedule == "2bw",
+            "recompute": [rng.choice(["none", "selective", "full"])],
+            "runtime": "stagewright",
+            "top_k": 20,
+        },
+    }
+
+
+def run_one(rng: random.Random, folder: Path) -> tuple[bool, str, str]:
+    """(passed, what ran, output to show on failure)."""
+    request = random_request(rng)
+    (folder / "request.json").write_text(json.dumps(request))
+    planned = subprocess.run(
+        [BIN / "stagewright", "plan", "request.json", "--json", "--emit", "launch"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
+    if planned.returncode != 0:
+        return False, "plan", f"{json.dumps(request)}\n{planned.stderr[-2000:]}"
+    candidates = json.loads(planned.stdout)["candidates"]
+    if not candidates:
+        return True, "no candidate fits", ""
+    index = rng.randrange(len(candidates))
+    c = candidates[index]["config"]
+    training = request["training"]
+    what = (
+        f"{c['schedule']} t{c['t']} p{c['p']} d{c['d']} mb{c['micro_batch_size']}x"
+        f"{c['num_microbatches']} {c['recompute']} {training['precision']} "
+        f"{training['optimizer']} zero1={training['distributed_optimizer']} "
+        f"sp={training['sequence_parallel']} layers={request['model']['num_layers']}"
+    )
+    env = {"PATH": f"{BIN}{os.pathsep}{os.defpath}", "MASTER_ADDR": "127.0.0.1"}
+    env["HOME"] = os.environ.get("HOME", str(folder))
+    ran = subprocess.run(
+        ["bash", "run-node0.sh", "--verify"],
+        cwd=folder / "launch" / f"candidate-{index + 1}",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    passed = ran.returncode == 0 and "verify: passed" in ran.stdout
+    return passed, what, f"{json.dumps(request)} candidate {index + 1}\n{ran.stdout[-2000:]}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    failed = 0
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="stagewright-sweep-") as folder:
+            started = time.perf_counter()
+            passed, what, output = run_one(rng, Path(folder))
+            print(f"{'ok  ' if passed else 'FAIL'} {time.perf_counter() - started:5.1f} s  {what}")
+            if not passed:
+                failed += 1
+                print(output)
+    print(f"seed {args.seed}: {args.runs} runs, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
