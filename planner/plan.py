@@ -28,6 +28,7 @@ from planner._gc import collector_paused
 from planner.assemble import candidate, landscape, schedule_summaries
 from planner.costmodel.evaluate import Estimate, PlanContext, Priced, estimate, placement_for, price
 from planner.costmodel.memory import GIB
+from planner.errors import InvalidScheduleError
 from planner.profiles import ProfileStore, default_store
 from planner.search.gains import limit_note
 from planner.search.grid import enumerate_space, runtime_problem
@@ -40,7 +41,16 @@ def plan(request: PlanRequest, store: ProfileStore | None = None) -> Plan:
     """Search the request's space and return the ranked, launchable plan, priced with the
     hardware and layer profiles of ``store`` (the bundled ones by default)."""
     with collector_paused():
-        return _plan(request, store)
+        try:
+            return _plan(request, store)
+        except InvalidScheduleError as error:
+            # A plan builds every schedule it prices from the registry's generators: one that
+            # breaks a rule of the IR is a bug here, not something the request can change
+            # (the service must answer it as a bug, not refuse the request with it).
+            raise RuntimeError(
+                f"stagewright generated an invalid schedule for this request ({error}); "
+                "this is a bug in stagewright, please report the request"
+            ) from error
 
 
 def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:

@@ -13,6 +13,7 @@ import planner.plan as planning
 import planner.search.grid as grid
 import planner.search.refinement as refinement
 from planner.costmodel import PlanContext
+from planner.errors import InvalidScheduleError, StagewrightError
 from planner.profiles import default_store
 from tests.unit.test_search import example
 
@@ -90,3 +91,21 @@ def test_the_plan_context_is_frozen_and_derived_contexts_leave_it_unchanged():
     assert ctx.placements == {}
     assert placed.placements[key] == place(2, 8, 2, 8, "pair-adjacent")
     assert placed.request is ctx.request and placed.hardware is ctx.hardware
+
+
+def test_an_invalid_generated_schedule_is_a_bug_not_a_refusal(monkeypatch):
+    """Every schedule a plan prices comes from the registry's generators, so one that breaks
+    an IR rule is stagewright's bug: ``plan`` raises it as a plain error (the service then
+    answers 500 and logs it) instead of a StagewrightError, which the CLI and the service
+    present as the request's fault. (Before, zb-adaptive's warm-up on stages of unequal time
+    produced such a schedule, and the service refused the request with its rule.)"""
+
+    def broken(schedule):
+        raise InvalidScheduleError(5, "1F3 needs the previous stage's forward")
+
+    monkeypatch.setattr(evaluate, "compile_schedule", broken)
+    request = example("gpt3-13b-8xa100.json", schedules=["zb-adaptive"], top_k=1)
+    with pytest.raises(RuntimeError, match="bug in stagewright") as raised:
+        planning.plan(request)
+    assert not isinstance(raised.value, StagewrightError)
+    assert "rule 5: 1F3 needs" in str(raised.value)
