@@ -4,9 +4,9 @@
 
 The request is ``examples/llama3-405b-16384xh100.json`` (16,384 H100, global batch 2,048 x
 8,192 tokens, Megatron-LM-style 1F1B and interleaved). The Llama 3 paper (Table 4) trained
-it at TP 8, CP 1, PP 16, DP 128, reporting 41% BF16 MFU. This prices that configuration as
-the planner's grid would build it (interleaved, micro-batch 1, no recomputation, layers
-spread by the grid's rule) with the bundled, uncalibrated H100 profile, simulated like any
+it at TP 8, CP 1, PP 16, DP 128, reporting 41% BF16 MFU. This takes that configuration from
+the planner's grid (interleaved, micro-batch 1, no recomputation, layers spread by the
+grid's rule), prices it with the bundled, uncalibrated H100 profile, simulated like any
 ranked candidate, and prints its step time, MFU and per-GPU memory against the usable
 memory; then the plan's own best. The times are the model's, not measured: the H100 profile
 has no calibration data.
@@ -20,46 +20,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.costmodel.evaluate import (  # noqa: E402
-    PlanContext,
-    estimate,
-    num_stages,
-    price,
-    split_layers,
-)
+from planner.costmodel.evaluate import PlanContext, price  # noqa: E402
 from planner.costmodel.memory import GIB  # noqa: E402
 from planner.plan import plan  # noqa: E402
 from planner.profiles import default_store  # noqa: E402
-from planner.specs import CandidateConfig, PlanRequest  # noqa: E402
+from planner.search.grid import enumerate_space  # noqa: E402
+from planner.specs import PlanRequest  # noqa: E402
 
 REQUEST = ROOT / "examples" / "llama3-405b-16384xh100.json"
-T, CP, P, D, MICRO_BATCH = 8, 1, 16, 128, 1  # Llama 3 paper, Table 4
+# Llama 3 paper, Table 4: (t, cp, p, d), micro-batch size, schedule, recomputation
+PUBLISHED = ((8, 1, 16, 128), 1, "interleaved", "none")
 
 
 def main() -> None:
     request = PlanRequest.model_validate_json(REQUEST.read_text())
     ctx = PlanContext.from_store(request, default_store())
-    schedule = "interleaved"
-    layers = split_layers(request.model.num_layers, num_stages(schedule, P))
-    assert layers is not None
-    config = CandidateConfig(
-        t=T,
-        cp=CP,
-        p=P,
-        d=D,
-        micro_batch_size=MICRO_BATCH,
-        num_microbatches=request.training.global_batch_size // (D * MICRO_BATCH),
-        recompute="none",
-        schedule=schedule,
-        layers_per_stage=layers,
-    )
-    priced = price(ctx, estimate(ctx, config))
+    space = enumerate_space(ctx, ctx.hardware.usable_memory_gib * GIB)
+    (found,) = [
+        est
+        for est in space.feasible + space.over_memory
+        if (
+            (est.config.t, est.config.cp, est.config.p, est.config.d),
+            est.config.micro_batch_size,
+            est.config.schedule,
+            est.config.recompute,
+        )
+        == PUBLISHED
+    ]
+    priced = price(ctx, found)
+    c = found.config
     usable = ctx.hardware.usable_memory_gib
-    peak = priced.estimate.peak_memory / GIB
+    peak = found.peak_memory / GIB
     print(
-        f"published (t {T}, cp {CP}, p {P}, d {D}, {schedule}, micro-batch {MICRO_BATCH}, "
-        f"no recomputation): {priced.iteration_time_s:.2f} s a step, {priced.mfu:.1%} MFU, "
-        f"peak {peak:.1f} GiB per GPU against {usable:.1f} usable"
+        f"published (t {c.t}, cp {c.cp}, p {c.p}, d {c.d}, {c.schedule}, micro-batch "
+        f"{c.micro_batch_size}, no recomputation): {priced.iteration_time_s:.2f} s a step, "
+        f"{priced.mfu:.1%} MFU, peak {peak:.1f} GiB per GPU against {usable:.1f} usable"
         + (" (does not fit)" if peak > usable else "")
     )
     best = plan(request).best

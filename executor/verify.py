@@ -64,6 +64,12 @@ def _on_rank_zero(compute: Callable[[], T]) -> T:
     return box[0]  # type: ignore[return-value]
 
 
+def _rounding_tolerance(tolerance: float, rounded: Tensor, expected: Tensor) -> float:
+    """A tensor's tolerance when rounding alone moves it: ``rounded`` is the reference
+    computed with other rounding; at least the precision's ``tolerance``."""
+    return max(tolerance, ROUNDING_MARGIN * _error(rounded, expected))
+
+
 def _flushed_references(
     config: ExecutorConfig, step: int
 ) -> tuple[list[float], dict[str, Tensor], dict[str, Tensor] | None]:
@@ -89,7 +95,6 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
     tolerance = TOLERANCE[config.training.precision]
     rank, tp = runner.comm.rank, runner.comm.tp
     errors: list[tuple[int, str, str, float, int | None]] = []
-    per_tensor = False  # a flushed run's gradients each with their own tolerance
     tolerances: dict[tuple[int, str], float] = {}
     if segments is not None:
         full, reordered = _on_rank_zero(
@@ -104,19 +109,31 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
             rounding = local_view(config, reordered, s, tp)
             for name, value in weights.newest().items():
                 errors.append((s, name, "weight", _error(value, expected[name]), version))
-                noise = _error(rounding[name], expected[name])
-                tolerances[(s, name)] = max(tolerance, ROUNDING_MARGIN * noise)
+                tolerances[(s, name)] = _rounding_tolerance(
+                    tolerance, rounding[name], expected[name]
+                )
+        compared = (
+            "weights of the newest version after the run vs the PipeDream-2BW rule "
+            "W(t+1) = W(t) - lr * grad(W(t-1)), each within at least "
+            f"{ROUNDING_MARGIN:g}x the rounding difference of two references"
+        )
     else:
         losses, grads, exact = _on_rank_zero(lambda: _flushed_references(config, first_step))
-        per_tensor = exact is not None
         for s in runner.weights:
             expected = local_view(config, grads, s, tp)
             unrounded = local_view(config, exact, s, tp) if exact is not None else None
             for name, grad in runner.first_grads.get(s, {}).items():
                 errors.append((s, name, "gradient", _error(grad, expected[name]), None))
                 if unrounded is not None:
-                    noise = _error(unrounded[name], expected[name])
-                    tolerances[(s, name)] = max(tolerance, ROUNDING_MARGIN * noise)
+                    tolerances[(s, name)] = _rounding_tolerance(
+                        tolerance, unrounded[name], expected[name]
+                    )
+        compared = f"gradients and losses of step {first_step}"
+        if exact is not None:
+            compared += (
+                f", each gradient within at least {ROUNDING_MARGIN:g}x what "
+                f"{config.training.precision} rounding moves it (tensor parallelism)"
+            )
         if runner.last_stage in runner.weights:
             m = config.num_microbatches
             mine = runner.first_losses
@@ -145,18 +162,6 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
         # NaN compares false: a NaN error makes the share infinite (it is a mismatch too).
         "largest_share": max((x if x == x else float("inf") for x in shares), default=0.0),
         "mismatches": mismatches,
-        "compared": (
-            "weights of the newest version after the run vs the PipeDream-2BW rule "
-            "W(t+1) = W(t) - lr * grad(W(t-1)), each within at least "
-            f"{ROUNDING_MARGIN:g}x the rounding difference of two references"
-            if segments is not None
-            else f"gradients and losses of step {first_step}"
-            + (
-                f", each gradient within at least {ROUNDING_MARGIN:g}x what "
-                f"{config.training.precision} rounding moves it (tensor parallelism)"
-                if per_tensor
-                else ""
-            )
-        ),
+        "compared": compared,
         "tolerance": tolerance,
     }
