@@ -63,14 +63,39 @@ def load_profiles(*, database_url: str | None) -> WriteReport:
 WORKER_HEALTHCHECK_S = 60
 
 
+class PoolResetFailure(logging.Filter):
+    """SQLAlchemy's pool logs a connection it could not reset when it came back (its
+    backend was terminated, or the watchdog cut it in the middle of a command) with a
+    traceback, and then discards that connection: under a failing database an expected
+    event, which this turns into one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.getMessage().startswith("Exception during reset"):
+            error = record.exc_info[1]
+            lines = str(error).strip().splitlines() if error is not None else []
+            record.msg = "a database connection could not be reset on return; discarded: %s"
+            record.args = (lines[0] if lines else type(error).__name__,)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def _log_config() -> dict[str, Any]:
-    """Uvicorn's logging plus the service's own loggers, in every server process."""
+    """Uvicorn's logging plus the service's own loggers and SQLAlchemy's pool warnings, in
+    every server process."""
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config["loggers"]["stagewright"] = {
         "handlers": ["default"],
         "level": "INFO",
+        "propagate": False,
+    }
+    config.setdefault("filters", {})["pool_reset"] = {"()": PoolResetFailure}
+    config["handlers"]["database"] = {**config["handlers"]["default"], "filters": ["pool_reset"]}
+    config["loggers"]["sqlalchemy.pool"] = {
+        "handlers": ["database"],
+        "level": "WARNING",
         "propagate": False,
     }
     return config

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import logging.config
+
 import httpx
 import pytest
 
 from api.core.config import Settings, SettingsError
 from api.core.db import normalize_url
+from api.service import _log_config
 from cli.main import main
 from tests.integration.conftest import example
 
@@ -121,3 +126,38 @@ def test_two_server_processes_share_one_store(tmp_path, start_server):
         assert http.get("/v1/plans", params={"limit": 100}).json()["total"] == len(results)
         for _, plan_id in results:
             assert http.get(f"/v1/plans/{plan_id}").json()["status"] == "done"
+
+
+def test_a_pool_connection_that_cannot_be_reset_is_one_warning_line():
+    """Killed database backends make SQLAlchemy's pool fail to reset a returned connection;
+    it logs that with a traceback and discards the connection. The service's logging says
+    it in one warning line instead (the reliability test that kills backends under load
+    found the traceback in the server log)."""
+    config = _log_config()
+    stream = io.StringIO()
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "disable_existing_loggers": False,
+            "formatters": config["formatters"],
+            "filters": config["filters"],
+            "handlers": {"database": {**config["handlers"]["database"], "stream": stream}},
+            "loggers": {"sqlalchemy.pool": config["loggers"]["sqlalchemy.pool"]},
+        }
+    )
+    pool_logger = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
+    try:
+        try:
+            raise OSError("sending query failed: another command is already in progress")
+        except OSError:
+            pool_logger.error("Exception during reset or similar", exc_info=True)
+        pool_logger.warning("Pool timeout")  # anything else passes unchanged
+    finally:
+        parent = logging.getLogger("sqlalchemy.pool")
+        parent.handlers.clear()
+        parent.propagate, parent.level = True, logging.NOTSET
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and "Traceback" not in stream.getvalue()
+    assert lines[0].startswith("WARNING")
+    assert "could not be reset on return; discarded: sending query failed" in lines[0]
+    assert "Pool timeout" in lines[1]
