@@ -31,7 +31,7 @@ the exhaustive search in the tests:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
@@ -208,7 +208,7 @@ class AdaptiveChoice:
     """The block the search chose, its orders, and what it measured."""
 
     block: VBlock
-    orders: list[list[int]]
+    orders: Sequence[Sequence[int]]
     peak_units: int  # stage activations on the fullest device
     makespan: float  # under the pass times searched with
     candidates: int  # blocks within the limit
@@ -242,39 +242,69 @@ def _choose(
 ) -> AdaptiveChoice:
     """The search for ``allowed`` stage activations (limits that allow as many share it)."""
     d, m = num_devices, num_microbatches
-    space, peaks = _space(d), _peaks(d, m)
-    within = np.flatnonzero(peaks <= allowed)
-    shortlist = _shortlist(peaks, within)
+    screened = _screened(d, m, allowed)
     durations = _pass_durations(times, d)
     screen_m = min(m, SCREEN_MICROBATCHES)
     scored = []
-    seen: set[tuple[tuple[int, ...], ...]] = set()
-    for index in shortlist:
-        cells = space.cells[index].tolist()
-        # Blocks whose repeated orders are the same build the same schedule: build one.
-        key = tuple(map(tuple, repeat(cells, screen_m)))
-        if key in seen:
-            continue
-        seen.add(key)
-        if len(seen) > MAX_SCREENED:
-            break
-        orders = build_orders(cells, screen_m)
+    for index, peak, built in screened:
+        orders = built.tolist()
         _, finish = time_orders(orders, screen_m, durations, times.comm)
         # Fewest bubbles first; then the least memory; then the search order (stable).
-        scored.append((max(finish), int(peaks[index]), index, orders))
+        scored.append((max(finish), peak, index, orders))
     scored.sort(key=lambda s: s[:3])
     if screen_m < m:
         finals = []
         for _, peak, index, _ in scored[:FINALISTS]:
-            orders = build_orders(space.cells[index].tolist(), m)
+            orders = _block_orders(d, index, m).tolist()
             _, finish = time_orders(orders, m, durations, times.comm)
             finals.append((max(finish), peak, index, orders))
         scored = sorted(finals, key=lambda s: s[:3])
     makespan, _, index, orders = scored[0]
     peak = max(order_peaks(orders))
     assert peak <= allowed, (peak, allowed)  # reordering never raises the peak
-    evaluated = len(seen) + (min(FINALISTS, len(scored)) if screen_m < m else 0)
-    return AdaptiveChoice(space.blocks[index], orders, peak, makespan, len(within), evaluated)
+    evaluated = len(screened) + (min(FINALISTS, len(scored)) if screen_m < m else 0)
+    within = int(np.count_nonzero(_peaks(d, m) <= allowed))
+    return AdaptiveChoice(_space(d).blocks[index], orders, peak, makespan, within, evaluated)
+
+
+@lru_cache(maxsize=16)
+def _screened(
+    num_devices: int, num_microbatches: int, allowed: int
+) -> tuple[tuple[int, int, np.ndarray], ...]:
+    """The blocks the search times for ``allowed`` stage activations, as (index in the
+    space, peak, orders built with ``SCREEN_MICROBATCHES`` micro-batches or m if fewer),
+    in shortlist order, one per distinct repeated order (blocks whose repeated orders are
+    the same build the same schedule). Nothing here depends on pass times, so every
+    candidate of a plan with this (d, m, allowed) shares it: building the orders is most of
+    a search's time, timing them little."""
+    d, m = num_devices, num_microbatches
+    space, peaks = _space(d), _peaks(d, m)
+    shortlist = _shortlist(peaks, np.flatnonzero(peaks <= allowed))
+    screen_m = min(m, SCREEN_MICROBATCHES)
+    screened = []
+    seen: set[bytes] = set()
+    for index in shortlist:
+        repeated = repeat(space.cells[index].tolist(), screen_m)
+        key = np.asarray(repeated, dtype=np.int64).tobytes()
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > MAX_SCREENED:
+            break
+        screened.append((index, int(peaks[index]), _block_orders(d, index, screen_m)))
+    return tuple(screened)
+
+
+@lru_cache(maxsize=512)
+def _block_orders(num_devices: int, index: int, num_microbatches: int) -> np.ndarray:
+    """Block ``index``'s finished orders (repeated, warm-up and cool-down reordered) for m
+    micro-batches, one row a device; shared by every search that screens or finishes the
+    block. Kept as a read-only array: a list of Python ints would take about ten times the
+    memory in a long-lived service."""
+    cells = _space(num_devices).cells[index].tolist()
+    orders = np.asarray(build_orders(cells, num_microbatches), dtype=np.int64)
+    orders.flags.writeable = False
+    return orders
 
 
 def v_adaptive(

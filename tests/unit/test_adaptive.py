@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from planner.errors import ScheduleConfigError
-from planner.schedules import PassTimes, generate
+from planner.schedules import PassTimes, _vadaptive, generate
 from planner.schedules._vadaptive import (
     _pass_durations,
     _peaks,
@@ -143,6 +143,30 @@ def test_the_narrowed_search_finds_what_the_exhaustive_search_finds(d, m, times)
         )
         chosen = v_adaptive_choice(d, m, limit, pass_times)
         assert chosen.makespan == pytest.approx(best, rel=1e-12), limit
+
+
+def test_a_search_does_not_depend_on_the_searches_before_it():
+    """The blocks a search builds are shared between searches (only their timing depends
+    on the pass times): a search after others under other times chooses what it chooses in
+    a fresh process."""
+    d, m, limit = 6, 24, 0.6
+    first, second = PassTimes(1.0, 1.5, 0.5, 0.05), PassTimes(1.0, 1.0, 0.2, 0.3)
+    _caches_cleared()
+    fresh = v_adaptive_choice(d, m, limit, second)
+    _caches_cleared()
+    v_adaptive_choice(d, m, limit, first)
+    after = v_adaptive_choice(d, m, limit, second)
+    assert (after.block, after.makespan, after.peak_units) == (
+        fresh.block,
+        fresh.makespan,
+        fresh.peak_units,
+    )
+    assert [list(o) for o in after.orders] == [list(o) for o in fresh.orders]
+
+
+def _caches_cleared() -> None:
+    for cached in (_vadaptive._choose, _vadaptive._screened, _vadaptive._block_orders):
+        cached.cache_clear()
 
 
 def test_the_limit_holds_on_every_device_for_any_times():
