@@ -20,6 +20,18 @@ _NAMES = {
 }
 
 
+def _plan_step(timeline: dict[str, Any]) -> str:
+    """The plan's step time beside the drawn span: they differ by what the drawing leaves
+    out (data-parallel sync and the optimizer step; 2BW's drawing is two batches)."""
+    step = timeline.get("step_time_s")
+    if step is None:
+        return ""
+    what = "data-parallel sync and the optimizer step included"
+    if timeline.get("num_batches", 1) > 1:
+        what = "one batch in the steady state, " + what
+    return f"; the plan's step time {step:.4g} s ({what})"
+
+
 def format_candidate_timeline(timeline: dict[str, Any], width: int) -> str:
     """Rows of ``width`` columns, one per pipeline device, over the step: each column shows
     the action running at its middle ('.' idle), then a legend of the symbols drawn. A
@@ -36,7 +48,7 @@ def format_candidate_timeline(timeline: dict[str, Any], width: int) -> str:
             if timeline.get("num_batches", 1) > 1
             else ""
         ),
-        f"step {makespan:.4g} s, bubble {timeline['bubble_fraction']:.1%}",
+        f"drawn: {makespan:.4g} s, bubble {timeline['bubble_fraction']:.1%}" + _plan_step(timeline),
     ]
     if makespan <= 0:
         return "\n".join([*lines, "(empty schedule)"])

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.costmodel.evaluate import Estimate, PlanContext, estimate, price, stages_by_device
+from planner.costmodel.evaluate import (
+    Estimate,
+    PlanContext,
+    Priced,
+    estimate,
+    price,
+    stages_by_device,
+)
 from planner.costmodel.memory import GIB
 from planner.profiles import ProfileStore, default_store
-from planner.schedules import generate, generation_work, schedule_actions
+from planner.schedules import Schedule, generate, generation_work, schedule_actions, schedule_family
 from planner.simulate import Durations, simulate
 from planner.specs import CandidateConfig, PlanRequest
 
@@ -35,21 +42,30 @@ def candidate_timeline(
     such as SEND/RECV, version switches and mirrors left out). ``mode`` 'summary' (the
     schedule is too large to build within ``max_work``): ``devices[d]`` has its stages and
     ``forward_s``, ``backward_s``, ``weight_s``, ``busy_s`` and ``idle_s`` over the step.
-    Both carry ``makespan``, ``bubble_fraction``, ``num_actions`` (the schedule's size),
+    Both carry ``makespan`` and ``bubble_fraction`` of what is drawn, ``step_time_s`` (the
+    plan's step time: the simulated steady state extended to every micro-batch, plus
+    data-parallel sync and the optimizer step), ``num_actions`` (the schedule's size),
     ``num_microbatches`` (every micro-batch drawn: 2BW runs ``num_batches`` batches without a
     flush, so twice the configuration's) and each device's ``stages`` in chunk order (a V
     schedule's two chunks) and ``memory`` (:func:`memory_breakdown`). In 'actions' mode each
     device also has ``memory_curve``: [time s, GiB] steps of its memory over the step, the
     static part (parameters, gradients, optimizer states, working buffers and allowance) plus
-    the activations the simulator counts as saved at that time."""
+    the activations the simulator counts as saved at that time.
+
+    A schedule its family searches for under the candidate's pass times (v-adaptive,
+    zb-adaptive) is the one the plan priced and the executor runs: the choice of the plan's
+    search, rebuilt for every micro-batch."""
     ctx = PlanContext.from_store(request, store or default_store())
     name, p, m = config.schedule, config.p, config.num_microbatches
     num_actions = schedule_actions(name, p, m)
+    # Priced as the plan prices it: the step time to show beside what is drawn, and for a
+    # searched schedule its choice and the memory counted from it.
+    priced = price(ctx, estimate(ctx, config))
     if generation_work(name, p, m) > max_work:
-        return _summary(ctx, config, num_actions)
-    est = estimate(ctx, config)
+        return _summary(priced, num_actions)
+    est = priced.estimate
     costs = est.costs
-    schedule = generate(name, p, m, check=False)
+    schedule = _whole_schedule(priced)
     result = simulate(
         schedule,
         Durations(
@@ -79,11 +95,24 @@ def candidate_timeline(
         "schedule": name,
         "makespan": result.makespan,
         "bubble_fraction": result.bubble_fraction,
+        "step_time_s": priced.iteration_time_s,
         "num_actions": sum(len(d["actions"]) for d in devices),
         "num_microbatches": schedule.total_microbatches,
         "num_batches": schedule.num_batches,
         "devices": devices,
     }
+
+
+def _whole_schedule(priced: Priced) -> Schedule:
+    """The priced candidate's schedule with all its micro-batches: a searched family's
+    choice (made for the micro-batches the plan simulates) rebuilt without searching again,
+    as the executor rebuilds it; any other family generated from (p, m)."""
+    config = priced.estimate.config
+    name, p, m = config.schedule, config.p, config.num_microbatches
+    family = schedule_family(name)
+    if family.rebuild is not None:
+        return family.rebuild(priced.simulation.schedule.meta["choice"], p, m)
+    return generate(name, p, m, check=False)
 
 
 def memory_breakdown(
@@ -99,8 +128,7 @@ def memory_breakdown(
 
 
 def _breakdown(est: Estimate) -> list[dict[str, float]]:
-    """Each device's memory in ``est`` (the estimate's, not the one a searched schedule
-    replaces it with when priced), in GiB."""
+    """Each device's memory in ``est``, in GiB."""
     return [
         {
             "parameters": m.parameters / GIB,
@@ -128,13 +156,12 @@ def _curve(steps: list[tuple[float, float]], memory: dict[str, float]) -> list[l
     ]
 
 
-def _summary(ctx: PlanContext, config: CandidateConfig, num_actions: int) -> dict[str, Any]:
-    est = estimate(ctx, config)
-    priced = price(ctx, est)
+def _summary(priced: Priced, num_actions: int) -> dict[str, Any]:
+    config = priced.estimate.config
     costs = priced.estimate.costs
     m = config.num_microbatches
     devices = []
-    breakdown = _breakdown(est)
+    breakdown = _breakdown(priced.estimate)
     for device, stages in enumerate(stages_by_device(config.schedule, config.p)):
         forward = m * sum(costs.forward[s] for s in stages)
         backward = m * sum(costs.backward[s] for s in stages)
@@ -157,6 +184,7 @@ def _summary(ctx: PlanContext, config: CandidateConfig, num_actions: int) -> dic
         "schedule": config.schedule,
         "makespan": priced.makespan_s,
         "bubble_fraction": priced.bubble_fraction,
+        "step_time_s": priced.iteration_time_s,
         "num_actions": num_actions,
         "num_microbatches": m,
         "num_batches": 1,
