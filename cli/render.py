@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from cli.render_timeline import reason_summary
+from cli.tables import Column, fitted_table
 from planner.specs import CandidateConfig, Plan, PlanRequest, Predicted
 
 __all__ = ["BY_SCHEDULE_COLUMNS", "DEVICE_COLUMNS", "RANKED_COLUMNS", "oom_hint", "render_plan"]
@@ -79,35 +79,36 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
             "[red]No configuration fits in memory.[/] Run with --all to see why each "
             f"was rejected. {oom_hint(request)}"
         )
-    table = Table(title="ranked candidates (time from the simulated schedule)")
     # The context-parallel degree gets a column only when some candidate uses it.
     show_cp = any(c.config.cp > 1 for c in plan.candidates)
     ranked_headers = [header for header, _ in RANKED_COLUMNS]
     if show_cp:
         ranked_headers.insert(ranked_headers.index("t") + 1, "cp")
-    for header in ranked_headers:
-        table.add_column(
-            header, justify="right" if header not in ("recompute", "schedule") else "left"
-        )
+    ranked_rows = []
     for rank, candidate in enumerate(plan.candidates, start=1):
         pr = candidate.predicted
-        table.add_row(
-            str(rank),
-            *_config_text(candidate.config, show_cp),
-            f"{pr.iteration_time_s:.3f}",
-            f"{pr.samples_per_s:.2f}",
-            f"{pr.mfu:.1%}",
-            f"{pr.bubble_fraction:.1%}",
-            f"{pr.peak_memory_gib:.1f}",
+        ranked_rows.append(
+            [
+                str(rank),
+                *_config_text(candidate.config, show_cp),
+                f"{pr.iteration_time_s:.3f}",
+                f"{pr.samples_per_s:.2f}",
+                f"{pr.mfu:.1%}",
+                f"{pr.bubble_fraction:.1%}",
+                f"{pr.peak_memory_gib:.1f}",
+            ]
         )
-    console.print(table)
+    _print_fitted(
+        console,
+        "ranked candidates (time from the simulated schedule)",
+        [Column(h, "left" if h in _TEXT_COLUMNS else "right") for h in ranked_headers],
+        ranked_rows,
+        _RANKED_DROP_ORDER,
+    )
     if plan.best is not None:
         best = plan.best
-        detail = Table(title="best candidate: per pipeline device")
-        for header, _ in DEVICE_COLUMNS:
-            detail.add_column(header, justify="right")
-        for row, total in zip(best.breakdown, best.predicted.memory_gib_per_device, strict=True):
-            detail.add_row(
+        device_rows = [
+            [
                 str(row.device),
                 ",".join(map(str, row.stages)),
                 str(row.layers),
@@ -121,8 +122,16 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
                 f"{row.allowance_gib:.1f}",
                 f"{row.in_flight_microbatches:.2g}",
                 f"{total:.1f}",
-            )
-        console.print(detail)
+            ]
+            for row, total in zip(best.breakdown, best.predicted.memory_gib_per_device, strict=True)
+        ]
+        _print_fitted(
+            console,
+            "best candidate: per pipeline device",
+            [Column(header) for header, _ in DEVICE_COLUMNS],
+            device_rows,
+            _DEVICE_DROP_ORDER,
+        )
         console.print(f"  times from: {trust_text(best.predicted)}")
         for note in best.notes:
             console.print(f"  note: {note}")
@@ -131,52 +140,95 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         # Whole lines (the terminal wraps them) so that a copied command stays one command.
         console.print(f"  torchrun: {best.launch.torchrun[0]}", soft_wrap=True, highlight=False)
     if plan.by_schedule:
-        summary = Table(title="does a schedule pay off here? best of each (simulated)")
+        summary_headers = []
         for header, _ in BY_SCHEDULE_COLUMNS:
             if show_cp and header.startswith("best config"):
                 header += ", cp"
-            summary.add_column(header)
+            summary_headers.append(header)
+        summary_rows = []
         for entry in plan.by_schedule:
             c = entry.best_config
-            summary.add_row(
-                entry.schedule,
-                str(entry.feasible),
-                (
-                    f"{c.t}/{c.p}/{c.d}/{c.micro_batch_size}/{c.recompute}"
-                    + (f", cp {c.cp}" if c.cp > 1 else "")
-                )
-                if c
-                else "-",
-                f"{entry.best_iteration_time_s:.3f}" if entry.best_iteration_time_s else "-",
-                f"{entry.speedup_vs_1f1b:.2f}x" if entry.speedup_vs_1f1b else "-",
+            summary_rows.append(
+                [
+                    entry.schedule,
+                    str(entry.feasible),
+                    (
+                        f"{c.t}/{c.p}/{c.d}/{c.micro_batch_size}/{c.recompute}"
+                        + (f", cp {c.cp}" if c.cp > 1 else "")
+                    )
+                    if c
+                    else "-",
+                    f"{entry.best_iteration_time_s:.3f}" if entry.best_iteration_time_s else "-",
+                    f"{entry.speedup_vs_1f1b:.2f}x" if entry.speedup_vs_1f1b else "-",
+                ]
             )
-        console.print(summary)
+        _print_fitted(
+            console,
+            "does a schedule pay off here? best of each (simulated)",
+            [Column(h, "left") for h in summary_headers],
+            summary_rows,
+            ("vs best 1f1b", "fit"),
+        )
     if show_rejected and plan.rejected:
-        kinds = Table(title=f"rejected ({len(plan.rejected):,}) by reason")
-        kinds.add_column("configurations", justify="right")
-        kinds.add_column("reason (numbers as n)")
-        for kind, count in reason_summary([r.reason for r in plan.rejected]):
-            kinds.add_row(f"{count:,}", kind)
-        console.print(kinds)
-        rejected = Table(title=f"every rejected configuration ({len(plan.rejected):,})")
+        _print_fitted(
+            console,
+            f"rejected ({len(plan.rejected):,}) by reason",
+            [Column("configurations"), Column("reason (numbers as n)", "left", wraps=True)],
+            [
+                [f"{count:,}", kind]
+                for kind, count in reason_summary([r.reason for r in plan.rejected])
+            ],
+        )
         rejected_cp = any(r.config.cp > 1 for r in plan.rejected)
-        for header in (
-            "t",
-            *(("cp",) if rejected_cp else ()),
-            "p",
-            "d",
-            "mb",
-            "m",
-            "recompute",
-            "schedule",
-            "peak GiB",
-            "reason",
-        ):
-            rejected.add_column(header)
+        headers = ["t", *(("cp",) if rejected_cp else ()), "p", "d", "mb", "m"]
+        headers += ["recompute", "schedule", "peak GiB", "reason"]
+        rows = []
         for reject in plan.rejected:
             peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
-            rejected.add_row(*_config_text(reject.config, rejected_cp), peak, reject.reason)
-        console.print(rejected)
+            rows.append([*_config_text(reject.config, rejected_cp), peak, reject.reason])
+        _print_fitted(
+            console,
+            f"every rejected configuration ({len(plan.rejected):,})",
+            [Column(h, "left", wraps=h == "reason") for h in headers],
+            rows,
+            ("m", "peak GiB"),
+        )
+
+
+# Columns left out, first to last, when a table's whole values do not fit the terminal:
+# what can be derived from the rest (samples/s, m) and detail before the answer.
+_RANKED_DROP_ORDER = ("samples/s", "m", "bubble", "peak GiB", "MFU", "mb")
+_DEVICE_DROP_ORDER = (
+    "grads",
+    "allow.",
+    "in flight",
+    "params",
+    "optim",
+    "comm s",
+    "layers",
+    "activ.",
+    "bubble s",
+)
+_TEXT_COLUMNS = ("recompute", "schedule")
+
+
+def _print_fitted(
+    console: Console,
+    title: str,
+    columns: list[Column],
+    rows: list[list[str]],
+    drop_order: tuple[str, ...] = (),
+) -> None:
+    """Print the table within the console's width, saying which columns were left out."""
+    table, dropped = fitted_table(title, columns, rows, console.width, drop_order)
+    console.print(table)
+    if dropped:
+        console.print(
+            f"  ({', '.join(dropped)} left out to fit {console.width} columns: a wider "
+            "terminal, COLUMNS=200 or --json shows them)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def trust_text(predicted: Predicted) -> str:

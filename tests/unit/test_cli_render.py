@@ -58,6 +58,32 @@ def test_tables_fit_the_terminal_width(capsys, monkeypatch, columns):
         assert len(rows) == ranked
 
 
+@pytest.mark.parametrize("columns", [60, 80, 200])
+def test_a_narrow_terminal_leaves_columns_out_and_says_so_rather_than_cutting_values(
+    capsys, monkeypatch, columns
+):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    _, plan_json, _ = _run(capsys, "plan", str(TINY), "--json")
+    ranked = json.loads(plan_json)["candidates"]
+    code, out, _ = _run(capsys, "plan", str(TINY), "--all")
+    assert code == 0
+    lines = _table_lines(out)
+    assert max(len(line) for line in lines) <= columns
+    assert not any("…" in line for line in lines)  # no value (or header) cut short
+    start = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+    rows = lines[start + 1 : start + 1 + len(ranked)]
+    for row, candidate in zip(rows, ranked, strict=True):
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        assert f"{candidate['predicted']['iteration_time_s']:.3f}" in cells
+        assert candidate["config"]["schedule"] in cells
+    dropped = re.findall(r"^  \((.+) left out to fit (\d+) columns", out, flags=re.M)
+    if columns >= 200:
+        assert dropped == []
+    else:
+        assert dropped and all(int(width) == columns for _, width in dropped)
+        assert "samples/s" in dropped[0][0]  # the ranked table's first to go
+
+
 def test_all_summarises_rejections_by_reason_before_the_rows(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     _, plan_json, _ = _run(capsys, "plan", str(TINY), "--json", "--all")
