@@ -32,8 +32,9 @@ class Column:
     wraps: bool = False
 
 
-def _needed(column: Column, values: Sequence[str]) -> int:
-    header = max((len(word) for word in column.header.split()), default=0)
+def _needed(column: Column, values: Sequence[str], whole_header: bool) -> int:
+    words = [column.header] if whole_header else column.header.split()
+    header = max((len(word) for word in words), default=0)
     longest = max((len(v) for v in values), default=0)
     if column.wraps:
         return max(header, min(longest, WRAPPED_MIN))
@@ -48,19 +49,24 @@ def fitted_table(
     drop_order: Sequence[str] = (),
 ) -> tuple[Table, list[str]]:
     """A table of ``rows`` (one string per column) within ``width`` characters in which no
-    value is cut short; when the whole values do not fit, the columns named in
-    ``drop_order`` are left out, first to last, until they do (or none is left to drop:
-    rich then wraps). Returns the table and the headers left out, in ``drop_order``'s
-    order."""
-    needed = [_needed(c, [row[i] for row in rows]) for i, c in enumerate(columns)]
+    value is cut short: headers on one line if that fits, else a word a line; when the
+    whole values still do not fit, the columns named in ``drop_order`` are left out, first
+    to last, until they do (or none is left to drop: rich then wraps). Returns the table
+    and the headers left out, in ``drop_order``'s order."""
     kept = list(range(len(columns)))
     dropped: list[str] = []
 
-    def total() -> int:
+    def widths(whole_header: bool) -> list[int]:
+        return [_needed(c, [row[i] for row in rows], whole_header) for i, c in enumerate(columns)]
+
+    def total(needed: list[int]) -> int:
         return sum(needed[i] + _PADDING for i in kept) + _RULE * (len(kept) + 1)
 
+    needed = widths(whole_header=True)
+    if total(needed) > width:
+        needed = widths(whole_header=False)
     for header in drop_order:
-        if total() <= width:
+        if total(needed) <= width:
             break
         index = next((i for i in kept if columns[i].header == header), None)
         if index is not None:
@@ -72,7 +78,7 @@ def fitted_table(
         if column.wraps:
             table.add_column(column.header, justify=column.justify, overflow="fold")
         else:
-            # A header longer than its values goes on one line a word (rich would cut it).
+            # A header longer than its column goes on one line a word (rich would cut it).
             header = column.header
             if len(header) > needed[i]:
                 header = header.replace(" ", "\n")
