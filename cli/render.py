@@ -74,6 +74,8 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         f"{plan.stats.evaluated} configurations, {plan.stats.feasible} fit, "
         f"searched in {plan.stats.search_ms:.0f} ms"
     )
+    for note in plan.notes:
+        console.print(f"  note: {note}", highlight=False)
     if plan.best is None:
         console.print(
             "[red]No configuration fits in memory.[/] Run with --all to see why each "

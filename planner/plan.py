@@ -31,7 +31,7 @@ from planner.costmodel.memory import GIB
 from planner.errors import InvalidScheduleError
 from planner.profiles import ProfileStore, default_store
 from planner.search.gains import limit_note
-from planner.search.grid import enumerate_space, runtime_problem
+from planner.search.grid import enumerate_space, runtime_problem, unsearched
 from planner.specs import Plan, PlanRequest, PlanStats, RefinementInfo
 
 __all__ = ["plan"]
@@ -105,6 +105,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
         stats=PlanStats(evaluated=space.evaluated, feasible=len(feasible), search_ms=elapsed),
         by_schedule=by_schedule,
         landscape=landscape(request, feasible),
+        notes=unsearched(request),
     )
 
 

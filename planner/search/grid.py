@@ -7,7 +7,9 @@ stages with no empty middle stage; interleaved needs m % p == 0 and p >= 2; 2BW 
 BPipe and V-shape need p >= 2; the runtime the request asks for must run the candidate as
 planned; BPipe is searched only where its base schedule, searched too, runs out of memory.
 Every point that breaks one is listed as rejected with the reason, as is every candidate
-over the device's memory (with its predicted numbers).
+over the device's memory (with its predicted numbers), except those with no configuration
+to list (t that does not split the model, mb x d that does not divide the global batch),
+which :func:`unsearched` describes for the plan's notes.
 
 :func:`enumerate_space` estimates every remaining candidate once (fast pricing: exact memory,
 approximate time) and returns them sorted by estimated step time; what to simulate and how
@@ -43,6 +45,7 @@ __all__ = [
     "runtime_problem",
     "schedule_problem",
     "search_points",
+    "unsearched",
 ]
 
 
@@ -79,26 +82,90 @@ def context_degrees(request: PlanRequest, t: int) -> list[int]:
     ]
 
 
-def search_points(request: PlanRequest) -> Iterator[tuple[SearchPoint, int]]:
-    """(t, p, d, mb, cp) that meet the parallelism and batch constraints, with m."""
-    model, cluster, training = request.model, request.cluster, request.training
+def _splits(request: PlanRequest) -> Iterator[tuple[int, int, int, int]]:
+    """(t, cp, p, d) whose product is the cluster's GPUs, t dividing the GPUs per node and
+    splitting the model's layers."""
+    cluster = request.cluster
     gpus = cluster.num_gpus
-    sizes = request.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
-    batch = training.global_batch_size
     for t in _divisors(cluster.gpus_per_node):
-        if t > gpus or gpus % t:
+        if t > gpus or gpus % t or _tensor_split_problem(request, t) is not None:
             continue
-        if model.num_attention_heads % t or model.query_groups % t or model.ffn % t:
-            continue  # Megatron's column-parallel layers split the heads and the MLP over t
         for cp in context_degrees(request, t):
             if gpus % (t * cp):
                 continue
             for p in _divisors(gpus // (t * cp)):
-                d = gpus // (t * cp * p)
-                for mb in sizes:
-                    if batch % (mb * d):
-                        continue
-                    yield SearchPoint(t, p, d, mb, cp), batch // (mb * d)
+                yield t, cp, p, gpus // (t * cp * p)
+
+
+def search_points(request: PlanRequest) -> Iterator[tuple[SearchPoint, int]]:
+    """(t, p, d, mb, cp) that meet the parallelism and batch constraints, with m."""
+    sizes = request.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
+    batch = request.training.global_batch_size
+    for t, cp, p, d in _splits(request):
+        for mb in sizes:
+            if batch % (mb * d) == 0:
+                yield SearchPoint(t, p, d, mb, cp), batch // (mb * d)
+
+
+def _tensor_split_problem(request: PlanRequest, t: int) -> str | None:
+    """Why the model's layers cannot be split over t tensor-parallel GPUs, or None:
+    Megatron's column-parallel layers split the heads, the key/value heads and the MLP."""
+    model = request.model
+    parts = [
+        f"{what} ({n})"
+        for n, what in (
+            (model.num_attention_heads, "attention heads"),
+            (
+                model.query_groups if model.query_groups != model.num_attention_heads else 0,
+                "key/value heads",
+            ),
+            (model.ffn, "FFN width"),
+        )
+        if n % t
+    ]
+    return None if not parts else " or ".join(parts)
+
+
+def _listing(values: list[int]) -> str:
+    return ", ".join(map(str, values))
+
+
+def unsearched(request: PlanRequest) -> list[str]:
+    """What of the request's space no candidate covers, one line a cause: tensor-parallel
+    degrees the model cannot be split over, and the micro-batch sizes (those the request
+    names) and data-parallel degrees that no partner makes a divisor of the global batch.
+    These points have no configuration to list as rejected (no whole m), so the plan says
+    so here rather than leaving them out without a word."""
+    cluster, batch = request.cluster, request.training.global_batch_size
+    gpus = cluster.num_gpus
+    notes = []
+    tensor = [t for t in _divisors(cluster.gpus_per_node) if t <= gpus and gpus % t == 0]
+    for t in tensor:
+        problem = _tensor_split_problem(request, t)
+        if problem is not None:
+            notes.append(
+                f"tensor-parallel degree {t} not searched: {t} does not divide the model's "
+                f"{problem}"
+            )
+    sizes = request.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
+    degrees = sorted({d for _, _, _, d in _splits(request)})
+    fits = {(mb, d) for mb in sizes for d in degrees if batch % (mb * d) == 0}
+    if request.search.micro_batch_sizes is not None:
+        unused = [mb for mb in sizes if all((mb, d) not in fits for d in degrees)]
+        if unused:
+            notes.append(
+                f"micro-batch size{'s' if len(unused) > 1 else ''} {_listing(unused)} "
+                f"not searched: the global batch {batch} is not a multiple of mb x d for any "
+                f"data-parallel degree d this cluster allows ({_listing(degrees)})"
+            )
+    idle = [d for d in degrees if all((mb, d) not in fits for mb in sizes)]
+    if idle:
+        notes.append(
+            f"data-parallel degree{'s' if len(idle) > 1 else ''} {_listing(idle)} not "
+            f"searched (nor the t x p splits that need them): the global batch {batch} is not "
+            f"a multiple of mb x d for any micro-batch size searched ({_listing(sizes)})"
+        )
+    return notes
 
 
 def schedule_problem(schedule: str, point: SearchPoint, m: int, layers: int) -> str | None:

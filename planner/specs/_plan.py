@@ -302,3 +302,10 @@ class Plan(Spec):
         description="Every configuration that fits, with its estimated throughput and peak "
         "memory (the ranked candidates are simulated; these are not).",
     )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What of the requested space was not searched, and why: points that "
+        "have no configuration to list as rejected (a tensor-parallel degree the model "
+        "does not split over, micro-batch sizes or data-parallel degrees whose product "
+        "divides no global batch).",
+    )

@@ -104,11 +104,12 @@ def test_json_output_is_the_contract(capsys):
 
 
 def test_plan_json_has_the_contract_keys_and_one_documented_extension(capsys):
-    # ``by_schedule`` (best of each requested schedule) and ``landscape`` (every fitting
-    # configuration, estimated, for the dashboard's chart) are the keys the Plan adds to the
-    # contract's six; nothing else may appear.
+    # ``by_schedule`` (best of each requested schedule), ``landscape`` (every fitting
+    # configuration, estimated, for the dashboard's chart) and ``notes`` (what of the space
+    # was not searched) are the keys the Plan adds to the contract's six; nothing else may
+    # appear.
     _, out, _ = run(capsys, "plan", str(TINY), "--json")
-    assert set(json.loads(out)) == PLAN_KEYS | {"by_schedule", "landscape"}
+    assert set(json.loads(out)) == PLAN_KEYS | {"by_schedule", "landscape", "notes"}
 
 
 def test_json_without_all_omits_rejected_and_with_all_lists_them(capsys):

@@ -184,3 +184,15 @@ def test_the_printed_hint_is_the_requests(capsys, monkeypatch, tmp_path):
     assert "No configuration fits" in out
     hint = next(line for line in out.splitlines() if "No configuration fits" in line)
     assert "more GPUs" in hint and "recompute" not in hint
+
+
+def test_the_plan_says_what_of_the_space_it_did_not_search(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "200")
+    data = json.loads(TINY.read_text())
+    data["training"]["global_batch_size"] = 13  # only mb 1 with d 1 divides it
+    data["search"]["micro_batch_sizes"] = [1, 2, 4]
+    code, out, _ = _run(capsys, "plan", _write(tmp_path, data))
+    assert code == 0
+    notes = [line for line in out.splitlines() if line.startswith("  note: ")]
+    assert notes[0].startswith("  note: micro-batch sizes 2, 4 not searched")
+    assert notes[1].startswith("  note: data-parallel degrees 2, 4 not searched")

@@ -221,6 +221,27 @@ def test_no_tensor_degree_beyond_a_node_or_the_heads():
     assert ts == {1, 2}
 
 
+def test_a_tensor_degree_that_does_not_split_the_heads_is_named_in_the_notes():
+    result = plan(request(num_nodes=2, hidden_size=192, heads=6, batch=24))
+    assert result.notes == [
+        "tensor-parallel degree 4 not searched: 4 does not divide the model's attention heads (6)"
+    ]
+
+
+def test_micro_batch_sizes_and_data_degrees_that_divide_no_batch_are_named_in_the_notes():
+    # Global batch 13 on 4 GPUs: d in {1, 2, 4}; 13 is a multiple of mb x d only for
+    # mb = 1, d = 1, so micro-batches 2 and 4 and d = 2 and 4 are never searched.
+    result = plan(request(batch=13, sizes=[1, 2, 4], schedules=["1f1b", "gpipe"]))
+    configs = [c.config for c in result.candidates] + [x.config for x in result.rejected]
+    assert {(c.micro_batch_size, c.d) for c in configs} == {(1, 1)}
+    assert len(result.notes) == 2
+    mb_note, d_note = result.notes
+    assert mb_note.startswith("micro-batch sizes 2, 4 not searched: the global batch 13 ")
+    assert d_note.startswith("data-parallel degrees 2, 4 not searched")
+    # A batch every listed size divides with every degree leaves nothing out.
+    assert plan(request(batch=16, sizes=[1, 2, 4])).notes == []
+
+
 def test_top_k_is_respected():
     r = request(schedules=ALL_SCHEDULES, top_k=3)
     result = plan(r)
