@@ -37,6 +37,8 @@ function renderPlan(id, plan) {
     el("p", { class: "muted" }, `global batch ${req.training.global_batch_size}, sequence ${req.model.seq_length}, ${req.training.precision}; ` +
       `${plan.stats.evaluated.toLocaleString("en")} configurations, ${plan.stats.feasible.toLocaleString("en")} fit, searched in ${fmt(plan.stats.search_ms, 0)} ms (${req.search.method})`),
   ];
+  // What of the requested space was not searched, and why (Plan.notes).
+  if (plan.notes && plan.notes.length) parts.push(el("div", { id: "plan-notes" }, ...plan.notes.map((n) => el("div", { class: "muted" }, "• " + n))));
   if (!best) parts.push(el("div", { class: "banner bad", id: "no-fit" }, "No configuration fits in memory. The rejected list below says why for each; click one for its memory."));
   else {
     const p = best.predicted;

@@ -347,3 +347,21 @@ def test_context_parallel_candidates_show_their_cp(server, page):
     page.wait_for_selector("#candidates tr[data-candidates='1']")
     headers = [h.strip() for h in page.locator("#candidates thead th").all_inner_texts()]
     assert "cp" not in headers and "t" in headers
+
+
+def test_an_adaptive_plan_draws_its_chosen_schedule_and_says_what_was_not_searched(server, page):
+    from planner.launch.config import ScheduleReference
+
+    body = _tiny(schedules=["v-adaptive"], micro_batch_sizes=[1, 2, 4])
+    body["training"] = {**TINY["training"], "global_batch_size": 13}  # only mb 1 with d 1
+    plan = make_plan(server, body)
+    best = plan["best"]
+    page.goto(f"{server}/#/plans/{plan['id']}")
+    notes = page.wait_for_selector("#plan-notes").inner_text()
+    assert notes.splitlines() == [f"• {note}" for note in plan["notes"]]
+    assert "micro-batch sizes 2, 4 not searched" in notes
+    # The Gantt chart draws the schedule the plan's search chose, as the executor builds it.
+    canvas = page.wait_for_selector("#gantt[data-actions-per-device]", timeout=60_000)
+    shown = json.loads(canvas.get_attribute("data-actions-per-device"))
+    built = ScheduleReference.model_validate(best["launch"]["executor_config"]["schedule"]).build()
+    assert shown == [sum(1 for a in row if a.kind.is_compute) for row in built.actions]
