@@ -1,7 +1,8 @@
 """The ``stagewright`` command line.
 
 Subcommands are thin: they parse arguments, call the planner, and print. Every error a
-person can cause is reported as one line on stderr (exit status 2), never a traceback.
+person can cause is reported as one line on stderr (exit status 2), never a traceback; output
+piped into a reader that closes early ends the command quietly (exit status 141).
 ``plan``, ``simulate`` and ``regress`` need the planner only; the service (``api``) and the
 executor (torch) are imported by the commands that use them (see ``cli.extras``).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -426,15 +428,39 @@ def _profiles_load(args: argparse.Namespace) -> int:
     return 0
 
 
+# The exit status of a command whose reader closed the pipe early (`... | head -1`): the
+# shell's for a process ended by SIGPIPE (128 + 13).
+BROKEN_PIPE_STATUS = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
-    args = parser.parse_args(argv)
     try:
-        code: int = args.handler(args)
-    except StagewrightError as exc:
-        sys.stderr.write(f"stagewright {args.command}: error: {exc}\n")
-        return 2
+        args = parser.parse_args(argv)  # --help writes to stdout too
+        try:
+            code: int = args.handler(args)
+        except StagewrightError as exc:
+            sys.stderr.write(f"stagewright {args.command}: error: {exc}\n")
+            return 2
+        sys.stdout.flush()  # a closed pipe shows here rather than at the interpreter's exit
+    except BrokenPipeError:
+        _discard_stdout()
+        return BROKEN_PIPE_STATUS
     return code
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device: the reader has gone, and the interpreter's
+    last flush of what is still buffered would otherwise fail again and print a traceback."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import copy
 import csv
+import fcntl
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +204,30 @@ def test_cli_adds_csv_and_json_and_lists_them_back(database_url, tmp_path, capsy
         capsys, "measurements", "list", "--gpu", "cpu", "--database-url", database_url
     )
     assert out.startswith("3 run(s)") and "step 0.7 s" in out
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="pipe sizes are set on Linux")
+def test_cli_list_into_a_pipe_closed_after_the_first_line_ends_quietly(tmp_path):
+    """`stagewright measurements list --csv | head -1`: the reader closes the pipe while the
+    command still has rows to write; it ends without a traceback and with SIGPIPE's status."""
+    read_end, write_end = os.pipe()
+    # A pipe of one page, smaller than the bundled runs' CSV (about 16 KB): the command must
+    # write after the reader has gone, whatever the scheduling.
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    command = [sys.executable, "-m", "cli.main", "measurements", "list", "--csv"]
+    url = f"sqlite:///{tmp_path / 'pipe.db'}"
+    with os.fdopen(read_end, "rb") as reader:
+        process = subprocess.Popen(
+            [*command, "--database-url", url],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+        )
+        os.close(write_end)
+        assert reader.readline().startswith(b"model.name,")
+    _, err = process.communicate(timeout=120)
+    assert err.decode() == ""
+    assert process.returncode == 141
 
 
 @pytest.mark.parametrize(
