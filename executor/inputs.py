@@ -3,6 +3,7 @@ each problem is one message that says what to change."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 
 from planner.errors import StagewrightError
 from planner.launch import ExecutorConfig
+from planner.launch.config import is_plan_request, run_a_request
 from planner.launch.runtimes import executor_problem
 
 __all__ = ["BadInput", "check_writable", "read_config"]
@@ -30,6 +32,10 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
     try:
         config = ExecutorConfig.model_validate_json(text)
     except ValidationError as exc:
+        if _is_plan_request(text):
+            raise BadInput(
+                f"{path} is a plan request, not an executor config: {run_a_request(str(path))}"
+            ) from None
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise BadInput(
@@ -48,6 +54,14 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
         optimizer = config.optimizer.model_copy(update={"lr": lr})
         config = config.model_copy(update={"optimizer": optimizer})
     return config
+
+
+def _is_plan_request(text: str) -> bool:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return is_plan_request(data)
 
 
 def check_writable(folder: Path) -> None:

@@ -49,12 +49,33 @@ __all__ = [
     "ScheduleReference",
     "StageSpec",
     "TRUSTED_SCHEDULE",
+    "is_plan_request",
     "placement_reference",
+    "run_a_request",
     "schedule_reference",
 ]
 
 EXECUTOR_CONFIG_FORMAT = "stagewright.executor-config/2"
 SCHEDULE_REFERENCE_FORMAT = "stagewright.schedule-ref/1"
+
+# A plan request's top-level keys (all required).
+_PLAN_REQUEST_KEYS = frozenset({"model", "cluster", "training"})
+
+
+def run_a_request(request: str = "REQUEST.json") -> str:
+    """What to do with a plan request given where an executor config belongs."""
+    return (
+        f"plan it with stagewright plan {request} --emit DIR, then run a candidate's config, "
+        "e.g. stagewright run DIR/candidate-1/executor-config.json (or "
+        "DIR/candidate-1/run-node0.sh)"
+    )
+
+
+def is_plan_request(data: Any) -> bool:
+    """Whether a document is a plan request rather than an executor config: it has no format
+    and has a request's top-level keys (``model``, ``cluster``, ``training``; an executor
+    config has no ``cluster``), as every document that validates as a request does."""
+    return isinstance(data, dict) and "format" not in data and _PLAN_REQUEST_KEYS <= data.keys()
 
 
 class _Spec(BaseModel):
@@ -290,8 +311,16 @@ class ExecutorConfig(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _known_format(cls, data: Any) -> Any:
+        if is_plan_request(data):
+            raise ValueError(f"this is a plan request, not an executor config: {run_a_request()}")
         if isinstance(data, dict) and data.get("format") != EXECUTOR_CONFIG_FORMAT:
             found = data.get("format")
+            if found is None:
+                raise ValueError(
+                    f"it has no format; an executor config has format "
+                    f"{EXECUTOR_CONFIG_FORMAT!r} (a candidate's executor-config.json, as "
+                    "stagewright plan REQUEST.json --emit DIR writes it)"
+                )
             raise ValueError(
                 f"format is {found!r}, but this stagewright reads {EXECUTOR_CONFIG_FORMAT!r}; "
                 "plan again with this version (stagewright plan REQUEST.json --emit DIR) to "

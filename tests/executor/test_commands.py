@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from cli.main import main
 from executor.launcher import run
 from tests.executor.configs import TINY, make_config, write
 from tests.executor.conftest import torchrun
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,9 @@ def test_run_prints_each_rank_next_to_the_prediction(capsys, job, tmp_path):
         (lambda tmp: _bytes(tmp, b"\xff\xfe{"), "cannot read"),
         (lambda tmp: _text(tmp, "{not json"), "is not a valid executor config"),
         (lambda tmp: _text(tmp, '{"format": "stagewright.executor-config/1"}'), "plan again"),
+        (lambda tmp: EXAMPLES / "tiny-cpu.json", "is a plan request, not an executor config"),
     ],
-    ids=["missing", "a folder", "not UTF-8", "not JSON", "older format"],
+    ids=["missing", "a folder", "not UTF-8", "not JSON", "older format", "a plan request"],
 )
 def test_a_config_that_cannot_be_used_is_a_one_line_error(capsys, tmp_path, make, message):
     assert main(["run", str(make(tmp_path))]) == 2

@@ -224,6 +224,25 @@ def test_a_bad_executor_config_says_what_to_change(changes, message):
         ExecutorConfig.model_validate(_document(**changes))
 
 
+def test_a_plan_request_given_as_an_executor_config_says_to_plan_it():
+    """`stagewright run examples/tiny-cpu.json` (a request, not a config) said "format is
+    None ... plan again with this version", which reads like a version mismatch."""
+    path = REPO / "examples" / "tiny-cpu.json"
+    with pytest.raises(BadInput) as info:
+        read_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path} is a plan request, not an executor config: ")
+    assert f"stagewright plan {path} --emit DIR" in message
+    assert "DIR/candidate-1/executor-config.json" in message and "run-node0.sh" in message
+    assert "format is None" not in message and "plan again" not in message
+    request = json.loads(path.read_text())
+    with pytest.raises(ValidationError, match="this is a plan request, not an executor config"):
+        ExecutorConfig.model_validate(request)
+    del request["cluster"]  # no longer a request: the missing format is named as such
+    with pytest.raises(ValidationError, match="it has no format; an executor config has"):
+        ExecutorConfig.model_validate(request)
+
+
 def test_what_the_executor_cannot_run_is_refused_at_planning_time():
     """fp16 with 2BW (its loss scaler needs a flush to skip a step everywhere) and a
     vocabulary t does not divide: no runtime can run them as planned, and the plan says why."""
