@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from api.store.measured_runs import runs_of, store_calibration
+from api.store.measured_runs import runs_of, store_calibration, stored_gpus
 from api.store.models import utcnow
 from api.store.profiles import hardware_profile, require_hardware
 from planner.calibrate import CalibrationResult, Quantity, evaluate, fit
@@ -64,11 +64,7 @@ def calibrate(
         and (source is None or source.lower() in run.source.lower())
     ]
     if not chosen:
-        narrowed = " matching the filters" if models or source else ""
-        raise StagewrightError(
-            f"no measured runs of {hardware!r}{narrowed} ({len(everything)} stored); add "
-            "some with `stagewright measurements add FILE`"
-        )
+        raise StagewrightError(_nothing_to_fit(session, hardware, everything, models, source))
     used_ids = {i for i, _ in chosen}
     held_out = [(i, run) for i, run in everything if i not in used_ids]
     result = fit(
@@ -85,3 +81,62 @@ def calibrate(
             fitted_at=utcnow(),
         )
     return CalibrationOutcome(result, base_revision, chosen, held_out, held, stored)
+
+
+# How many stored values a message lists, and how much of each source it shows (a source
+# is matched by any part of it, so the start of one is a value --source takes).
+_LISTED = 12
+_SOURCE_CHARS = 40
+
+
+def _nothing_to_fit(
+    session: Session,
+    hardware: str,
+    everything: list[tuple[int, MeasuredRun]],
+    models: Sequence[str],
+    source: str | None,
+) -> str:
+    """Why no run was chosen: none stored for ``hardware`` (add some), or runs stored but
+    the filters matched none of them, naming what is stored for the filter that failed."""
+    if not everything:
+        others = [gpu for gpu in stored_gpus(session=session) if gpu != hardware]
+        stored = f" (runs are stored for {_listing(others)})" if others else ""
+        return (
+            f"no measured runs of {hardware!r} (0 stored); add some with `stagewright "
+            f"measurements add FILE`{stored}"
+        )
+    matched = f"no measured runs of {hardware!r} match the filters ({len(everything)} stored)"
+    stored_models = sorted({run.model.name for _, run in everything})
+    if models and not set(models) & set(stored_models):
+        return (
+            f"{matched}: no run is of --model {_listing(models)}; the stored models are "
+            f"{_listing(stored_models)}"
+        )
+    # Runs are stored and some are of the models asked for: the source left them all out.
+    assert source is not None
+    if not any(source.lower() in run.source.lower() for _, run in everything):
+        sources = _sources([run.source for _, run in everything])
+        return (
+            f"{matched}: no run's source contains --source {source!r}; the stored sources "
+            f"begin {_listing(sources, quoted=True)}"
+        )
+    sources = _sources([run.source for _, run in everything if run.model.name in models])
+    return (
+        f"{matched}: no run of --model {_listing(models)} has a source containing "
+        f"{source!r}; their sources begin {_listing(sources, quoted=True)}"
+    )
+
+
+def _sources(sources: Sequence[str]) -> list[str]:
+    """Each distinct start of the sources, quoted: whole when short, else cut, with '...'."""
+    starts = (
+        repr(s) if len(s) <= _SOURCE_CHARS else repr(s[:_SOURCE_CHARS].rstrip()) + "..."
+        for s in sources
+    )
+    return list(dict.fromkeys(starts))
+
+
+def _listing(values: Sequence[str], quoted: bool = False) -> str:
+    shown = ", ".join(value if quoted else repr(value) for value in values[:_LISTED])
+    more = len(values) - _LISTED
+    return shown + (f" and {more} more" if more > 0 else "")

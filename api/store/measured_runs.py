@@ -44,6 +44,7 @@ __all__ = [
     "run_from_plan_measurement",
     "runs_of",
     "store_calibration",
+    "stored_gpus",
 ]
 
 log = logging.getLogger("stagewright.measurements")
@@ -185,6 +186,12 @@ def runs_of(*, session: Session, gpu: str) -> list[tuple[int, MeasuredRun]]:
         select(MeasuredRunRecord).where(MeasuredRunRecord.gpu == gpu).order_by(MeasuredRunRecord.id)
     )
     return [(row.id, MeasuredRun.model_validate(row.run)) for row in rows]
+
+
+def stored_gpus(*, session: Session) -> list[str]:
+    """The hardware profiles that have stored runs, by name."""
+    stmt = select(MeasuredRunRecord.gpu).distinct().order_by(MeasuredRunRecord.gpu)
+    return list(session.scalars(stmt))
 
 
 def store_calibration(

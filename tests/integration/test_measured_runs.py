@@ -326,6 +326,33 @@ def test_calibrate_reports_held_out_runs_and_errors(database_url, capsys):
     assert "model gpt3-134b" in out
     code, _, err = cli(capsys, "calibrate", "--hardware", "cpu", *url)
     assert code == 2 and "no measured runs of 'cpu' (0 stored); add some with" in err
+    assert "(runs are stored for 'a100-sxm-80g')" in err
+
+
+def test_calibrate_filters_that_match_no_run_name_what_is_stored(database_url, capsys):
+    """`--model gpt-96b` (a typo) matched none of the 48 stored runs and the error advised
+    adding runs; it names the stored models (or sources) instead."""
+    reset(database_url)
+    url = ["--database-url", database_url]
+    code, _, err = cli(capsys, "calibrate", *FIT, "--model", "gpt-96b", "--dry-run", *url)
+    assert code == 2 and err.count("\n") == 1
+    assert (
+        f"no measured runs of 'a100-sxm-80g' match the filters ({BUNDLED_RUNS} stored): no run "
+        "is of --model 'gpt-96b'; the stored models are 'gpt3-134b', 'gpt3-13b', 'gpt3-96b', "
+        "'vshape-21b', 'vshape-38.5b', 'vshape-9.6b'\n"
+    ) in err
+    assert "measurements add" not in err
+    code, _, err = cli(capsys, "calibrate", *FIT, "--source", "Narayanan", "--dry-run", *url)
+    assert code == 2 and "measurements add" not in err
+    assert "no run's source contains --source 'Narayanan'; the stored sources begin " in err
+    assert "'BPipe (Kim et al., ICML 2023), Appendix'..." in err
+    assert '"V-shape paper (Qi et al., \'Pipeline Para"...' in err
+    code, _, err = cli(
+        capsys, "calibrate", *FIT, "--model", "gpt3-96b", "--source", "V-shape", *url
+    )
+    assert code == 2
+    assert "no run of --model 'gpt3-96b' has a source containing 'V-shape'; their sources" in err
+    assert "V-shape paper" not in err.partition("their sources")[2]
     code, _, err = cli(capsys, "calibrate", "--hardware", "tpu-v9", *url)
     assert code == 2 and "unknown GPU 'tpu-v9'" in err
     code, _, err = cli(
