@@ -89,14 +89,14 @@ def parse_tokens(api_tokens: str | None, api_token: str | None) -> list[Token]:
     tokens: list[Token] = []
     if api_token:
         tokens.append(_token("default", ("write", "admin"), api_token))
-    for raw in re.split(r"[;\n]", api_tokens or ""):
-        entry = raw.strip()
-        if not entry:
-            continue
+    entries = [raw.strip() for raw in re.split(r"[;\n]", api_tokens or "")]
+    for position, entry in enumerate((e for e in entries if e), start=1):
         parts = entry.split(":", 2)
         if len(parts) != 3 or not parts[2]:
+            # An entry without ':' may be a bare secret: named by its place, not shown.
+            which = f"{parts[0]!r}..." if len(parts) > 1 else f"{position} (it has no ':')"
             raise SettingsError(
-                f"STAGEWRIGHT_API_TOKENS entry {parts[0]!r}...: write name:scopes:secret, "
+                f"STAGEWRIGHT_API_TOKENS entry {which}: write name:scopes:secret, "
                 "e.g. ci:write:s3cret (scopes joined by '+': read, write, admin)"
             )
         name, scopes, secret = (part.strip() for part in parts)
@@ -112,7 +112,10 @@ def parse_tokens(api_tokens: str | None, api_token: str | None) -> list[Token]:
     names = [t.name for t in tokens]
     doubled = sorted({n for n in names if names.count(n) > 1})
     if doubled:
-        raise SettingsError(f"token name(s) {', '.join(doubled)} given twice; name each once")
+        raise SettingsError(
+            f"STAGEWRIGHT_API_TOKENS: token name(s) {', '.join(doubled)} given twice; name each "
+            "once (STAGEWRIGHT_API_TOKEN is the token named 'default')"
+        )
     return tokens
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from api.core.config import Settings, SettingsError
 from api.core.db import Database, describe_url, migrate, wait_for_database
+from api.security import parse_tokens
 from api.store.profiles import WriteReport, load_bundled_profiles
 
 __all__ = ["load_profiles", "prepare_database", "serve"]
@@ -107,6 +108,9 @@ def serve(*, host: str, port: int, database_url: str | None, workers: int) -> in
     from api.http_protocol import NoDelayH11Protocol
 
     settings = Settings.from_env(database_url=database_url)
+    # Every setting is checked before the database is touched or the server announced; the
+    # tokens are otherwise parsed only by the application, in the server process.
+    parse_tokens(settings.api_tokens, settings.api_token)
     log_config = _log_config()
     logging.config.dictConfig(log_config)
     report = prepare_database(settings)

@@ -65,6 +65,29 @@ def test_serve_reports_bad_settings_in_one_line(monkeypatch, capsys, args, env, 
     assert needle in err
 
 
+@pytest.mark.parametrize(
+    ("tokens", "needle"),
+    [
+        ("xyzzy", "STAGEWRIGHT_API_TOKENS entry 1 (it has no ':'): write name:scopes:secret"),
+        ("ci:fly:xyzzy", "STAGEWRIGHT_API_TOKENS entry 'ci': the name is letters"),
+        ("ci:write:xyzzy; ci:read:b", "STAGEWRIGHT_API_TOKENS: token name(s) ci given twice"),
+    ],
+)
+def test_serve_refuses_bad_tokens_before_touching_the_database(
+    monkeypatch, capsys, tmp_path, tokens, needle
+):
+    """A malformed STAGEWRIGHT_API_TOKENS was found by the application in the server
+    process: after the database was migrated and "stagewright serving on ..." printed."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STAGEWRIGHT_API_TOKENS", tokens)
+    database = tmp_path / "never.db"
+    code, out, err = run(capsys, "serve", "--database-url", f"sqlite:///{database}")
+    assert code == 2 and out == ""
+    assert err.startswith("stagewright serve: error: ") and err.count("\n") == 1
+    assert needle in err and "xyzzy" not in err  # the secret is not shown
+    assert not database.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_unreachable_postgres_is_reported_after_the_wait(monkeypatch, capsys):
     monkeypatch.setenv("STAGEWRIGHT_DATABASE_WAIT_S", "0")
     url = "postgresql://nobody:secret@127.0.0.1:1/none"
