@@ -33,7 +33,12 @@ def add_executor_commands(commands: Any) -> None:
             "prediction."
         ),
     )
-    run.add_argument("config", metavar="CONFIG.json", type=Path)
+    run.add_argument(
+        "config",
+        metavar="CONFIG.json",
+        type=Path,
+        help="a candidate's executor-config.json (not the plan request)",
+    )
     run.add_argument(
         "--nproc",
         type=int,
@@ -44,8 +49,9 @@ def add_executor_commands(commands: Any) -> None:
     run.add_argument(
         "--verify",
         action="store_true",
-        help="compare with a single-process fp32 reference; exit 1 on any mismatch, "
-        "naming rank, stage and tensor",
+        help="compare with a single-process reference computing in the run's precision "
+        "(same model, seed and batches, no parallelism); exit 1 on any mismatch, naming "
+        "rank, stage and tensor",
     )
     run.add_argument(
         "--out",
@@ -88,11 +94,30 @@ def add_executor_commands(commands: Any) -> None:
             "its saved activations, and add the point to the profiles the planner reads."
         ),
     )
-    profile.add_argument("model", metavar="MODEL.json", type=Path)
-    profile.add_argument("--micro-batch-size", type=int, default=1)
-    profile.add_argument("--t", type=int, default=1, help="tensor-parallel degree (a shard)")
+    profile.add_argument(
+        "model", metavar="MODEL.json", type=Path, help="a plan request or its 'model' object"
+    )
+    profile.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=1,
+        help="samples in the micro-batch the layer is timed on (default 1)",
+    )
+    profile.add_argument(
+        "--t",
+        type=int,
+        default=1,
+        help="tensor-parallel degree: time one rank's 1/t shard of the layer, without the "
+        "tensor-parallel communication (default 1)",
+    )
     profile.add_argument("--gpu", default="cpu", help="hardware profile name (default cpu)")
-    profile.add_argument("--repeats", type=int, default=5)
+    profile.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed repetitions, after 2 warm-up ones; each time stored is their median "
+        "(default 5)",
+    )
     profile.add_argument(
         "--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="default fp32"
     )

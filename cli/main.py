@@ -61,6 +61,11 @@ def _times(text: str) -> float | list[float]:
     return values[0] if len(values) == 1 else values
 
 
+def _taking(parameter: str) -> str:
+    """The schedules whose generator takes ``parameter``, from the registry."""
+    return ", ".join(n for n in SCHEDULE_NAMES if schedule_family(n).has_parameter(parameter))
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stagewright",
@@ -77,7 +82,13 @@ def _build_parser() -> argparse.ArgumentParser:
             "split run B+W as one backward."
         ),
     )
-    sim.add_argument("--schedule", required=True, choices=SCHEDULE_NAMES)
+    sim.add_argument(
+        "--schedule",
+        required=True,
+        choices=SCHEDULE_NAMES,
+        metavar="NAME",
+        help=f"the schedule to generate: {', '.join(SCHEDULE_NAMES)}",
+    )
     sim.add_argument("--devices", required=True, type=int, help="pipeline devices (p or d)")
     sim.add_argument(
         "--microbatches",
@@ -115,13 +126,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "--chunks",
         type=int,
         default=None,
-        help="stages per device, for schedules that take num_chunks (interleaved; default 2)",
+        help="stages per device, for the schedules that take num_chunks "
+        f"({_taking('num_chunks')}; default 2)",
     )
     sim.add_argument(
         "--batches",
         type=int,
         default=None,
-        help="batches run without a flush, for schedules that take num_batches (2bw; default 2)",
+        help="batches run without a flush, for the schedules that take num_batches "
+        f"({_taking('num_batches')}; default 2)",
     )
     sim.add_argument(
         "--memory-limit",

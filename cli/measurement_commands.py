@@ -41,7 +41,9 @@ def add_measurement_commands(commands: Any) -> None:
         'or {"runs": [...]}). A file with any bad row stores nothing, and the error names '
         "every bad row and column. Identical runs are stored once.",
     )
-    add.add_argument("files", metavar="FILE", nargs="+", type=Path)
+    add.add_argument(
+        "files", metavar="FILE", nargs="+", type=Path, help="a .csv or JSON file of runs"
+    )
     add.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
     add.set_defaults(handler=_add)
 

@@ -28,7 +28,9 @@ def add_regress_command(commands: Any) -> None:
             "the baseline with today's answers."
         ),
     )
-    regress.add_argument("baseline", metavar="BASELINE.json", type=Path)
+    regress.add_argument(
+        "baseline", metavar="BASELINE.json", type=Path, help="the recorded scenarios and answers"
+    )
     regress.add_argument(
         "--tolerance",
         type=float,

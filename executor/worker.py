@@ -68,7 +68,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--verify",
         action="store_true",
-        help="compare with a single-process fp32 reference; exit 3 on a mismatch",
+        help="compare with a single-process reference computing in the run's precision; "
+        "exit 3 on a mismatch",
     )
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds before a silent peer counts as dead"

@@ -59,6 +59,18 @@ def test_a_config_that_cannot_be_used_is_a_one_line_error(capsys, tmp_path, make
     assert message in err and err.count("\n") == 1
 
 
+def test_the_workers_verify_help_says_the_reference_computes_in_the_runs_precision(capsys):
+    """run-node0.sh passes its arguments to the worker, whose --verify said "fp32 reference"
+    while the reference computes in the run's precision (executor.reference)."""
+    from executor.worker import _parse
+
+    with pytest.raises(SystemExit):
+        _parse(["--help"])
+    described = " ".join(capsys.readouterr().out.split())
+    assert "reference computing in the run's precision" in described
+    assert "fp32" not in described
+
+
 def _text(folder, content: str):
     path = folder / "config.json"
     path.write_text(content)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-from cli.main import main
+from cli.main import _build_parser, main
+from planner.schedules import SCHEDULE_NAMES, schedule_family
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -219,3 +222,48 @@ def test_installed_console_script_runs():
     )
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout)["makespan"] > 0
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "stagewright"):
+    """Every (sub)command's parser with its command line, depth first."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, f"{path} {name}")
+
+
+def _option(command: str, flag: str) -> argparse.Action:
+    parsers = dict(_commands(_build_parser()))
+    (action,) = [a for a in parsers[command]._actions if flag in a.option_strings]
+    return action
+
+
+def test_every_argument_of_every_command_is_described():
+    """`stagewright profile --help` listed --micro-batch-size and --repeats bare."""
+    bare = [
+        f"{path} {'/'.join(action.option_strings) or action.dest}"
+        for path, parser in _commands(_build_parser())
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction | argparse._SubParsersAction)
+        and not action.help
+    ]
+    assert bare == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "parameter"), [("--chunks", "num_chunks"), ("--batches", "num_batches")]
+)
+def test_a_schedule_parameters_help_names_every_schedule_that_takes_it(flag, parameter):
+    """--chunks was described for interleaved only; bpipe-interleaved takes it too."""
+    described = _option("stagewright simulate", flag).help or ""
+    listed = re.search(r"\(([^;)]*); default", described)
+    assert listed is not None, described
+    taking = [n for n in SCHEDULE_NAMES if schedule_family(n).has_parameter(parameter)]
+    assert listed.group(1).split(", ") == taking
+
+
+def test_run_verify_help_says_the_reference_computes_in_the_runs_precision():
+    """The reference computes in the run's precision (executor.reference), not in fp32."""
+    described = _option("stagewright run", "--verify").help or ""
+    assert "in the run's precision" in described and "fp32" not in described
