@@ -151,7 +151,7 @@ def _run(args: argparse.Namespace) -> int:
     # The launcher itself is torch-free: torch runs in the ranks it starts.
     require_installed("executor", "the executor", "torch")
     from executor.launcher import run
-    from executor.reporting import describe
+    from executor.reporting import REPORT_FILE, describe
 
     if args.record:  # say so before the run rather than after it
         require_installed("service", "--record (the SQL store)", "sqlalchemy")
@@ -174,11 +174,13 @@ def _run(args: argparse.Namespace) -> int:
     recorded = _record_run(args, outcome) if args.record and outcome.verified else None
     if args.record and not outcome.verified:
         sys.stderr.write("stagewright run: not recorded: the run failed verification\n")
-    if args.json:
+    report = (outcome.out_dir / REPORT_FILE).resolve()
+    if args.json:  # stdout is the report itself; where the file is goes to stderr
         sys.stdout.write(outcome.report.model_dump_json(indent=2) + "\n")
+        sys.stderr.write(f"stagewright run: report: {report}\n")
     else:
         sys.stdout.write(describe(outcome.report) + "\n")
-        sys.stdout.write(f"report: {outcome.out_dir / 'run-report.json'}\n")
+        sys.stdout.write(f"report: {report}\n")
         if recorded is not None:
             sys.stdout.write(f"recorded in {recorded}\n")
     if not outcome.verified:

@@ -63,7 +63,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=DEFAULT_OUT,
-        help=f"folder for run-report.json (default ./{DEFAULT_OUT})",
+        help=f"folder for run-report.json (default ./{DEFAULT_OUT}; the emitted "
+        "run-node scripts run from the candidate's folder)",
     )
     parser.add_argument(
         "--verify",
@@ -276,8 +277,10 @@ def _run(config: ExecutorConfig, rank: int, args: argparse.Namespace, out: Path)
         config, everyone, first_step=start, continuous=continuous, notes=_notes(config)
     )
     if rank == 0:
-        write_report(report, out)
-        sys.stdout.write(describe(report) + "\n")
+        written = write_report(report, out)
+        # Where it went: the emitted run-node scripts run from the candidate's folder, so
+        # the default ./stagewright-run is beside the config, not where the script was started.
+        sys.stdout.write(describe(report) + f"\nreport: {written.resolve()}\n")
         sys.stdout.flush()
     return report.verification is None or report.verification.passed
 

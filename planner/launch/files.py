@@ -122,8 +122,10 @@ def _readme(plan: Plan) -> str:
         "",
         "Run `bash candidate-N/run-node<i>.sh` on node i (with MASTER_ADDR set to node 0's "
         "address when there are several nodes); stagewright and torch must be installed. "
-        "Extra arguments go to the executor (e.g. `--steps 100 --verify`). The report lands in "
-        "`stagewright-run/run-report.json`.",
+        "Extra arguments go to the executor (e.g. `--steps 100 --verify`). The script runs from "
+        "its own folder, so the report lands in `candidate-N/stagewright-run/run-report.json`, "
+        "beside the config, wherever the script is started from (a relative `--out DIR` is "
+        "taken from there too); the executor prints its path when it finishes.",
         "",
     ]
     return "\n".join(lines)

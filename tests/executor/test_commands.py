@@ -5,6 +5,7 @@ failing on a mismatch with the rank, stage and tensor named."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from executor.launcher import run
+from executor.launcher import run, torchrun_command
+from executor.reporting import REPORT_FILE
 from tests.executor.configs import TINY, make_config, write
 from tests.executor.conftest import torchrun
 
@@ -32,12 +34,42 @@ def test_run_prints_each_rank_next_to_the_prediction(capsys, job, tmp_path):
     assert code == 0
     assert "step time: measured" in out and "predicted" in out and "on cpu" in out
     assert "verify: passed" in out
+    assert out.endswith(f"report: {(tmp_path / 'out' / 'run-report.json').resolve()}\n")
     data = json.loads((tmp_path / "out" / "run-report.json").read_text())
     assert data["format"] == "stagewright.run-report/1"
     assert data["num_steps"] == 2 and len(data["ranks"]) == 2
     for rank in data["ranks"]:
         assert rank["peak_saved_activation_bytes"] > 0
         assert rank["predicted_saved_activation_bytes"] > 0
+
+
+def test_run_json_says_on_stderr_where_the_report_is(capsys, job, tmp_path):
+    """With --json stdout is the report itself; the path of its file was not printed."""
+    out = tmp_path / "out"
+    assert main(["run", str(job), "--steps", "1", "--json", "--out", str(out)]) == 0
+    printed, err = capsys.readouterr()
+    assert json.loads(printed)["format"] == "stagewright.run-report/1"
+    assert err == f"stagewright run: report: {(out / REPORT_FILE).resolve()}\n"
+
+
+def test_the_worker_ends_with_where_its_report_is(job):
+    """The emitted run-node scripts run the worker from the candidate's folder, so the
+    default ./stagewright-run lands beside the config, not where the script was started;
+    the worker says where when it finishes."""
+    command = torchrun_command(2, "-m", "executor.worker", job.name, "--steps", "1")
+    done = subprocess.run(
+        command,
+        cwd=job.parent,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = job.parent / "stagewright-run" / REPORT_FILE
+    assert written.exists()
+    assert done.stdout.endswith(f"\nreport: {written.resolve()}\n")
 
 
 @pytest.mark.parametrize(
