@@ -1,6 +1,7 @@
 """What one request may ask of the server: body size and arrival time, search space, the
 estimated work and answer size of a search, simulation size and work, and CP-SAT time. Each
-refusal names the limit and the value to stay under (408, 413 or 422).
+refusal names the limit and the value to stay under (408, 413 or 422), and a refusal by
+a setting names its environment variable and the value this request needs.
 
 Cheap structural limits come first (each field against its ceiling), then the up-front
 cost estimate (``planner.search.cost``: milliseconds, independent of how many GPUs are
@@ -18,7 +19,7 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.core.config import Settings
+from api.core.config import ENV_PREFIX, Settings
 from api.problems import (
     body_timeout_body,
     body_too_large_body,
@@ -137,6 +138,13 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+def _raise_setting(*needs: tuple[str, int]) -> str:
+    """How an operator lets this request through: each setting's environment variable with
+    the value the request needs (the defaults protect a shared service; see the README)."""
+    settings = " ".join(f"{ENV_PREFIX}{name.upper()}={value}" for name, value in needs)
+    return f"start the server with {settings} (what this request needs)"
+
+
 def _raise(errors: list[dict[str, Any]]) -> None:
     if errors:
         shown = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in errors)
@@ -163,7 +171,8 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
             limit_error(
                 ["cluster"],
                 f"num_nodes x gpus_per_node = {gpus} GPUs is above this server's limit of "
-                f"{settings.max_gpus}; plan at most {settings.max_gpus} GPUs",
+                f"{settings.max_gpus}; plan at most {settings.max_gpus} GPUs, or "
+                + _raise_setting(("max_gpus", gpus)),
             )
         )
     batch = request.training.global_batch_size
@@ -171,7 +180,8 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
         errors.append(
             limit_error(
                 ["training", "global_batch_size"],
-                f"{batch} is above this server's limit of {settings.max_global_batch_size}",
+                f"{batch} is above this server's limit of {settings.max_global_batch_size}; "
+                + _raise_setting(("max_global_batch_size", batch)),
             )
         )
     search = request.search
@@ -180,7 +190,8 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
             limit_error(
                 ["search", "top_k"],
                 f"{search.top_k} is above this server's limit of {settings.max_top_k}; "
-                f"ask for at most {settings.max_top_k} candidates",
+                f"ask for at most {settings.max_top_k} candidates, or "
+                + _raise_setting(("max_top_k", search.top_k)),
             )
         )
     sizes = search.micro_batch_sizes or []
@@ -189,7 +200,7 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
             limit_error(
                 ["search", "micro_batch_sizes"],
                 f"{len(sizes)} sizes is above this server's limit of {settings.max_list_items} "
-                "entries; list fewer",
+                "entries; list fewer, or " + _raise_setting(("max_list_items", len(sizes))),
             )
         )
     too_big = [s for s in sizes if s > MAX_MICRO_BATCH]
@@ -219,17 +230,26 @@ def _check_search_cost(request: PlanRequest, settings: Settings) -> None:
     """413 when the search's estimated work or answer size (planner.search.cost, upper
     bounds computed in milliseconds) is over this server's limit, naming both figures."""
     cost = search_cost(request)
+    needs = [
+        (name, value)
+        for name, value, limit in (
+            ("max_plan_work", cost.work, settings.max_plan_work),
+            ("max_plan_bytes", cost.plan_bytes, settings.max_plan_bytes),
+        )
+        if value > limit
+    ]
     if cost.work > settings.max_plan_work:
         raise too_costly(
             f"this search would price {cost.configurations:,} configurations (pipelines up "
             f"to {cost.largest_pipeline} devices) for an estimated work of {cost.work:,} "
             f"units, over this server's limit of {settings.max_plan_work:,}; search fewer "
             "schedules or micro-batch sizes, ask for fewer candidates (top_k), or plan on "
-            "fewer GPUs"
+            "fewer GPUs; or " + _raise_setting(*needs)
         )
     if cost.plan_bytes > settings.max_plan_bytes:
         top_k = _largest_top_k(request, settings.max_plan_bytes)
         advice = f"ask for top_k <= {top_k}" if top_k else "search fewer schedules"
+        advice += "; or " + _raise_setting(*needs)
         raise too_costly(
             f"the plan would be about {cost.plan_bytes:,} bytes of JSON, over this server's "
             f"limit of {settings.max_plan_bytes:,} ({request.search.top_k} candidates with "
@@ -283,7 +303,8 @@ def check_simulate_request(request: SimulateRequest, settings: Settings) -> None
                     "num_devices x num_microbatches"
                     + "".join(f" x {n}" for n in parameters)
                     + f" = {cells} is above this server's limit of "
-                    f"{settings.max_simulate_cells}; simulate fewer devices or micro-batches",
+                    f"{settings.max_simulate_cells}; simulate fewer devices or micro-batches, "
+                    "or " + _raise_setting(("max_simulate_cells", cells)),
                 )
             ]
         )
@@ -298,5 +319,5 @@ def check_simulate_request(request: SimulateRequest, settings: Settings) -> None
             f"building and simulating {request.schedule} on {request.num_devices} devices x "
             f"{request.num_microbatches} micro-batches is an estimated {work:,} units of work, "
             f"over this server's limit of {settings.max_simulate_work:,}; simulate fewer "
-            "devices or micro-batches"
+            "devices or micro-batches, or " + _raise_setting(("max_simulate_work", work))
         )

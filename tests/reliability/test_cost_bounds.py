@@ -18,7 +18,7 @@ from api.limits import check_plan_request
 from api.problems import ApiProblem
 from planner.search.cost import search_cost
 from planner.specs import PlanRequest
-from tests.integration.conftest import assert_problem
+from tests.integration.conftest import assert_problem, example
 
 MB = 1_000_000
 
@@ -108,6 +108,50 @@ def test_a_cluster_of_two_hundred_million_gpus_is_refused_at_once(client):
     elapsed = time.monotonic() - started
     assert_problem(response, 422, "200000000 GPUs", "limit of 8192")
     assert elapsed < 5.0, elapsed  # was 10.7 s of a blocked event loop
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "setting"),
+    [
+        ("llama3-70b-64xh100", 413, "max_plan_work"),
+        ("gpt3-175b-16384xa100", 422, "max_gpus"),
+    ],
+)
+def test_a_refused_bundled_example_names_the_setting_that_lets_it_through(
+    client, name, status, setting
+):
+    """The default limits refuse some bundled examples; the refusal names the environment
+    variable that raises the limit and the value this request needs, and with it raised the
+    same request passes that check."""
+    request = PlanRequest.model_validate(example(name))
+    needed = request.cluster.num_gpus if setting == "max_gpus" else search_cost(request).work
+    response = client.post("/v1/plans?wait_s=0", json=example(name))
+    variable = f"STAGEWRIGHT_{setting.upper()}"
+    assert_problem(response, status, f"start the server with {variable}={needed} ")
+    try:
+        check_plan_request(request, Settings(**{setting: needed}))
+    except ApiProblem as refused:  # a later limit (the answer's size), never this one
+        assert variable not in refused.detail, refused.detail
+
+
+def test_a_plan_over_both_cost_limits_names_both_settings():
+    """A 16,384-GPU example with the GPU limit raised is over the answer-size limit; with the
+    work limit lowered too, one refusal names both settings to raise."""
+    request = PlanRequest.model_validate(example("gpt3-175b-16384xa100"))
+    cost = search_cost(request)
+    settings = Settings(max_gpus=16384, max_plan_work=cost.work - 1)
+    with pytest.raises(ApiProblem) as refused:
+        check_plan_request(request, settings)
+    assert refused.value.status == 413
+    assert f"STAGEWRIGHT_MAX_PLAN_WORK={cost.work} " in refused.value.detail
+    assert f"STAGEWRIGHT_MAX_PLAN_BYTES={cost.plan_bytes} " in refused.value.detail
+
+
+def test_a_simulate_refusal_names_its_setting(client):
+    body = {"schedule": "1f1b", "num_devices": 1024, "num_microbatches": 32}
+    body.update(forward=1.0, backward=1.0, weight=1.0)
+    response = client.post("/v1/simulate", json=body)
+    assert_problem(response, 422, "STAGEWRIGHT_MAX_SIMULATE_CELLS=32768")
 
 
 @pytest.mark.parametrize("gpus", [2 * 10**8, 10**9, 10**12])
