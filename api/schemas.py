@@ -297,7 +297,10 @@ class PlanPublic(Plan):
     created_by: str | None = Field(
         default=None, description="Name of the token that created the plan (null: no token)."
     )
-    warnings: list[str] = Field(description="Settings of the request the server changed.")
+    warnings: list[str] = Field(
+        description="Settings of the request the server changed; for a done plan without "
+        "candidates, why and what may make the request fit."
+    )
     error: Problem | None = Field(description="Why the search failed (status 'failed').")
 
 

@@ -26,7 +26,7 @@ from planner.specs import (
     StageBreakdown,
 )
 
-__all__ = ["candidate", "landscape", "memory_rejection", "schedule_summaries"]
+__all__ = ["candidate", "landscape", "memory_rejection", "no_fit_hint", "schedule_summaries"]
 
 
 def candidate(
@@ -110,6 +110,27 @@ def _memory_reason(est: Estimate, gpu: str, usable_gib: float) -> str:
         f"{parts.activations / GIB:.1f} for {parts.in_flight:.2g} micro-batches in flight, "
         f"allowance {parts.allowance / GIB:.1f})"
     )
+
+
+def no_fit_hint(request: PlanRequest) -> str:
+    """What may make a request fit when no configuration does, leaving out what the request
+    already does: the CLI prints it under an empty plan and the service puts it in a done
+    plan's ``warnings``."""
+    search, training = request.search, request.training
+    ideas = ["more GPUs (cluster.num_nodes)"]
+    if "full" not in search.recompute:
+        ideas.append('full recomputation (add "full" to search.recompute)')
+    if search.micro_batch_sizes is not None and 1 not in search.micro_batch_sizes:
+        ideas.append("micro-batch size 1 (search.micro_batch_sizes)")
+    if not training.distributed_optimizer:
+        ideas.append("the distributed optimizer (training.distributed_optimizer)")
+    if not training.sequence_parallel:
+        ideas.append("sequence parallelism (training.sequence_parallel)")
+    if not training.flash_attention:
+        ideas.append("flash attention (training.flash_attention)")
+    if len(ideas) == 1:
+        return f"The request already uses every memory saving searched; {ideas[0]} may help."
+    return f"These may help: {', '.join(ideas[:-1])} or {ideas[-1]}."
 
 
 def schedule_summaries(

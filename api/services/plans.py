@@ -28,6 +28,7 @@ from api.services import read_retried
 from api.store import crud
 from api.store.models import PlanRecord
 from api.store.snapshots import snapshot_current
+from planner.assemble import no_fit_hint
 from planner.profiles import UnknownHardwareError
 from planner.specs import Plan, PlanRequest
 
@@ -70,7 +71,8 @@ def plan_document(record: PlanRecord, *, include_rejected: bool) -> dict[str, An
     """The PlanPublic JSON of a record: the stored Plan's fields (their defaults, or empty,
     until done; a field added to Plan after a plan was stored gets its default) and the job's
     status around them. Plans stored before candidates were compact (with every action of
-    their schedules) are served as they were stored."""
+    their schedules) are served as they were stored. A done plan without candidates says
+    why in ``warnings``, with what may make the request fit."""
     result = record.result or {}
     doc: dict[str, Any] = {}
     for name, field in Plan.model_fields.items():
@@ -94,7 +96,18 @@ def plan_document(record: PlanRecord, *, include_rejected: bool) -> dict[str, An
         warnings=list(record.warnings or []),
         error=record.error,
     )
+    if record.status == "done" and doc["best"] is None:
+        doc["warnings"].append(_no_fit_warning(doc["request"]))
     return doc
+
+
+def _no_fit_warning(request: dict[str, Any]) -> str:
+    """Why a done plan has no candidate, and what may make it fit (the CLI's hint, from the
+    same function)."""
+    return (
+        "No configuration fits in memory; ?include_rejected=true lists why each was "
+        f"rejected. {no_fit_hint(PlanRequest.model_validate(request))}"
+    )
 
 
 def load_plan(session: Session, plan_id: str) -> PlanRecord:

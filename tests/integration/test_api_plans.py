@@ -11,6 +11,7 @@ import time
 import pytest
 
 from api.store import crud
+from planner.assemble import no_fit_hint
 from planner.errors import StagewrightError
 from planner.plan import plan as real_plan
 from planner.profiles import JsonProfileStore, hardware_from_dict
@@ -54,6 +55,25 @@ def test_include_rejected_lists_every_rejection(client):
     again = client.get(f"/v1/plans/{body['id']}", params={"include_rejected": True}).json()
     assert again["rejected"] == body["rejected"]
     assert client.get(f"/v1/plans/{body['id']}").json()["rejected"] == []
+
+
+def test_a_done_plan_without_candidates_says_why_and_what_may_help(client):
+    """GPT-3 13B on one GPU fits in no configuration: the done plan's warnings carry the
+    CLI's hint (the same function), leaving out what the request already uses."""
+    data = example("gpt3-13b-8xa100")
+    data["cluster"].update(num_nodes=1, gpus_per_node=1)
+    data["search"].update(schedules=["1f1b"], recompute=["full"])
+    data["training"]["distributed_optimizer"] = True
+    body = client.post("/v1/plans", json=data).json()
+    assert body["status"] == "done" and body["candidates"] == [] and body["best"] is None
+    hint = no_fit_hint(PlanRequest.model_validate(data))
+    assert body["warnings"] == [
+        "No configuration fits in memory; ?include_rejected=true lists why each was "
+        f"rejected. {hint}"
+    ]
+    assert "more GPUs (cluster.num_nodes)" in hint
+    assert "recompute" not in hint and "distributed_optimizer" not in hint
+    assert client.get(f"/v1/plans/{body['id']}").json()["warnings"] == body["warnings"]
 
 
 def test_identical_request_is_answered_from_the_store(client):

@@ -14,6 +14,7 @@ import pytest
 
 from cli.main import main
 from cli.render import oom_hint
+from planner.assemble import no_fit_hint
 from planner.schedules import generate
 from planner.simulate import Durations, simulate
 from planner.specs import PlanRequest
@@ -172,6 +173,14 @@ def test_oom_hint_leaves_out_what_is_already_on():
     hint = oom_hint(nothing)
     for missing in ("recompute", "micro_batch_sizes", "distributed_optimizer", "sequence", "flash"):
         assert missing in hint
+
+
+def test_the_cli_hint_is_the_one_the_service_gives():
+    """The service's warning for a plan without candidates comes from
+    planner.assemble.no_fit_hint; the CLI prints the same text."""
+    for changes in ({}, {"training__distributed_optimizer": True, "search__recompute": ["full"]}):
+        request = _request(**changes)
+        assert oom_hint(request) == no_fit_hint(request)
 
 
 def test_the_printed_hint_is_the_requests(capsys, monkeypatch, tmp_path):
