@@ -62,7 +62,7 @@ def memory_rejection(ctx: PlanContext, est: Estimate) -> Rejected:
     hardware = ctx.hardware
     return Rejected(
         config=est.config,
-        reason=_memory_reason(est, hardware.name, hardware.usable_memory_gib),
+        reason=_memory_reason(ctx.request, est, hardware.name, hardware.usable_memory_gib),
         predicted=_predicted(
             ctx, est, est.iteration_time_s, 0.0, max(0.0, 1 - est.busy_s / est.iteration_time_s)
         ),
@@ -90,7 +90,7 @@ def _predicted(
     )
 
 
-def _memory_reason(est: Estimate, gpu: str, usable_gib: float) -> str:
+def _memory_reason(request: PlanRequest, est: Estimate, gpu: str, usable_gib: float) -> str:
     worst = max(range(len(est.memory)), key=lambda i: est.memory[i].total)
     parts = est.memory[worst]
     static = (
@@ -98,11 +98,14 @@ def _memory_reason(est: Estimate, gpu: str, usable_gib: float) -> str:
         f"optimizer {parts.optimizer / GIB:.1f}"
     )
     if not est.activations_counted:
+        # Only the remedies the request does not already use.
+        shard = "more pipeline or tensor parallelism"
+        if not request.training.distributed_optimizer:
+            shard += ", or the distributed optimizer,"
         return (
             f"out of memory before any activation: device {worst} needs "
             f"{parts.total / GIB:.1f} GiB > {usable_gib:.1f} GiB usable on {gpu} ({static}, "
-            f"allowance {parts.allowance / GIB:.1f}); more pipeline or tensor parallelism, or "
-            f"the distributed optimizer, would shard it"
+            f"allowance {parts.allowance / GIB:.1f}); {shard} would shard it"
         )
     return (
         f"out of memory: device {worst} needs {parts.total / GIB:.1f} GiB > "

@@ -9,7 +9,7 @@ from planner.costmodel import PlanContext, estimate, price, stage_costs
 from planner.costmodel.memory import layer_parameters
 from planner.plan import plan
 from planner.profiles import default_store
-from planner.specs import CandidateConfig
+from planner.specs import CandidateConfig, PlanRequest
 from tests.unit.test_search import example, request
 
 REQUIRED_GPUS = {"a100-sxm-80g", "a100-40g", "h100-sxm-80g", "h200", "v100-16g", "v100-32g", "cpu"}
@@ -83,3 +83,18 @@ def test_data_parallel_sync_is_a_ring_over_the_gradients(distributed_optimizer):
     link = hw.intra_node
     expected = 2 * link.latency_us * 1e-6 + volume / (link.bandwidth_gbps * 1e9)
     assert price(ctx, estimate(ctx, config)).data_parallel_s == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("distributed_optimizer", [False, True])
+def test_a_static_memory_rejection_offers_only_remedies_not_already_used(distributed_optimizer):
+    """GPT-3 13B's weights and optimizer states alone overflow one A100: the reason offers
+    the distributed optimizer only to a request that does not already use it."""
+    data = example("gpt3-13b-8xa100.json", schedules=["1f1b"], recompute=["full"]).model_dump()
+    data["cluster"].update(num_nodes=1, gpus_per_node=1)
+    data["training"]["distributed_optimizer"] = distributed_optimizer
+    result = plan(PlanRequest.model_validate(data))
+    reasons = [r.reason for r in result.rejected if "before any activation" in r.reason]
+    assert reasons and result.best is None
+    for reason in reasons:
+        assert "more pipeline or tensor parallelism" in reason and "would shard it" in reason
+        assert ("distributed optimizer" in reason) is not distributed_optimizer, reason
