@@ -43,8 +43,10 @@ class LaunchFile:
 
 def _title(candidate: Candidate, index: int) -> str:
     c = candidate.config
+    # cp when it is not 1: without it a context-parallel candidate reads as t x p x d GPUs.
+    cp = f" cp={c.cp}" if c.cp != 1 else ""
     return (
-        f"stagewright candidate {index}: {c.schedule}, t={c.t} p={c.p} d={c.d}, micro-batch "
+        f"stagewright candidate {index}: {c.schedule}, t={c.t}{cp} p={c.p} d={c.d}, micro-batch "
         f"{c.micro_batch_size} x {c.num_microbatches}, recompute {c.recompute}"
     )
 

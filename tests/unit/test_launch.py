@@ -593,6 +593,7 @@ def test_launch_files_hold_each_candidates_artefacts():
         assert (f"{folder}/megatron-args.txt" in files) == ("megatron" in candidate.runtimes)
         assert (f"{folder}/torch-pipelining.csv" in files) == ("torch" in candidate.runtimes)
         assert f"candidate-{index}" in files["README.md"].content
+    assert "cp=" not in files["README.md"].content  # no context parallelism, no cp to show
     with tarfile.open(fileobj=io.BytesIO(launch_archive(result, "plan")), mode="r:gz") as tar:
         names = {m.name: m for m in tar.getmembers()}
         assert set(names) == {f"plan/{p}" for p in files}
@@ -649,3 +650,5 @@ def test_a_context_parallel_candidate_gets_a_config_of_every_rank_that_the_execu
     assert f"candidate-{index}/megatron-node0.sh" in files
     readme = files["README.md"].content
     assert f"cannot run it: {found.runtime_limits['stagewright']}" in readme
+    # The README counts every GPU the candidate uses: t x cp x p x d, cp included.
+    assert f"- candidate-{index}: 1f1b, t=2 cp=2 p=5 d=2, micro-batch" in readme
