@@ -6,9 +6,10 @@ from rich.console import Console
 
 from cli.render_timeline import reason_summary
 from cli.tables import Column, fitted_table
-from planner.specs import CandidateConfig, Plan, PlanRequest, Predicted
+from planner.assemble import no_fit_hint
+from planner.specs import CandidateConfig, Plan, Predicted
 
-__all__ = ["BY_SCHEDULE_COLUMNS", "DEVICE_COLUMNS", "RANKED_COLUMNS", "oom_hint", "render_plan"]
+__all__ = ["BY_SCHEDULE_COLUMNS", "DEVICE_COLUMNS", "RANKED_COLUMNS", "render_plan"]
 
 # The tables' columns and what each means (docs/request-reference.md lists them).
 RANKED_COLUMNS = (
@@ -79,7 +80,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
     if plan.best is None:
         console.print(
             "[red]No configuration fits in memory.[/] Run with --all to see why each "
-            f"was rejected. {oom_hint(request)}"
+            f"was rejected. {no_fit_hint(request)}"
         )
     # The context-parallel degree gets a column only when some candidate uses it.
     show_cp = any(c.config.cp > 1 for c in plan.candidates)
@@ -241,22 +242,3 @@ def trust_text(predicted: Predicted) -> str:
         f"{predicted.time_source} (fit error {predicted.calibration_error:.1%}: rms of "
         "ln(predicted / measured) over the runs it was calibrated on)"
     )
-
-
-def oom_hint(request: PlanRequest) -> str:
-    """What may make a run fit, leaving out what the request already does."""
-    search, training = request.search, request.training
-    ideas = ["more GPUs (cluster.num_nodes)"]
-    if "full" not in search.recompute:
-        ideas.append('full recomputation (add "full" to search.recompute)')
-    if search.micro_batch_sizes is not None and 1 not in search.micro_batch_sizes:
-        ideas.append("micro-batch size 1 (search.micro_batch_sizes)")
-    if not training.distributed_optimizer:
-        ideas.append("the distributed optimizer (training.distributed_optimizer)")
-    if not training.sequence_parallel:
-        ideas.append("sequence parallelism (training.sequence_parallel)")
-    if not training.flash_attention:
-        ideas.append("flash attention (training.flash_attention)")
-    if len(ideas) == 1:
-        return f"The request already uses every memory saving searched; {ideas[0]} may help."
-    return f"These may help: {', '.join(ideas[:-1])} or {ideas[-1]}."

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from cli.main import main
-from cli.render import oom_hint
 from planner.assemble import no_fit_hint
 from planner.schedules import generate
 from planner.simulate import Durations, simulate
@@ -151,7 +150,7 @@ def _request(**changes: Any) -> PlanRequest:
     return PlanRequest.model_validate(data)
 
 
-def test_oom_hint_leaves_out_what_is_already_on():
+def test_the_no_fit_hint_leaves_out_what_is_already_on():
     everything = _request(
         search__recompute=["none", "full"],
         search__micro_batch_sizes=[1, 2],
@@ -159,7 +158,7 @@ def test_oom_hint_leaves_out_what_is_already_on():
         training__sequence_parallel=True,
         training__flash_attention=True,
     )
-    hint = oom_hint(everything)
+    hint = no_fit_hint(everything)
     for already in ("recompute", "micro_batch_sizes", "distributed_optimizer", "sequence", "flash"):
         assert already not in hint
     assert "more GPUs" in hint
@@ -170,17 +169,9 @@ def test_oom_hint_leaves_out_what_is_already_on():
         training__sequence_parallel=False,
         training__flash_attention=False,
     )
-    hint = oom_hint(nothing)
+    hint = no_fit_hint(nothing)
     for missing in ("recompute", "micro_batch_sizes", "distributed_optimizer", "sequence", "flash"):
         assert missing in hint
-
-
-def test_the_cli_hint_is_the_one_the_service_gives():
-    """The service's warning for a plan without candidates comes from
-    planner.assemble.no_fit_hint; the CLI prints the same text."""
-    for changes in ({}, {"training__distributed_optimizer": True, "search__recompute": ["full"]}):
-        request = _request(**changes)
-        assert oom_hint(request) == no_fit_hint(request)
 
 
 def test_the_printed_hint_is_the_requests(capsys, monkeypatch, tmp_path):
