@@ -8,8 +8,9 @@ sizes, top_k, grid or CP-SAT, context-parallel degrees, sequence parallelism, fl
 attention, the distributed optimizer, precision, global batch, nodes, GPUs per node, layers,
 sequence length and query groups. A mutation the request model refuses is skipped (that is
 validation working). Every schedule the planner builds, for memory counting or for timing,
-is checked against the IR's rules, and the launch files of the ranked candidates are built
-as ``--emit`` builds them.
+is checked against the IR's rules, the launch files of the ranked candidates are built
+as ``--emit`` builds them, and the best candidate's timeline as ``--timeline`` and the
+dashboard's Gantt chart build it.
 
 A refusal with a message (a :class:`planner.errors.StagewrightError` other than an invalid
 schedule) is a clean answer and is counted; any other exception, or a schedule that breaks
@@ -39,6 +40,7 @@ from planner.launch.files import launch_files  # noqa: E402
 from planner.plan import plan  # noqa: E402
 from planner.schedules import SCHEDULE_NAMES, schedule_family  # noqa: E402
 from planner.schedules._validate import validate  # noqa: E402
+from planner.search.timeline import candidate_timeline  # noqa: E402
 from planner.specs import PlanRequest  # noqa: E402
 
 
@@ -114,13 +116,24 @@ def main() -> int:
             invalid += 1
             continue
         try:
-            launch_files(plan(request))
-            answered += 1
+            result = plan(request)
         except InvalidScheduleError:
             crashes.append((data, traceback.format_exc(limit=8)))
+            continue
         except StagewrightError:
             refused += 1
+            continue
         except Exception:  # noqa: BLE001 - a crash is what this sweep looks for
+            crashes.append((data, traceback.format_exc(limit=8)))
+            continue
+        # The request was answered: anything that fails from here on, refusals included,
+        # is a bug in stagewright (the plan's own candidates must launch and draw).
+        try:
+            launch_files(result)
+            if result.best is not None:
+                candidate_timeline(request, result.best.config)
+            answered += 1
+        except Exception:  # noqa: BLE001
             crashes.append((data, traceback.format_exc(limit=8)))
     for data, trace in crashes:
         print(f"CRASH on {json.dumps(data)}\n{trace}")
