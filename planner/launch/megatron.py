@@ -51,6 +51,7 @@ MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 
 MEGATRON_FLAGS = frozenset(
     {
+        "--accumulate-allreduce-grads-in-fp32",
         "--attention-backend",
         "--bf16",
         "--context-parallel-size",
@@ -143,6 +144,10 @@ def megatron_launch(
     ]
     if tr.precision != "fp32":
         args.append(f"--{tr.precision}")
+    if tr.precision == "fp16":
+        # The plan counts fp32 gradients (4 bytes a parameter), as stagewright's executor
+        # accumulates them; Megatron-LM keeps them in fp32 by itself only for bf16.
+        args.append("--accumulate-allreduce-grads-in-fp32")
     env = {}
     if tr.sequence_parallel and config.t > 1:
         args.append("--sequence-parallel")

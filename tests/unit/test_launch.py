@@ -291,6 +291,7 @@ def test_several_nodes_get_one_line_each_with_the_master_address(num_nodes, per_
 # megatron/training/arguments.py (add_megatron_arguments, including the TransformerConfig
 # fields it exposes through ArgumentGroupFactory) at commit MEGATRON_COMMIT.
 MEGATRON_FLAGS_USED = {
+    "--accumulate-allreduce-grads-in-fp32",
     "--attention-backend",
     "--bf16",
     "--context-parallel-size",
@@ -402,6 +403,21 @@ def test_megatron_args_carry_precision_attention_vocabulary_and_parallelism():
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script.content
     plain = plan(MEGATRON_PLANS[0]).candidates[0]
     assert flags_of(plain.launch.megatron_args or "")["--attention-backend"] == "unfused"
+
+
+def test_megatron_keeps_gradients_in_fp32_as_the_plan_counts_them():
+    """The plan counts 4 bytes of gradient a parameter in every precision (the executor
+    accumulates in fp32); Megatron-LM does so by itself for bf16 (arguments.py turns on
+    accumulate_allreduce_grads_in_fp32) but keeps fp16 gradients in fp16 unless told."""
+    for precision in ("fp16", "bf16"):
+        result = plan(request(schedules=("1f1b",), precision=precision))
+        candidate = result.candidates[0]
+        flags = flags_of(candidate.launch.megatron_args or "")
+        assert f"--{precision}" in flags
+        assert ("--accumulate-allreduce-grads-in-fp32" in flags) == (precision == "fp16")
+        grads = candidate.breakdown[0].gradients_gib * 2**30
+        parameters = candidate.breakdown[0].parameters_gib * 2**30 / 2  # 2-byte weights
+        assert grads == pytest.approx(4 * parameters, rel=1e-6)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
