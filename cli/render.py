@@ -31,9 +31,21 @@ DEVICE_COLUMNS = (
     ("device", "Pipeline device (rank in the pipeline)."),
     ("stages", "Stages the device holds (two for V schedules, more for interleaved)."),
     ("layers", "Transformer layers on the device."),
-    ("compute s", "Forward + backward time of the device over one step."),
-    ("comm s", "Tensor-parallel and pipeline communication time over one step."),
-    ("bubble s", "Time the device waits in the simulated step."),
+    (
+        "compute s",
+        "Forward + backward time of the device over one step (its tensor-parallel "
+        "collectives included).",
+    ),
+    (
+        "comm s",
+        "Of which communication: the tensor-parallel collectives inside compute s, "
+        "plus the pipeline sends the device's bubble waits for.",
+    ),
+    (
+        "bubble s",
+        "Time the device waits in the simulated step. compute s + bubble s is the "
+        "pipeline's span; the step time adds data-parallel sync and the optimizer step.",
+    ),
     ("params", "Weights, GiB."),
     ("grads", "Gradients, GiB."),
     ("optim", "Optimizer states (sharded over d with the distributed optimizer), GiB."),
@@ -134,6 +146,13 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
             [Column(header) for header, _ in DEVICE_COLUMNS],
             device_rows,
             _DEVICE_DROP_ORDER,
+        )
+        span = max(row.compute_s + row.bubble_s for row in best.breakdown)
+        console.print(
+            f"  compute s + bubble s = the pipeline's span, {span:.3f} s; the step time "
+            f"{best.predicted.iteration_time_s:.3f} s adds data-parallel sync and the optimizer "
+            f"step ({best.predicted.iteration_time_s - span:.3f} s); comm s is part of them",
+            highlight=False,
         )
         console.print(f"  times from: {trust_text(best.predicted)}")
         for note in best.notes:

@@ -169,11 +169,18 @@ class StageBreakdown(Spec):
     device: int
     stages: list[int]
     layers: int
-    compute_s: float = Field(description="F + B + W time of one step on this device.")
-    communication_s: float = Field(
-        description="Tensor-parallel time inside compute_s, and pipeline p2p sends, per step."
+    compute_s: float = Field(
+        description="F + B + W time of one step on this device, its tensor-parallel "
+        "collectives included."
     )
-    bubble_s: float = Field(description="Idle time in the simulated pipeline.")
+    communication_s: float = Field(
+        description="Of which communication, per step: the tensor-parallel time inside "
+        "compute_s, and the pipeline p2p sends that bubble_s waits for."
+    )
+    bubble_s: float = Field(
+        description="Idle time in the simulated pipeline. compute_s + bubble_s is the "
+        "pipeline's span; the step time adds data-parallel sync and the optimizer step."
+    )
     parameters_gib: float
     gradients_gib: float
     optimizer_gib: float

@@ -16,7 +16,7 @@ from cli.main import main
 from planner.assemble import no_fit_hint
 from planner.schedules import generate
 from planner.simulate import Durations, simulate
-from planner.specs import PlanRequest
+from planner.specs import CandidateConfig, PlanRequest
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny-cpu.json"
@@ -196,3 +196,33 @@ def test_the_plan_says_what_of_the_space_it_did_not_search(capsys, monkeypatch, 
     notes = [line for line in out.splitlines() if line.startswith("  note: ")]
     assert notes[0].startswith("  note: micro-batch sizes 2, 4 not searched")
     assert notes[1].startswith("  note: data-parallel degrees 2, 4 not searched")
+
+
+def test_the_device_columns_add_up_to_the_span_and_the_step_adds_sync_and_the_optimizer(
+    capsys, monkeypatch
+):
+    from planner.costmodel import PlanContext, price
+    from planner.costmodel.evaluate import estimate
+    from planner.profiles import default_store
+
+    monkeypatch.setenv("COLUMNS", "200")
+    request = PlanRequest.model_validate_json(
+        (REPO / "examples" / "gpt3-96b-32xa100.json").read_text()
+    )
+    code, out, _ = _run(capsys, "plan", str(REPO / "examples" / "gpt3-96b-32xa100.json"))
+    assert code == 0
+    line = next(line for line in out.splitlines() if "the pipeline's span" in line)
+    span, step, rest = map(float, re.findall(r"(\d+\.\d+) s", line))
+    _, plan_json, _ = _run(
+        capsys, "plan", str(REPO / "examples" / "gpt3-96b-32xa100.json"), "--json"
+    )
+    best = json.loads(plan_json)["best"]
+    # Priced again here: the simulated span, and the data-parallel sync and optimizer step.
+    ctx = PlanContext.from_store(request, default_store())
+    priced = price(ctx, estimate(ctx, CandidateConfig.model_validate(best["config"])))
+    assert span == pytest.approx(priced.makespan_s, abs=1e-3)
+    assert rest == pytest.approx(priced.data_parallel_s + priced.optimizer_s, abs=2e-3)
+    assert step == pytest.approx(best["predicted"]["iteration_time_s"], abs=1e-3)
+    for row in best["breakdown"]:
+        assert row["compute_s"] + row["bubble_s"] == pytest.approx(priced.makespan_s, rel=1e-6)
+        assert row["communication_s"] <= row["compute_s"] + row["bubble_s"]
