@@ -30,6 +30,7 @@ from planner.costmodel.evaluate import Estimate, PlanContext, Priced, estimate, 
 from planner.costmodel.memory import GIB
 from planner.errors import InvalidScheduleError
 from planner.profiles import ProfileStore, default_store
+from planner.schedules import schedule_family
 from planner.search.gains import limit_note
 from planner.search.grid import enumerate_space, runtime_problem, unsearched
 from planner.specs import Plan, PlanRequest, PlanStats, RefinementInfo
@@ -77,7 +78,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     for index in range(min(len(feasible), 2 * request.search.top_k)):
         pricing(index)
     best_of = _best_of_each_schedule(feasible, pricing)
-    # Every candidate simulated so far, in the order it was: ties in step time keep it.
+    # Every candidate simulated so far, in the order it was (the rank's last tie-break).
     pool: list[tuple[Priced, RefinementInfo | None]] = [(pr, None) for pr in pricing.done()]
     wanted = request.search.runtime
     pool += [
@@ -85,7 +86,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
         for pr, info in refined
         if wanted == "any" or runtime_problem(request, pr.estimate.config, wanted) is None
     ]
-    pool.sort(key=lambda item: item[0].iteration_time_s)
+    pool.sort(key=lambda item: _rank_key(item[0]))
     candidates = [
         candidate(ctx, pr, info, limit_note(pr, feasible, pricing))
         for pr, info in pool[: request.search.top_k]
@@ -107,6 +108,15 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
         landscape=landscape(request, feasible),
         notes=unsearched(request),
     )
+
+
+def _rank_key(pr: Priced) -> tuple[float, bool, float]:
+    """Faster first; at the same step time (to the nanosecond: configurations that differ
+    only in what does not run, such as a schedule on a one-stage pipeline, tie up to
+    rounding), synchronous training before stale weights, then the lower peak memory."""
+    stale = schedule_family(pr.estimate.config.schedule).semantics != "synchronous"
+    peak = max(m.total for m in pr.estimate.memory)
+    return round(pr.iteration_time_s, 9), stale, peak
 
 
 class _Pricing:

@@ -109,3 +109,27 @@ def test_an_invalid_generated_schedule_is_a_bug_not_a_refusal(monkeypatch):
         planning.plan(request)
     assert not isinstance(raised.value, StagewrightError)
     assert "rule 5: 1F3 needs" in str(raised.value)
+
+
+def test_at_the_same_step_time_synchronous_and_then_less_memory_rank_first():
+    """On one GPU every schedule runs the same passes in the same time (up to rounding in
+    the last digits); zb-adaptive may hold more micro-batches and 2BW changes training for
+    nothing, so 1F1B must rank first at each time."""
+    from tests.unit.test_search import request
+
+    result = planning.plan(
+        request(gpus_per_node=1, schedules=["zb-adaptive", "2bw", "1f1b"], sizes=[1, 2])
+    )
+    by_time: dict[float, list[tuple[str, bool, float]]] = {}
+    for c in result.candidates:
+        key = round(c.predicted.iteration_time_s, 9)
+        by_time.setdefault(key, []).append(
+            (c.config.schedule, c.semantics == "stale", c.predicted.peak_memory_gib)
+        )
+    assert any(len(group) == 3 for group in by_time.values())
+    for group in by_time.values():
+        assert [(stale, peak) for _, stale, peak in group] == sorted(
+            (stale, peak) for _, stale, peak in group
+        )
+        if len(group) == 3:
+            assert group[0][0] == "1f1b" and group[-1][0] == "2bw"

@@ -198,7 +198,8 @@ def test_stats_are_consistent(searched):
 
 def test_candidates_are_ranked_by_predicted_time(searched):
     _, result = searched
-    times = [c.predicted.iteration_time_s for c in result.candidates]
+    # Ties to the nanosecond are broken by semantics and memory (test_plan_flow).
+    times = [round(c.predicted.iteration_time_s, 9) for c in result.candidates]
     assert times == sorted(times)
     assert result.best == result.candidates[0]
     for c in result.candidates:
