@@ -6,7 +6,7 @@ from rich.console import Console
 
 from cli.render_timeline import reason_summary
 from cli.tables import Column, fitted_table
-from planner.assemble import no_fit_hint
+from planner.assemble import no_fit_summary
 from planner.specs import CandidateConfig, Plan, Predicted
 
 __all__ = ["BY_SCHEDULE_COLUMNS", "DEVICE_COLUMNS", "RANKED_COLUMNS", "render_plan"]
@@ -91,8 +91,10 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         console.print(f"  note: {note}", highlight=False)
     if plan.best is None:
         console.print(
-            "[red]No configuration fits in memory.[/] Run with --all to see why each "
-            f"was rejected. {no_fit_hint(request)}"
+            no_fit_summary(request, plan.rejected)
+            + (" Run with --all to see why each was rejected." if plan.rejected else ""),
+            style="red",
+            highlight=False,
         )
     # The context-parallel degree gets a column only when some candidate uses it.
     show_cp = any(c.config.cp > 1 for c in plan.candidates)

@@ -8,6 +8,8 @@ in what order; this module only turns them into the plan's JSON shapes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from planner.costmodel.evaluate import Estimate, PlanContext, Priced
 from planner.costmodel.layer_ops import fused_softmax_available
 from planner.costmodel.memory import GIB
@@ -26,7 +28,14 @@ from planner.specs import (
     StageBreakdown,
 )
 
-__all__ = ["candidate", "landscape", "memory_rejection", "no_fit_hint", "schedule_summaries"]
+__all__ = [
+    "candidate",
+    "landscape",
+    "memory_rejection",
+    "no_fit_hint",
+    "no_fit_summary",
+    "schedule_summaries",
+]
 
 
 def candidate(
@@ -113,6 +122,30 @@ def _memory_reason(request: PlanRequest, est: Estimate, gpu: str, usable_gib: fl
         f"{parts.activations / GIB:.1f} for {parts.in_flight:.2g} micro-batches in flight, "
         f"allowance {parts.allowance / GIB:.1f})"
     )
+
+
+def no_fit_summary(request: PlanRequest, rejected: Sequence[Rejected]) -> str:
+    """Why a plan has no candidate, from its rejections: over memory (with what may make
+    the request fit, :func:`no_fit_hint`), or refused before memory was counted (runtime,
+    pipeline length, ...: memory savings would not help, so none are offered), or nothing
+    to search at all (the plan's notes say what was left out)."""
+    over = sum(1 for r in rejected if r.predicted is not None)
+    if not rejected:
+        return (
+            "No configuration to search: the request's space is empty (the plan's notes "
+            "say what was left out and why)."
+        )
+    if over == 0:
+        examples = list(dict.fromkeys(r.reason for r in rejected))[:3]
+        return (
+            f"No configuration can run: all {len(rejected):,} were refused before their "
+            f"memory was counted, so saving memory would not help; for example: "
+            + "; ".join(examples)
+            + "."
+        )
+    others = len(rejected) - over
+    rest = f", {others:,} refused for other reasons" if others else ""
+    return f"No configuration fits in memory ({over:,} over it{rest}). {no_fit_hint(request)}"
 
 
 def no_fit_hint(request: PlanRequest) -> str:

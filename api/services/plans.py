@@ -28,9 +28,9 @@ from api.services import read_retried
 from api.store import crud
 from api.store.models import PlanRecord
 from api.store.snapshots import snapshot_current
-from planner.assemble import no_fit_hint
+from planner.assemble import no_fit_summary
 from planner.profiles import UnknownHardwareError
-from planner.specs import Plan, PlanRequest
+from planner.specs import Plan, PlanRequest, Rejected
 
 if TYPE_CHECKING:
     from api.state import AppState
@@ -97,17 +97,18 @@ def plan_document(record: PlanRecord, *, include_rejected: bool) -> dict[str, An
         error=record.error,
     )
     if record.status == "done" and doc["best"] is None:
-        doc["warnings"].append(_no_fit_warning(doc["request"]))
+        doc["warnings"].append(_no_fit_warning(doc["request"], result.get("rejected") or []))
     return doc
 
 
-def _no_fit_warning(request: dict[str, Any]) -> str:
-    """Why a done plan has no candidate, and what may make it fit (the CLI's hint, from the
-    same function)."""
-    return (
-        "No configuration fits in memory; ?include_rejected=true lists why each was "
-        f"rejected. {no_fit_hint(PlanRequest.model_validate(request))}"
+def _no_fit_warning(request: dict[str, Any], rejected: list[dict[str, Any]]) -> str:
+    """Why a done plan has no candidate, and what may help (the CLI's text, from the same
+    function), from the stored request and rejections."""
+    summary = no_fit_summary(
+        PlanRequest.model_validate(request), [Rejected.model_validate(r) for r in rejected]
     )
+    more = " ?include_rejected=true lists why each was rejected." if rejected else ""
+    return summary + more
 
 
 def load_plan(session: Session, plan_id: str) -> PlanRecord:

@@ -132,7 +132,8 @@ def _listing(values: list[int]) -> str:
 
 def unsearched(request: PlanRequest) -> list[str]:
     """What of the request's space no candidate covers, one line a cause: tensor-parallel
-    degrees the model cannot be split over, and the micro-batch sizes (those the request
+    degrees the model cannot be split over, context-parallel degrees (those the request
+    names) that divide no split of the cluster, and the micro-batch sizes (those the request
     names) and data-parallel degrees that no partner makes a divisor of the global batch.
     These points have no configuration to list as rejected (no whole m), so the plan says
     so here rather than leaving them out without a word."""
@@ -147,8 +148,19 @@ def unsearched(request: PlanRequest) -> list[str]:
                 f"tensor-parallel degree {t} not searched: {t} does not divide the model's "
                 f"{problem}"
             )
+    splits = list(_splits(request))
+    wanted_cp = request.search.context_parallel or []
+    unused_cp = sorted(set(wanted_cp) - {cp for _, cp, _, _ in splits})
+    if unused_cp:
+        notes.append(
+            f"context-parallel degree{'s' if len(unused_cp) > 1 else ''} "
+            f"{_listing(unused_cp)} not searched: t x cp divides the cluster's {gpus} GPUs "
+            f"for no tensor-parallel degree searched"
+        )
     sizes = request.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
-    degrees = sorted({d for _, _, _, d in _splits(request)})
+    degrees = sorted({d for _, _, _, d in splits})
+    if not degrees:
+        return notes  # no split of the cluster at all: the lines above say why
     fits = {(mb, d) for mb in sizes for d in degrees if batch % (mb * d) == 0}
     if request.search.micro_batch_sizes is not None:
         unused = [mb for mb in sizes if all((mb, d) not in fits for d in degrees)]

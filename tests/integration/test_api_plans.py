@@ -67,13 +67,25 @@ def test_a_done_plan_without_candidates_says_why_and_what_may_help(client):
     body = client.post("/v1/plans", json=data).json()
     assert body["status"] == "done" and body["candidates"] == [] and body["best"] is None
     hint = no_fit_hint(PlanRequest.model_validate(data))
-    assert body["warnings"] == [
-        "No configuration fits in memory; ?include_rejected=true lists why each was "
-        f"rejected. {hint}"
-    ]
+    (warning,) = body["warnings"]
+    assert warning.startswith("No configuration fits in memory (")
+    assert warning.endswith(f"{hint} ?include_rejected=true lists why each was rejected.")
     assert "more GPUs (cluster.num_nodes)" in hint
     assert "recompute" not in hint and "distributed_optimizer" not in hint
     assert client.get(f"/v1/plans/{body['id']}").json()["warnings"] == body["warnings"]
+
+
+def test_a_plan_whose_configurations_are_all_refused_before_memory_offers_no_memory_saving(
+    client,
+):
+    data = example("tiny-cpu")
+    data["search"] = {"schedules": ["v-zb"], "runtime": "megatron", "micro_batch_sizes": [1]}
+    body = client.post("/v1/plans", json=data).json()
+    assert body["status"] == "done" and body["best"] is None
+    (warning,) = body["warnings"]
+    assert warning.startswith("No configuration can run: all ")
+    assert "Megatron-LM has no V-ZB schedule" in warning
+    assert "may help" not in warning  # no memory saving is offered: memory was not the reason
 
 
 def test_identical_request_is_answered_from_the_store(client):

@@ -186,6 +186,35 @@ def test_the_printed_hint_is_the_requests(capsys, monkeypatch, tmp_path):
     assert "more GPUs" in hint and "recompute" not in hint
 
 
+@pytest.mark.parametrize(
+    ("search", "training", "expected", "hint"),
+    [
+        # Every configuration refused by the runtime or the pipeline length: not memory.
+        ({"schedules": ["v-zb"], "runtime": "megatron"}, {}, "No configuration can run:", False),
+        # A context-parallel degree no split of 4 GPUs takes: nothing to search.
+        (
+            {"schedules": ["1f1b"], "context_parallel": [16]},
+            {"flash_attention": True},
+            "No configuration to search:",
+            False,
+        ),
+    ],
+)
+def test_an_empty_plan_says_why_without_blaming_memory_when_memory_was_not_why(
+    capsys, monkeypatch, tmp_path, search, training, expected, hint
+):
+    monkeypatch.setenv("COLUMNS", "400")
+    data = json.loads(TINY.read_text())
+    data["search"] = {**search, "micro_batch_sizes": [1]}
+    data["training"].update(training)
+    code, out, _ = _run(capsys, "plan", _write(tmp_path, data))
+    assert code == 1
+    assert expected in out
+    assert "fits in memory" not in out and ("may help" in out) == hint
+    if "context_parallel" in search:
+        assert "note: context-parallel degree 16 not searched" in out
+
+
 def test_the_plan_says_what_of_the_space_it_did_not_search(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "200")
     data = json.loads(TINY.read_text())
