@@ -104,10 +104,13 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
     ranked_rows = []
     for rank, candidate in enumerate(plan.candidates, start=1):
         pr = candidate.predicted
+        config_cells = list(_config_text(candidate.config, show_cp))
+        if candidate.semantics == "stale":  # changes training: said where it is ranked
+            config_cells[-1] += " (stale)"
         ranked_rows.append(
             [
                 str(rank),
-                *_config_text(candidate.config, show_cp),
+                *config_cells,
                 f"{pr.iteration_time_s:.3f}",
                 f"{pr.samples_per_s:.2f}",
                 f"{pr.mfu:.1%}",
@@ -162,7 +165,14 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         if best.launch.megatron_args:
             console.print(f"  Megatron-LM: {best.launch.megatron_args}", soft_wrap=True)
         # Whole lines (the terminal wraps them) so that a copied command stays one command.
-        console.print(f"  torchrun: {best.launch.torchrun[0]}", soft_wrap=True, highlight=False)
+        if "stagewright" in best.runtimes:
+            console.print(f"  torchrun: {best.launch.torchrun[0]}", soft_wrap=True, highlight=False)
+        else:  # the line would start stagewright's executor, which would refuse it
+            reason = best.runtime_limits.get("stagewright", "")
+            console.print(
+                f"  torchrun: none: stagewright's executor cannot run it as planned ({reason})",
+                highlight=False,
+            )
     if plan.by_schedule:
         summary_headers = []
         for header, _ in BY_SCHEDULE_COLUMNS:

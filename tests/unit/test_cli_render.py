@@ -75,7 +75,9 @@ def test_a_narrow_terminal_leaves_columns_out_and_says_so_rather_than_cutting_va
     for row, candidate in zip(rows, ranked, strict=True):
         cells = [c.strip() for c in row.strip("│").split("│")]
         assert f"{candidate['predicted']['iteration_time_s']:.3f}" in cells
-        assert candidate["config"]["schedule"] in cells
+        schedule = candidate["config"]["schedule"]
+        stale = candidate["semantics"] == "stale"  # labelled where it is ranked
+        assert (f"{schedule} (stale)" if stale else schedule) in cells
     dropped = re.findall(r"^  \((.+) left out to fit (\d+) columns", out, flags=re.M)
     if columns >= 200:
         assert dropped == []
@@ -255,3 +257,15 @@ def test_the_device_columns_add_up_to_the_span_and_the_step_adds_sync_and_the_op
     for row in best["breakdown"]:
         assert row["compute_s"] + row["bubble_s"] == pytest.approx(priced.makespan_s, rel=1e-6)
         assert row["communication_s"] <= row["compute_s"] + row["bubble_s"]
+
+
+def test_a_best_candidate_only_megatron_runs_prints_no_torchrun_line(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    path = REPO / "examples" / "llama3-8b-8xh100.json"
+    _, plan_json, _ = _run(capsys, "plan", str(path), "--json")
+    best = json.loads(plan_json)["best"]
+    assert "stagewright" not in best["runtimes"]  # context parallelism: Megatron-LM only
+    _, out, _ = _run(capsys, "plan", str(path))
+    line = next(line for line in out.splitlines() if line.startswith("  torchrun:"))
+    assert "executor.worker" not in line
+    assert best["runtime_limits"]["stagewright"] in line
