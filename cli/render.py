@@ -140,7 +140,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
                 f"{row.optimizer_gib:.1f}",
                 f"{row.activations_gib:.1f}",
                 f"{row.allowance_gib:.1f}",
-                f"{row.in_flight_microbatches:.2g}",
+                f"{row.in_flight_microbatches:.4g}",
                 f"{total:.1f}",
             ]
             for row, total in zip(best.breakdown, best.predicted.memory_gib_per_device, strict=True)

@@ -119,7 +119,7 @@ def _memory_reason(request: PlanRequest, est: Estimate, gpu: str, usable_gib: fl
     return (
         f"out of memory: device {worst} needs {parts.total / GIB:.1f} GiB > "
         f"{usable_gib:.1f} GiB usable on {gpu} ({static}, activations "
-        f"{parts.activations / GIB:.1f} for {parts.in_flight:.2g} micro-batches in flight, "
+        f"{parts.activations / GIB:.1f} for {parts.in_flight:.4g} micro-batches in flight, "
         f"allowance {parts.allowance / GIB:.1f})"
     )
 
