@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.costmodel.evaluate import Estimate, PlanContext, Priced
-from planner.costmodel.layer_ops import fused_softmax_available
+from planner.costmodel.layer_ops import fused_softmax_problem
 from planner.costmodel.memory import GIB
 from planner.costmodel.timing import time_provenance
 from planner.launch.artefacts import candidate_launch
@@ -283,16 +283,20 @@ def _softmax_fallback_note(ctx: PlanContext, config: CandidateConfig) -> str | N
     16 < s <= 4096, 16-bit); elsewhere its fp32 fallback makes five passes over the scores
     each way: why BPipe Table 7's 1F1B rows with selective recompute ran at 36-40% MFU."""
     r = ctx.request
-    if r.training.flash_attention or fused_softmax_available(
-        r.model, r.training, config.micro_batch_size, config.t
-    ):
+    if r.training.flash_attention:
         return None
-    batches = config.micro_batch_size * r.model.num_attention_heads // config.t
+    problem = fused_softmax_problem(r.model, r.training, config.micro_batch_size, config.t)
+    if problem is None:
+        return None
+    remedy = "flash attention avoids it"
+    if "attention batches" in problem:
+        remedy = (
+            "a micro-batch or tensor-parallel degree that makes b x heads / t a multiple of "
+            "it, or flash attention, avoids it"
+        )
     return (
-        f"Megatron's fused softmax cannot run here ({batches} attention batches per rank, "
-        "not a multiple of 4, or a sequence or precision it does not take): its fp32 "
-        "fallback is priced; a micro-batch or tensor-parallel degree that makes "
-        "b x heads / t a multiple of 4, or flash attention, avoids it"
+        f"Megatron's fused softmax cannot run here ({problem}): its fp32 fallback is "
+        f"priced; {remedy}"
     )
 
 
@@ -311,8 +315,15 @@ def _notes(ctx: PlanContext, priced: Priced) -> list[str]:
             f"({family.citation}): it changes the training, not only its speed; allowed "
             f"by search.allow_stale_weights"
         )
-    if schedule_family(config.schedule).transfers:
-        notes.append(_transfer_note(costs.transfer_s, costs.forward[0], costs.backward[0]))
+    if family.transfers:
+        built = priced.simulation.schedule
+        if any(a.kind.is_transfer for row in built.actions for a in row):
+            notes.append(_transfer_note(costs.transfer_s, costs.forward[0], costs.backward[0]))
+        else:
+            notes.append(
+                f"{family.title} moves no activations here (no stage evicts on a "
+                f"{config.p}-device pipeline): it runs as its base schedule"
+            )
     if priced.data_parallel_s > 0:
         notes.append(f"data-parallel gradient sync {priced.data_parallel_s * 1e3:.1f} ms per step")
     if priced.simulated_microbatches < config.num_microbatches:

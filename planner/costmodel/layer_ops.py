@@ -62,6 +62,7 @@ norm, the vocabulary-parallel output GEMM and the fp32 cross-entropy (Megatron's
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -80,6 +81,7 @@ __all__ = [
     "Phase",
     "embedding_ops",
     "fused_softmax_available",
+    "fused_softmax_problem",
     "layer_ops",
     "output_ops",
     "phase_seconds",
@@ -204,18 +206,31 @@ def fused_softmax_available(
     model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int
 ) -> bool:
     """Whether Megatron-LM runs its fused causal scale-mask-softmax kernel
-    (``FusedScaleMaskSoftmax.is_kernel_available``): 16-bit input, 16 < s <= 4096, s a
-    multiple of 4, and the b x a/t attention batches a multiple of the kernel's batches per
-    block (4 for s > 128; ``get_batch_per_block`` in scaled_upper_triang_masked_softmax.h).
+    (``FusedScaleMaskSoftmax.is_kernel_available``): see :func:`fused_softmax_problem`.
     Otherwise Megatron falls back to PyTorch ops in fp32 (``forward_torch_softmax``)."""
+    return fused_softmax_problem(model, training, micro_batch, t) is None
+
+
+def fused_softmax_problem(
+    model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int
+) -> str | None:
+    """Why Megatron-LM's fused causal softmax cannot run, or None: it takes 16-bit input,
+    16 < s <= 4096 with s a multiple of 4, and b x a/t attention batches a multiple of the
+    kernel's batches per block (4 for s > 128; ``get_batch_per_block`` in
+    scaled_upper_triang_masked_softmax.h)."""
     s = model.seq_length
     batches = micro_batch * (model.num_attention_heads // t)
-    if training.precision == "fp32" or not 16 < s <= 4096 or s % 4:
-        return False
+    if training.precision == "fp32":
+        return "fp32 training (the kernel takes 16-bit input)"
+    if not 16 < s <= 4096 or s % 4:
+        return f"sequence length {s} (the kernel takes 16 < s <= 4096, a multiple of 4)"
     power = 1 << (s - 1).bit_length()
     warp = min(power, 32)
     per_block = (128 // warp) * (2 if power <= 128 else 1)
-    return batches % 4 == 0 and batches % per_block == 0
+    needed = math.lcm(4, per_block)
+    if batches % needed:
+        return f"{batches} attention batches per rank (b x heads / t), not a multiple of {needed}"
+    return None
 
 
 # Bytes per attention-score element of the softmax. Fused (16-bit): the causal kernel reads

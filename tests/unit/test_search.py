@@ -474,6 +474,16 @@ def test_bpipe_transfer_notes_follow_appendix_b():
     assert "stretches the step" in _transfer_note(0.035, 0.020, 0.040)
 
 
+def test_bpipe_on_a_pipeline_too_short_to_evict_says_it_moves_nothing():
+    # Only stages s <= (p - 4) / 2 evict (BPipe's pairing): none on 2 devices, one on 4.
+    for p, evicts in ((2, False), (4, True)):
+        r = request(gpus_per_node=p, num_layers=8, schedules=["bpipe"], sizes=[1])
+        chosen = next(c for c in plan(r).candidates if c.config.p == p)
+        moves = [n for n in chosen.notes if n.startswith("BPipe transfer")]
+        still = [n for n in chosen.notes if "moves no activations" in n]
+        assert (len(moves), len(still)) == ((1, 0) if evicts else (0, 1))
+
+
 def test_a_candidate_says_when_megatrons_fused_softmax_cannot_run():
     from planner.assemble import _softmax_fallback_note
     from planner.costmodel import PlanContext
@@ -498,3 +508,8 @@ def test_a_candidate_says_when_megatrons_fused_softmax_cannot_run():
     assert note is not None and "13 attention batches" in note
     assert _softmax_fallback_note(ctx, config(8, 4)) is None  # 52
     assert _softmax_fallback_note(ctx, config(4, 2)) is None  # 52
+    # The note names the cause: a sequence the kernel does not take is not a batch count.
+    short = r.model_copy(update={"model": r.model.model_copy(update={"seq_length": 16})})
+    note = _softmax_fallback_note(PlanContext.from_store(short, default_store()), config(8, 4))
+    assert note is not None and "sequence length 16" in note
+    assert "attention batches" not in note and "multiple of it" not in note
