@@ -130,6 +130,11 @@ def _listing(values: list[int]) -> str:
     return ", ".join(map(str, values))
 
 
+def _not_searched(what: str, values: list[int], why: str) -> str:
+    """'<what>[s] <values> not searched<why>'."""
+    return f"{what}{'s' if len(values) > 1 else ''} {_listing(values)} not searched{why}"
+
+
 def unsearched(request: PlanRequest) -> list[str]:
     """What of the request's space no candidate covers, one line a cause: tensor-parallel
     degrees the model cannot be split over, context-parallel degrees (those the request
@@ -153,9 +158,12 @@ def unsearched(request: PlanRequest) -> list[str]:
     unused_cp = sorted(set(wanted_cp) - {cp for _, cp, _, _ in splits})
     if unused_cp:
         notes.append(
-            f"context-parallel degree{'s' if len(unused_cp) > 1 else ''} "
-            f"{_listing(unused_cp)} not searched: t x cp divides the cluster's {gpus} GPUs "
-            f"for no tensor-parallel degree searched"
+            _not_searched(
+                "context-parallel degree",
+                unused_cp,
+                f": t x cp divides the cluster's {gpus} GPUs for no tensor-parallel degree "
+                "searched",
+            )
         )
     sizes = request.search.micro_batch_sizes or list(DEFAULT_MICRO_BATCH_SIZES)
     degrees = sorted({d for _, _, _, d in splits})
@@ -166,16 +174,22 @@ def unsearched(request: PlanRequest) -> list[str]:
         unused = [mb for mb in sizes if all((mb, d) not in fits for d in degrees)]
         if unused:
             notes.append(
-                f"micro-batch size{'s' if len(unused) > 1 else ''} {_listing(unused)} "
-                f"not searched: the global batch {batch} is not a multiple of mb x d for any "
-                f"data-parallel degree d this cluster allows ({_listing(degrees)})"
+                _not_searched(
+                    "micro-batch size",
+                    unused,
+                    f": the global batch {batch} is not a multiple of mb x d for any "
+                    f"data-parallel degree d this cluster allows ({_listing(degrees)})",
+                )
             )
     idle = [d for d in degrees if all((mb, d) not in fits for mb in sizes)]
     if idle:
         notes.append(
-            f"data-parallel degree{'s' if len(idle) > 1 else ''} {_listing(idle)} not "
-            f"searched (nor the t x p splits that need them): the global batch {batch} is not "
-            f"a multiple of mb x d for any micro-batch size searched ({_listing(sizes)})"
+            _not_searched(
+                "data-parallel degree",
+                idle,
+                f" (nor the t x p splits that need them): the global batch {batch} is not a "
+                f"multiple of mb x d for any micro-batch size searched ({_listing(sizes)})",
+            )
         )
     return notes
 
