@@ -26,6 +26,7 @@ from cli.measurement_commands import add_measurement_commands
 from cli.regress_command import add_regress_command
 from cli.render import render_plan
 from cli.render_timeline import format_candidate_timeline
+from planner.assemble import no_fit_summary
 from planner.errors import StagewrightError, validation_problems
 from planner.launch.files import launch_files
 from planner.plan import plan
@@ -377,6 +378,13 @@ def _plan(args: argparse.Namespace) -> int:
         if not args.all:
             data["rejected"] = []
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        if result.best is None:
+            # stdout stays the plan alone (``best`` null, status 0: the plan was made); why
+            # nothing fits goes where a person or a CI log sees it.
+            more = "" if args.all else " (--all puts every rejection in the JSON)"
+            sys.stderr.write(
+                f"stagewright plan: {no_fit_summary(request, result.rejected)}{more}\n"
+            )
         return 0
     console = Console()  # the terminal's width (COLUMNS when not a terminal)
     render_plan(console, result, show_rejected=args.all)

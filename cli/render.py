@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console
 
 from cli.render_timeline import reason_summary
 from cli.tables import Column, fitted_table
 from planner.assemble import no_fit_summary
-from planner.specs import CandidateConfig, Plan, Predicted
+from planner.specs import CandidateConfig, Plan, Predicted, Rejected
 
 __all__ = ["BY_SCHEDULE_COLUMNS", "DEVICE_COLUMNS", "RANKED_COLUMNS", "render_plan"]
 
@@ -92,10 +94,18 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
     if plan.best is None:
         console.print(
             no_fit_summary(request, plan.rejected)
-            + (" Run with --all to see why each was rejected." if plan.rejected else ""),
+            + (
+                " Run with --all to see why each was rejected."
+                if plan.rejected and not show_rejected
+                else ""
+            ),
             style="red",
             highlight=False,
         )
+        # No ranked row and no schedule with a best: the tables would only be empty frames.
+        if show_rejected:
+            _print_rejected(console, plan.rejected)
+        return
     # The context-parallel degree gets a column only when some candidate uses it.
     show_cp = any(c.config.cp > 1 for c in plan.candidates)
     ranked_headers = [header for header, _ in RANKED_COLUMNS]
@@ -203,30 +213,34 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
             summary_rows,
             ("vs best 1f1b", "fit"),
         )
-    if show_rejected and plan.rejected:
-        _print_fitted(
-            console,
-            f"rejected ({len(plan.rejected):,}) by reason",
-            [Column("configurations"), Column("reason (numbers as n)", "left", wraps=True)],
-            [
-                [f"{count:,}", kind]
-                for kind, count in reason_summary([r.reason for r in plan.rejected])
-            ],
-        )
-        rejected_cp = any(r.config.cp > 1 for r in plan.rejected)
-        headers = ["t", *(("cp",) if rejected_cp else ()), "p", "d", "mb", "m"]
-        headers += ["recompute", "schedule", "peak GiB", "reason"]
-        rows = []
-        for reject in plan.rejected:
-            peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
-            rows.append([*_config_text(reject.config, rejected_cp), peak, reject.reason])
-        _print_fitted(
-            console,
-            f"every rejected configuration ({len(plan.rejected):,})",
-            [Column(h, "left", wraps=h == "reason") for h in headers],
-            rows,
-            ("m", "peak GiB"),
-        )
+    if show_rejected:
+        _print_rejected(console, plan.rejected)
+
+
+def _print_rejected(console: Console, rejected: Sequence[Rejected]) -> None:
+    """The rejections counted by reason, then every one (nothing when there are none)."""
+    if not rejected:
+        return
+    _print_fitted(
+        console,
+        f"rejected ({len(rejected):,}) by reason",
+        [Column("configurations"), Column("reason (numbers as n)", "left", wraps=True)],
+        [[f"{count:,}", kind] for kind, count in reason_summary([r.reason for r in rejected])],
+    )
+    rejected_cp = any(r.config.cp > 1 for r in rejected)
+    headers = ["t", *(("cp",) if rejected_cp else ()), "p", "d", "mb", "m"]
+    headers += ["recompute", "schedule", "peak GiB", "reason"]
+    rows = []
+    for reject in rejected:
+        peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
+        rows.append([*_config_text(reject.config, rejected_cp), peak, reject.reason])
+    _print_fitted(
+        console,
+        f"every rejected configuration ({len(rejected):,})",
+        [Column(h, "left", wraps=h == "reason") for h in headers],
+        rows,
+        ("m", "peak GiB"),
+    )
 
 
 # Columns left out, first to last, when a table's whole values do not fit the terminal:

@@ -198,7 +198,20 @@ def test_nothing_fits_exits_1_in_text_and_0_in_json(capsys, tmp_path):
     path = write(tmp_path, data)
     code, out, _ = run(capsys, "plan", path)
     assert code == 1
-    assert "No configuration fits" in out
-    code, out, _ = run(capsys, "plan", path, "--json")
+    flat = " ".join(out.split())  # the terminal's width wraps the hint
+    assert "No configuration fits" in flat and "Run with --all" in flat
+    # Nothing to rank: no empty ranked table, no table of schedules without a best.
+    assert "ranked candidates" not in out and "best of each" not in out
+    code, out, _ = run(capsys, "plan", path, "--all")
+    assert code == 1
+    assert "Run with --all" not in " ".join(out.split())
+    assert "every rejected configuration" in out
+    code, out, err = run(capsys, "plan", path, "--json")
     assert code == 0
     assert json.loads(out)["best"] is None
+    # stdout is the plan alone; why nothing fits (the rejections left out) is on stderr.
+    assert err.startswith("stagewright plan: No configuration fits in memory")
+    assert "--all puts every rejection in the JSON" in err
+    code, out, err = run(capsys, "plan", path, "--json", "--all")
+    assert json.loads(out)["rejected"] and "No configuration fits" in err
+    assert "--all puts" not in err
