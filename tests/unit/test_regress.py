@@ -112,3 +112,14 @@ def test_a_bad_baseline_is_a_one_line_error(capsys, tmp_path, content, message):
 def test_the_sample_baseline_of_the_examples_passes(capsys):
     code, out, _ = run(capsys, "regress", str(ROOT / "baselines" / "examples.json"))
     assert code == 0, out
+
+
+def test_the_sample_baseline_is_current(capsys):
+    """A change to the cost model that moves a scenario's prediction, either way, re-accepts
+    the baseline in the same change (``regress --update``, saying why in the commit): a
+    baseline left behind silently uses up the tolerance a real regression would need."""
+    code, out, _ = run(capsys, "regress", str(ROOT / "baselines" / "examples.json"), "--json")
+    assert code == 0, out
+    for scenario in json.loads(out)["scenarios"]:
+        assert abs(scenario["change_pct"]) < 0.01, scenario["message"]
+        assert scenario["peak_gib"] == scenario["baseline_peak_gib"], scenario["name"]
