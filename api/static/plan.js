@@ -39,8 +39,18 @@ function renderPlan(id, plan) {
   ];
   // What of the requested space was not searched, and why (Plan.notes).
   if (plan.notes && plan.notes.length) parts.push(el("div", { id: "plan-notes" }, ...plan.notes.map((n) => el("div", { class: "muted" }, "• " + n))));
-  if (!best) parts.push(el("div", { class: "banner bad", id: "no-fit" }, "No configuration fits in memory. The rejected list below says why for each; click one for its memory."));
-  else {
+  // The server's warnings: settings of the request it changed (a CP-SAT time limit lowered
+  // to its cap) and, for a plan without candidates, why nothing fits and what may help (the
+  // CLI's text, added last). The hint at the API's query parameter is for API callers: this
+  // page lists the rejected configurations below anyway.
+  const warnings = (plan.warnings || []).slice();
+  const noFit = best ? null : warnings.pop();
+  if (warnings.length) parts.push(el("div", { class: "banner", id: "plan-warnings" }, ...warnings.map((w) => el("div", {}, "• " + w))));
+  if (!best) {
+    const why = (noFit || "No configuration fits.").replace(/\s*\?include_rejected=true[^.]*\.$/, "");
+    parts.push(el("div", { class: "banner bad", id: "no-fit" }, why + (plan.rejected && plan.rejected.length ? " The rejected list below says why for each; click one for its memory." : "")));
+  }
+  if (best) {
     const p = best.predicted;
     parts.push(el("div", { class: "kpis", id: "best" },
       kpi("best configuration", cfgText(best.config)),

@@ -365,3 +365,34 @@ def test_an_adaptive_plan_draws_its_chosen_schedule_and_says_what_was_not_search
     shown = json.loads(canvas.get_attribute("data-actions-per-device"))
     built = ScheduleReference.model_validate(best["launch"]["executor_config"]["schedule"]).build()
     assert shown == [sum(1 for a in row if a.kind.is_compute) for row in built.actions]
+
+
+def test_a_plan_page_shows_the_servers_warnings_and_why_nothing_fits(server, page):
+    # A model far too big for the cpu profile's memory, and a CP-SAT time limit above the
+    # server's 30 s cap: the server lowers it and says so; nothing fits, and the page says
+    # why in the CLI's words (the API's own warning, without its query-parameter hint).
+    body = {
+        **TINY,
+        "model": {**TINY["model"], "hidden_size": 16384, "num_attention_heads": 32},
+        "search": {"micro_batch_sizes": [1], "schedules": ["1f1b"], "time_limit_s": 45},
+    }
+    plan = make_plan(server, body)
+    assert plan["best"] is None and len(plan["warnings"]) == 2
+    lowered, no_fit = plan["warnings"]
+    page.goto(f"{server}/#/plans/{plan['id']}")
+    shown = page.wait_for_selector("#plan-warnings").inner_text()
+    assert shown.splitlines() == [f"• {lowered}"]
+    assert "lowered to this server's cap of 30 s" in shown
+    banner = page.inner_text("#no-fit")
+    assert banner.startswith("No configuration fits in memory (")
+    assert "more GPUs (cluster.num_nodes)" in banner
+    assert no_fit.split(" ?include_rejected")[0] in banner and "include_rejected" not in banner
+    assert "The rejected list below says why for each" in banner
+    # No empty best-candidate section on a plan without one.
+    assert page.locator("#best").count() == 0
+
+    fits = make_plan(server, _tiny(schedules=["1f1b"]))
+    assert fits["best"] is not None and fits["warnings"] == []
+    page.goto(f"{server}/#/plans/{fits['id']}")
+    page.wait_for_selector("#best")
+    assert page.locator("#plan-warnings").count() == 0 and page.locator("#no-fit").count() == 0
