@@ -49,7 +49,7 @@ from planner.schedules._vframe import (
     VBlock,
     build_orders,
     order_peaks,
-    repeat,
+    repeated_ids,
     time_orders,
 )
 
@@ -284,8 +284,7 @@ def _screened(
     screened = []
     seen: set[bytes] = set()
     for index in shortlist:
-        repeated = repeat(space.cells[index].tolist(), screen_m)
-        key = np.asarray(repeated, dtype=np.int64).tobytes()
+        key = repeated_ids(space.cells[index], screen_m).tobytes()
         if key in seen:
             continue
         seen.add(key)

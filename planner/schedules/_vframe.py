@@ -33,6 +33,7 @@ __all__ = [
     "build_orders",
     "dependencies",
     "order_peaks",
+    "repeated_ids",
     "require_block",
     "stable_peak",
     "time_orders",
@@ -153,27 +154,20 @@ def dependencies(num_devices: int, num_microbatches: int) -> tuple[list[int], li
 def repeat(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
     """Step 2: each device's passes of m micro-batches, micro-batch k's block T k cells
     later, in cell order (cells of a device are distinct mod T, so the order is total)."""
-    m = num_microbatches
-    orders = []
-    for i, row in enumerate(cells):
-        base = i * m * PASSES
-        rounds = [row[j] // REPEAT_INTERVAL for j in range(PASSES)]
-        if max(rounds) - min(rounds) > 4 * m:
-            # Few micro-batches for a long block: sort the 6m passes by cell directly.
-            timed = sorted(
-                (row[j] + REPEAT_INTERVAL * k, j, k) for j in range(PASSES) for k in range(m)
-            )
-            orders.append([base + k * PASSES + j for _, j, k in timed])
-            continue
-        by_residue = sorted(range(PASSES), key=lambda j: row[j] % REPEAT_INTERVAL)
-        order = []
-        for r in range(min(rounds), max(rounds) + m):
-            for j in by_residue:
-                k = r - rounds[j]
-                if 0 <= k < m:
-                    order.append(base + k * PASSES + j)
-        orders.append(order)
-    return orders
+    return repeated_ids(cells, num_microbatches).tolist()  # type: ignore[no-any-return]
+
+
+def repeated_ids(cells: Sequence[Sequence[int]] | np.ndarray, num_microbatches: int) -> np.ndarray:
+    """:func:`repeat` as a (devices, 6 m) array of pass ids. Passes in one cell (a block
+    that collides) come by pass code, then micro-batch."""
+    rows = np.asarray(cells, dtype=np.int64)
+    d, m = rows.shape[0], num_microbatches
+    # Laid out (device, code, micro-batch), so a stable sort breaks ties by code, then k.
+    k = np.arange(m, dtype=np.int64)
+    at = (rows[:, :, None] + REPEAT_INTERVAL * k).reshape(d, PASSES * m)
+    first = (np.arange(d, dtype=np.int64)[:, None, None] * m + k) * PASSES  # (d, 1, m): F0s
+    ids = (first + np.arange(PASSES, dtype=np.int64)[:, None]).reshape(d, PASSES * m)
+    return np.take_along_axis(ids, np.argsort(at, axis=1, kind="stable"), axis=1)
 
 
 def time_orders(
@@ -282,14 +276,14 @@ def build_orders(
 ) -> list[list[int]]:
     """Steps 2-4 of §2 for a collision-free block: repeat, squeeze (implicit: the orders are
     what squeezing keeps) and reorder the warm-up and cool-down (Appendix C)."""
-    orders = repeat(cells, num_microbatches)
-    if reorder:
-        orders = _fill_warmup(orders, num_microbatches, cells)
-        orders = _reorder_cooldown(orders, num_microbatches)
-    return orders
+    ids = repeated_ids(cells, num_microbatches)
+    if not reorder:
+        return ids.tolist()  # type: ignore[no-any-return]
+    orders = _fill_warmup(ids, num_microbatches, cells)
+    return _reorder_cooldown(orders, num_microbatches)
 
 
-def _fill_warmup(orders: list[list[int]], m: int, block: list[list[int]]) -> list[list[int]]:
+def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> list[list[int]]:
     """Appendix C, warm-up: scan the squeezed cells left to right; a vacant cell before the
     device's first B is filled with the first later forward of that device whose input is
     ready by then, leaving every other pass where it is. A move is taken only if the
@@ -297,13 +291,13 @@ def _fill_warmup(orders: list[list[int]], m: int, block: list[list[int]]) -> lis
     warm-up reorder buys throughput, never memory (the paper: "the peak of memory happens
     in the stable phase").
 
-    ``orders`` repeat ``block`` (:func:`repeat`). Only the warm-up is scanned, so only the
+    ``ids`` repeat ``block`` (:func:`repeated_ids`). Only the warm-up is scanned, so only the
     passes before a cut well past every device's first B are squeezed and scanned, the rest
     of each order staying as it is: the passes before a cell of the repeated block are
     closed under inputs (an input is in an earlier cell), so their squeezed cells are those
     of the whole; :func:`_fill_before` checks that the scan cannot reach past the cut, and
     the whole orders are filled when it could."""
-    ids = np.array(orders, dtype=np.int64)  # (devices, 6 m): every device runs 6 m passes
+    orders = ids.tolist()  # (devices, 6 m): every device runs 6 m passes
     # Squeezing moves passes earlier only: every device's first B is squeezed into a cell
     # no later than in the repeated block. A cut twice as far usually holds what the scan
     # reaches, and :func:`_cut` one that always does; on short runs, where the cut would

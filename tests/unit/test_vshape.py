@@ -210,6 +210,6 @@ def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, mon
     for cells in blocks:
         orders = _vframe.repeat(cells, m)
         whole = fill(orders, np.asarray(orders), m, cells, None)
-        assert _vframe._fill_warmup(orders, m, cells) == whole
+        assert _vframe._fill_warmup(np.asarray(orders), m, cells) == whole
     assert len(cuts) > len(blocks) / 2
     assert widened
