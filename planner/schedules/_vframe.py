@@ -17,7 +17,7 @@ B1(i-1); B0(i) needs B0(i+1), and B0(d-1) needs B1(d-1); W needs its own B.
 
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -454,27 +454,25 @@ def _fill_before(
             # A chunk's forwards run in micro-batch order: only its first forward after t
             # can be ready. The earliest ready one (in cell order) moves here, if the
             # device's level stays below its peak over the cells it jumps.
-            best = -1
+            best, moved, index = -1, [], 0
             for chunk_cells in forwards[device]:
-                index = bisect_right(chunk_cells, t)
-                if index < len(chunk_cells):
-                    later = chunk_cells[index]
-                    producer = dep[cells[later]]
-                    if (producer < 0 or at[producer] + 1 <= t) and (best < 0 or later < best):
-                        best = later
+                later = bisect_right(chunk_cells, t)
+                if later < len(chunk_cells):
+                    cell = chunk_cells[later]
+                    producer = dep[cells[cell]]
+                    if (producer < 0 or at[producer] < t) and (best < 0 or cell < best):
+                        best, moved, index = cell, chunk_cells, later
             if best < 0:
                 continue
             level = alive[device]
-            full = peak[device]
             jumped = level[t:best]  # not empty: the forward is after t
-            if max(jumped) >= full:
+            if max(jumped) >= peak[device]:
                 continue
             level[t:best] = [x + 1 for x in jumped]
             g = cells.pop(best)
             cells[t] = g
-            chunk_cells = forwards[device][g % PASSES]
-            del chunk_cells[bisect_right(chunk_cells, best) - 1]
-            insort(chunk_cells, t)
+            # Its chunk's forwards stay sorted: none is in the cells from t to best.
+            moved[index] = t
             at[g] = t
             if best < first_b[device]:
                 vacant[best].append(device)
