@@ -17,7 +17,7 @@ B1(i-1); B0(i) needs B0(i+1), and B0(d-1) needs B1(d-1); W needs its own B.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -488,24 +488,35 @@ def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:
     kept: list[list[int]] = []
     dropped: list[list[int]] = []
     for order in orders:
-        last_f = max(k for k, g in enumerate(order) if g % PASSES <= F1)
+        last_f = len(order) - 1  # the cool-down is short: look for the last F from the end
+        while order[last_f] % PASSES > F1:
+            last_f -= 1
         tail = order[last_f + 1 :]
         kept.append(order[: last_f + 1] + [g for g in tail if g % PASSES < W0])
         dropped.append([g for g in tail if g % PASSES >= W0])
     start = squeeze(kept, m)
     result = []
     for order, ws in zip(kept, dropped, strict=True):
-        cells = {start[g]: g for g in order}
-        # Each W after its B (the W's id minus the code offset gives its B's id).
-        b_cell = {g: start[g - g % PASSES + _B_OF_W[g % PASSES]] for g in ws}
-        waiting = sorted(ws, key=b_cell.__getitem__)
-        horizon = max(cells) if cells else 0
-        for t in range(horizon):
-            if not waiting:
+        cells = list(map(start.__getitem__, order))  # increasing: a squeezed order runs in order
+        busy = set(cells)
+        # Each W after its B (the W's id minus the code offset gives its B's id), earliest B
+        # first, each in the first idle cell after its B and after the W before it.
+        after = sorted((start[g - g % PASSES + _B_OF_W[g % PASSES]] + 1, g) for g in ws)
+        merged: list[int] = []
+        left: list[int] = []  # the Ws with no idle cell before the last pass: at the end
+        done, t = 0, 0
+        for placed, (earliest, g) in enumerate(after):
+            t = max(t, earliest)
+            while t in busy:
+                t += 1
+            if t >= cells[-1]:
+                left = [w for _, w in after[placed:]]
                 break
-            if t not in cells and b_cell[waiting[0]] + 1 <= t:
-                cells[t] = waiting.pop(0)
-        result.append([cells[t] for t in sorted(cells)] + waiting)
+            at = bisect_left(cells, t, done)
+            merged += order[done:at]
+            merged.append(g)
+            done, t = at, t + 1
+        result.append(merged + order[done:] + left)
     return result
 
 
