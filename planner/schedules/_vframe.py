@@ -21,6 +21,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 
 import numpy as np
 
@@ -401,40 +402,39 @@ def _fill_before(
     freed = cell[weight]
     delta[f_row[freed >= 0], freed[freed >= 0] + 1] -= 1
     levels = np.cumsum(delta, axis=1)
-    alive = [levels[i, : h + 1].tolist() for i, h in enumerate(horizons.tolist())]
+    alive = levels.tolist()  # per device and cell (kept ones and a few past them)
     backward = ((code == B1) | (code == B0)) & inside
     if cut is not None and not backward.any(axis=1).all():
         return None  # a first B past the cut
-    first_b = np.where(backward, squeezed, horizons[:, None]).min(axis=1).tolist()
-    # Per device and chunk, the cells of its forwards (in order, so increasing).
-    by_chunk = []
+    first_bs = np.where(backward, squeezed, horizons[:, None]).min(axis=1)
+    # Per device and chunk, its forwards' cells (in order, so increasing) and pass ids.
+    chunks: list[list[tuple[list[int], list[int]]]] = [[] for _ in range(d)]
     for chunk in (F0, F1):
         mine = (code == chunk) & inside
-        ends = np.cumsum(mine.sum(axis=1))[:-1]
-        by_chunk.append([part.tolist() for part in np.split(squeezed[mine], ends)])
-    forwards = [list(pair) for pair in zip(*by_chunk, strict=True)]
-    rows_of = squeezed.tolist()
-    cell_of = [  # per device: cell -> pass id
-        dict(zip(rows_of[i][:k], order, strict=True))
-        for i, (k, order) in enumerate(zip(kept.tolist(), prefix, strict=True))
-    ]
+        bounds = np.concatenate([[0], np.cumsum(mine.sum(axis=1))]).tolist()
+        chunk_cells, chunk_ids = squeezed[mine].tolist(), ids[mine].tolist()
+        for device, (begin, end) in enumerate(pairwise(bounds)):
+            chunks[device].append((chunk_cells[begin:end], chunk_ids[begin:end]))
     # The vacant cells before each device's first B, by cell: the scan visits only those
     # (cells left by a forward that moves earlier join when they are before the first B).
-    horizon = max(first_b, default=0)
-    vacant: list[list[int]] = [[] for _ in range(horizon)]
-    holes = [0] * d  # per device: vacant cells before its first B
-    for device, cells in enumerate(cell_of):
-        for t in range(first_b[device]):
-            if t not in cells:
-                vacant[t].append(device)
-                holes[device] += 1
+    horizon = int(first_bs.max(initial=0))
+    occupied = np.zeros((d, horizon), bool)
+    early = inside & (squeezed < horizon)
+    occupied[np.nonzero(early)[0], squeezed[early]] = True
+    hole = ~occupied & (np.arange(horizon) < first_bs[:, None])
+    holes = hole.sum(axis=1).tolist()  # per device: vacant cells before its first B
+    hole_cells, hole_devices = np.nonzero(hole.T)  # by cell, then device
+    bounds = np.searchsorted(hole_cells, np.arange(horizon + 1)).tolist()
+    listed = hole_devices.tolist()
+    vacant = [listed[begin:end] for begin, end in pairwise(bounds)]
+    first_b = first_bs.tolist()
     if cut is not None:
         # A forward past the scan's horizon moves only into one of these holes, taking the
         # earliest of its chunk past the horizon each time (and leaving no hole before the
         # first B): with more of them kept than holes, every one the scan can take is kept.
         needed = cut
         for device, row in enumerate(ids):
-            for chunk, chunk_cells in zip((F0, F1), forwards[device], strict=True):
+            for chunk, (chunk_cells, _) in zip((F0, F1), chunks[device], strict=True):
                 if len(chunk_cells) - bisect_right(chunk_cells, horizon) > holes[device]:
                     continue
                 # Passes at positions past the horizon are squeezed past it (one cell a
@@ -450,18 +450,17 @@ def _fill_before(
         if len(devices) > 1:
             devices.sort()
         for device in devices:
-            cells = cell_of[device]
             # A chunk's forwards run in micro-batch order: only its first forward after t
             # can be ready. The earliest ready one (in cell order) moves here, if the
             # device's level stays below its peak over the cells it jumps.
-            best, moved, index = -1, [], 0
-            for chunk_cells in forwards[device]:
+            best, moved, index, g = -1, [], 0, -1
+            for chunk_cells, chunk_ids in chunks[device]:
                 later = bisect_right(chunk_cells, t)
                 if later < len(chunk_cells):
-                    cell = chunk_cells[later]
-                    producer = dep[cells[cell]]
-                    if (producer < 0 or at[producer] < t) and (best < 0 or cell < best):
-                        best, moved, index = cell, chunk_cells, later
+                    candidate = chunk_cells[later]
+                    producer = dep[chunk_ids[later]]
+                    if (producer < 0 or at[producer] < t) and (best < 0 or candidate < best):
+                        best, moved, index, g = candidate, chunk_cells, later, chunk_ids[later]
             if best < 0:
                 continue
             level = alive[device]
@@ -469,17 +468,16 @@ def _fill_before(
             if max(jumped) >= peak[device]:
                 continue
             level[t:best] = [x + 1 for x in jumped]
-            g = cells.pop(best)
-            cells[t] = g
             # Its chunk's forwards stay sorted: none is in the cells from t to best.
             moved[index] = t
             at[g] = t
             if best < first_b[device]:
                 vacant[best].append(device)
-    return [
-        list(map(cells.__getitem__, sorted(cells))) + order[k:]
-        for cells, order, k in zip(cell_of, orders, kept, strict=True)
-    ]
+    # Each kept prefix in its new cell order (cells of a device stay distinct), the passes
+    # past the cut after it as they were.
+    width = ids.shape[1]
+    final = np.where(inside, np.asarray(at, dtype=np.int64)[ids], horizons.max() + np.arange(width))
+    return np.take_along_axis(ids, np.argsort(final, axis=1), axis=1).tolist()  # type: ignore[no-any-return]
 
 
 def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:
