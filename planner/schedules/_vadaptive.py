@@ -145,17 +145,24 @@ def _peaks(num_devices: int, num_microbatches: int) -> np.ndarray:
     """Each block's peak: the most (chunk, micro-batch) activations a device holds at once
     in the repeated block (lifespans from F to W overlapping, at most m per chunk), the
     exact form of Eq. 1; squeezing keeps it and the reordering never raises it."""
-    cells = _space(num_devices).cells
+    covering = _covering(num_devices)
     m = num_microbatches
-    worst = np.zeros(cells.shape[0], np.int64)
-    for t in range(REPEAT_INTERVAL):
-        level = np.zeros(cells.shape[:2], np.int64)
-        for f, w in ((0, 4), (1, 5)):
-            length = cells[:, :, w] - cells[:, :, f] + 1
-            extra = (t - cells[:, :, f]) % REPEAT_INTERVAL < length % REPEAT_INTERVAL
-            level += np.minimum(m, length // REPEAT_INTERVAL + extra)
-        worst = np.maximum(worst, level.max(axis=1))
-    return worst
+    # A plan asks for many m on one d: only the bound by m is worked out per m.
+    held = covering if m >= covering.max(initial=0) else np.minimum(covering, m)
+    return held.sum(axis=3).max(axis=(0, 2), initial=0).astype(np.int64)  # type: ignore[no-any-return]
+
+
+@lru_cache(maxsize=8)
+def _covering(num_devices: int) -> np.ndarray:
+    """Per cell residue t, block, device and chunk: how many lifespans of the chunk (F to W)
+    a cell t mod T of the stable phase lies in, with as many micro-batches as they need
+    (their number, ceil over the span, is a few per device: small integers)."""
+    cells = _space(num_devices).cells.astype(np.int64)
+    first, last = cells[:, :, [0, 1]], cells[:, :, [4, 5]]  # F0 F1, W0 W1
+    length = last - first + 1
+    t = np.arange(REPEAT_INTERVAL).reshape(-1, 1, 1, 1)
+    extra = (t - first) % REPEAT_INTERVAL < length % REPEAT_INTERVAL
+    return (length // REPEAT_INTERVAL + extra).astype(np.int16)
 
 
 def _units(limit: float, num_devices: int) -> int:
