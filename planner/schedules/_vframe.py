@@ -453,14 +453,18 @@ def _fill_before(
             # A chunk's forwards run in micro-batch order: only its first forward after t
             # can be ready. The earliest ready one (in cell order) moves here, if the
             # device's level stays below its peak over the cells it jumps.
-            best, moved, index, g = -1, [], 0, -1
-            for chunk_cells, chunk_ids in chunks[device]:
-                later = bisect_right(chunk_cells, t)
-                if later < len(chunk_cells):
-                    candidate = chunk_cells[later]
-                    producer = dep[chunk_ids[later]]
-                    if (producer < 0 or at[producer] < t) and (best < 0 or candidate < best):
-                        best, moved, index, g = candidate, chunk_cells, later, chunk_ids[later]
+            (cells0, ids0), (cells1, ids1) = chunks[device]
+            best = -1
+            index = bisect_right(cells0, t)
+            if index < len(cells0):
+                producer = dep[ids0[index]]
+                if producer < 0 or at[producer] < t:
+                    best, moved, g = cells0[index], cells0, ids0[index]
+            later = bisect_right(cells1, t)
+            if later < len(cells1) and (best < 0 or cells1[later] < best):
+                producer = dep[ids1[later]]
+                if producer < 0 or at[producer] < t:
+                    best, moved, index, g = cells1[later], cells1, later, ids1[later]
             if best < 0:
                 continue
             level = alive[device]
