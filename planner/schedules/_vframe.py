@@ -17,7 +17,7 @@ B1(i-1); B0(i) needs B0(i+1), and B0(d-1) needs B1(d-1); W needs its own B.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,7 +44,6 @@ REPEAT_INTERVAL = 6  # cells per micro-batch per device: 2 F + 2 B + 2 W, one un
 PASSES = 6
 F0, F1, B1, B0, W0, W1 = range(PASSES)
 CHUNK = (0, 1, 1, 0, 0, 1)  # chunk of each pass code
-_B_OF_W = {W0: B0, W1: B1}
 
 
 @dataclass(frozen=True)
@@ -280,11 +279,10 @@ def build_orders(
     ids = repeated_ids(cells, num_microbatches)
     if not reorder:
         return ids.tolist()  # type: ignore[no-any-return]
-    orders = _fill_warmup(ids, num_microbatches, cells)
-    return _reorder_cooldown(orders, num_microbatches)
+    return _reorder_cooldown(_fill_warmup(ids, num_microbatches, cells), num_microbatches)
 
 
-def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> list[list[int]]:
+def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> np.ndarray:
     """Appendix C, warm-up: scan the squeezed cells left to right; a vacant cell before the
     device's first B is filled with the first later forward of that device whose input is
     ready by then, leaving every other pass where it is. A move is taken only if the
@@ -297,7 +295,7 @@ def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> list[list[i
     of each order staying as it is: the passes before a cell of the repeated block are
     closed under inputs (an input is in an earlier cell), so their squeezed cells are those
     of the whole; :func:`_fill_before` checks that the scan cannot reach past the cut, and
-    the whole orders are filled when it could."""
+    the whole orders are filled when it could. Returns the filled orders, a row a device."""
     orders = ids.tolist()  # (devices, 6 m): every device runs 6 m passes
     # Squeezing moves passes earlier only: every device's first B is squeezed into a cell
     # no later than in the repeated block. A cut twice as far usually holds what the scan
@@ -315,7 +313,7 @@ def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> list[list[i
             cut = bound
     while True:
         filled = _fill_before(orders, ids, m, block, cut)
-        if isinstance(filled, list):
+        if isinstance(filled, np.ndarray):
             return filled
         cut = filled  # one that holds every forward the scan can reach (None: no cut)
 
@@ -366,7 +364,7 @@ def _fill_before(
     m: int,
     block: list[list[int]],
     cut: int | None,
-) -> list[list[int]] | int | None:
+) -> np.ndarray | int | None:
     """:func:`_fill_warmup` on the passes before cell ``cut`` of the repeated block (all of
     them for None); when the scan could reach a forward past it, the cut that holds every
     one it can reach instead (None: no cut)."""
@@ -481,45 +479,52 @@ def _fill_before(
     # past the cut after it as they were.
     width = ids.shape[1]
     final = np.where(inside, np.asarray(at, dtype=np.int64)[ids], horizons.max() + np.arange(width))
-    return np.take_along_axis(ids, np.argsort(final, axis=1), axis=1).tolist()  # type: ignore[no-any-return]
+    return np.take_along_axis(ids, np.argsort(final, axis=1), axis=1)
 
 
-def _reorder_cooldown(orders: list[list[int]], m: int) -> list[list[int]]:
+def _reorder_cooldown(ids: np.ndarray, m: int) -> list[list[int]]:
     """Appendix C, cool-down: drop the W passes after each device's last F, squeeze, put the
-    dropped Ws into the idle cells that remain (each after its B), the rest at the end."""
-    kept: list[list[int]] = []
-    dropped: list[list[int]] = []
-    for order in orders:
-        last_f = len(order) - 1  # the cool-down is short: look for the last F from the end
-        while order[last_f] % PASSES > F1:
-            last_f -= 1
-        tail = order[last_f + 1 :]
-        kept.append(order[: last_f + 1] + [g for g in tail if g % PASSES < W0])
-        dropped.append([g for g in tail if g % PASSES >= W0])
-    start = squeeze(kept, m)
-    result = []
-    for order, ws in zip(kept, dropped, strict=True):
-        cells = list(map(start.__getitem__, order))  # increasing: a squeezed order runs in order
-        busy = set(cells)
-        # Each W after its B (the W's id minus the code offset gives its B's id), earliest B
-        # first, each in the first idle cell after its B and after the W before it.
-        after = sorted((start[g - g % PASSES + _B_OF_W[g % PASSES]] + 1, g) for g in ws)
-        merged: list[int] = []
-        left: list[int] = []  # the Ws with no idle cell before the last pass: at the end
-        done, t = 0, 0
-        for placed, (earliest, g) in enumerate(after):
-            t = max(t, earliest)
-            while t in busy:
-                t += 1
-            if t >= cells[-1]:
-                left = [w for _, w in after[placed:]]
-                break
-            at = bisect_left(cells, t, done)
-            merged += order[done:at]
-            merged.append(g)
-            done, t = at, t + 1
-        result.append(merged + order[done:] + left)
-    return result
+    dropped Ws into the idle cells that remain (each after its B), the rest at the end.
+
+    ``ids``: the orders, one row a device (every device runs 6 m passes)."""
+    d, width = ids.shape
+    code = ids % PASSES
+    last_f = width - 1 - np.argmax(code[:, ::-1] <= F1, axis=1)
+    dropped = (np.arange(width) > last_f[:, None]) & (code >= W0)
+    kept_ids = ids[~dropped].tolist()  # by device, in order
+    bounds = np.concatenate([[0], np.cumsum(width - dropped.sum(axis=1))]).tolist()
+    start = squeeze([kept_ids[begin:end] for begin, end in pairwise(bounds)], m)
+    cell = np.asarray(start, dtype=np.int64)  # -1 for the dropped Ws
+    at = cell[ids]  # a squeezed order runs in order: increasing along each kept row
+    horizon = at.max(axis=1)  # each device's last kept pass
+    # The idle cells before each device's last kept pass, numbered across devices (device
+    # i's cells from i * span), in order.
+    span = int(horizon.max()) + 1
+    idle = np.ones((d, span), bool)
+    rows, cols = np.nonzero(~dropped)
+    idle[rows, at[rows, cols]] = False
+    idle &= np.arange(span) < horizon[:, None]
+    idle_cells = np.flatnonzero(idle)
+    # Each W after its B (the W's id minus the code offset gives its B's id), earliest B
+    # first, each in the first idle cell after its B and after the W before it: the k-th W
+    # of a device takes idle cell max over j <= k of (first idle cell after W j's B + k - j).
+    device, column = np.nonzero(dropped)
+    w = ids[device, column]
+    w_code = w % PASSES
+    after = cell[w - w_code + np.where(w_code == W0, B0, B1)] + 1
+    by_b = np.lexsort((after, device))
+    device, column, after = device[by_b], column[by_b], after[by_b]
+    rank = np.arange(len(device))
+    first_idle = np.searchsorted(idle_cells, device * span + after)
+    # first_idle - rank lies in [-len(rank), len(idle_cells)]: an offset per device wider
+    # than that keeps the running maximum within each device.
+    offset = device * (len(idle_cells) + len(rank) + 1)
+    taken = np.maximum.accumulate(first_idle - rank + offset) - offset + rank
+    placed = taken < np.searchsorted(idle_cells, (device + 1) * span)  # a prefix of them
+    key = at.copy()  # each pass's cell: the order sorts by it
+    key[device, column] = span + rank  # not placed: after the last pass, earliest B first
+    key[device[placed], column[placed]] = idle_cells[taken[placed]] - device[placed] * span
+    return np.take_along_axis(ids, np.argsort(key, axis=1), axis=1).tolist()  # type: ignore[no-any-return]
 
 
 def block_problem(block: VBlock) -> str | None:
