@@ -48,6 +48,7 @@ from planner.schedules._vframe import (
     REPEAT_INTERVAL,
     VBlock,
     build_orders,
+    finish_times,
     order_peaks,
     repeated_ids,
     time_orders,
@@ -252,21 +253,23 @@ def _choose(
     screened = _screened(d, m, allowed)
     durations = _pass_durations(times, d)
     screen_m = min(m, SCREEN_MICROBATCHES)
-    scored = []
-    for index, peak, built in screened:
-        orders = built.tolist()
-        _, finish = time_orders(orders, screen_m, durations, times.comm)
-        # Fewest bubbles first; then the least memory; then the search order (stable).
-        scored.append((max(finish), peak, index, orders))
-    scored.sort(key=lambda s: s[:3])
+    # All screened blocks timed at once (their orders have one shape).
+    stack = np.stack([built for _, _, built in screened])
+    finish = finish_times(stack, screen_m, durations, times.comm).max(axis=1).tolist()
+    # Fewest bubbles first; then the least memory; then the search order (stable).
+    scored = sorted(
+        (makespan, peak, index) for makespan, (index, peak, _) in zip(finish, screened, strict=True)
+    )
     if screen_m < m:
         finals = []
-        for _, peak, index, _ in scored[:FINALISTS]:
+        for _, peak, index in scored[:FINALISTS]:
             orders = _block_orders(d, index, m).tolist()
-            _, finish = time_orders(orders, m, durations, times.comm)
-            finals.append((max(finish), peak, index, orders))
-        scored = sorted(finals, key=lambda s: s[:3])
-    makespan, _, index, orders = scored[0]
+            _, end = time_orders(orders, m, durations, times.comm)
+            finals.append((max(end), peak, index, orders))
+        makespan, _, index, orders = min(finals, key=lambda s: s[:3])
+    else:
+        makespan, _, index = scored[0]
+        orders = _block_orders(d, index, m).tolist()  # the screened orders
     peak = max(order_peaks(orders))
     assert peak <= allowed, (peak, allowed)  # reordering never raises the peak
     evaluated = len(screened) + (min(FINALISTS, len(scored)) if screen_m < m else 0)

@@ -33,6 +33,7 @@ __all__ = [
     "VBlock",
     "build_orders",
     "dependencies",
+    "finish_times",
     "order_peaks",
     "repeated_ids",
     "require_block",
@@ -219,6 +220,49 @@ def time_orders(
     if any(p < len(o) for p, o in zip(position, orders, strict=True)):
         raise ScheduleConfigError("V-shape: the device orders deadlock")  # a generator bug
     return start, free
+
+
+def finish_times(
+    orders: np.ndarray, num_microbatches: int, duration: Sequence[float], comm: float = 0.0
+) -> np.ndarray:
+    """Each device's finishing time from :func:`time_orders` (the same floats) for a stack of
+    schedules' orders of one shape, (schedules, devices, 6 m) -> (schedules, devices).
+
+    Each round runs the next pass of every device of every schedule whose input has ended,
+    so a stack costs about as many rounds as one schedule has passes a device: this pays
+    for many schedules at once, :func:`time_orders` for a few. Raises ScheduleConfigError
+    if the orders deadlock."""
+    count, d, width = orders.shape
+    dep, cross = dependencies(d, num_microbatches)
+    n = len(dep)
+    # Schedule s's passes are ids s (n + 1) + 0..n, its id n (the input of passes with
+    # none) ended at 0.
+    inputs = np.asarray(dep, dtype=np.int64)
+    inputs[inputs < 0] = n
+    hop = np.where(cross, comm, 0.0)  # added to the end of a pass's input
+    took = np.asarray(duration, dtype=np.float64).reshape(d, PASSES)
+    rows = orders.reshape(count * d, width)
+    offset = np.repeat(np.arange(count, dtype=np.int64) * (n + 1), d)
+    device = np.tile(np.arange(d), count)
+    end = np.full(count * (n + 1), -1.0)
+    end[n :: n + 1] = 0.0
+    position = np.zeros(count * d, np.int64)
+    free = np.zeros(count * d)
+    live = np.arange(count * d)  # rows with passes left
+    while live.size:
+        g = rows[live, position[live]]
+        ready = end[offset[live] + inputs[g]]
+        run = ready >= 0
+        if not run.any():
+            raise ScheduleConfigError("V-shape: the device orders deadlock")  # a generator bug
+        live, g = live[run], g[run]
+        t = np.maximum(free[live], ready[run] + hop[g])  # as early as its input allows
+        t += took[device[live], g % PASSES]
+        end[offset[live] + g] = t
+        free[live] = t
+        position[live] += 1
+        live = np.flatnonzero(position < width)
+    return free.reshape(count, d)
 
 
 def squeeze(orders: Sequence[Sequence[int]], num_microbatches: int) -> list[int]:

@@ -16,7 +16,7 @@ from planner.schedules._vadaptive import (
     smallest_v_limit,
     v_adaptive_choice,
 )
-from planner.schedules._vframe import build_orders, time_orders
+from planner.schedules._vframe import build_orders, finish_times, time_orders
 from planner.simulate import Durations, simulate
 
 # Table 5 (Appendix D.2): F, B and W of one V stage, in ms.
@@ -162,6 +162,25 @@ def test_a_search_does_not_depend_on_the_searches_before_it():
         fresh.peak_units,
     )
     assert [list(o) for o in after.orders] == [list(o) for o in fresh.orders]
+
+
+@pytest.mark.parametrize("d, m", [(2, 1), (3, 5), (6, 16), (9, 7)])
+def test_timing_a_stack_of_orders_gives_each_ones_finishing_times(d, m):
+    """The screening times its blocks as one stack (finish_times): every device finishes
+    when time_orders, timing each block alone, says, to the last bit, with zero pass times
+    and communication too; orders that deadlock raise as there."""
+    rng = np.random.default_rng(d * 100 + m)
+    cells = _space(d).cells
+    picked = rng.choice(len(cells), size=min(len(cells), 40), replace=False)
+    orders = [build_orders(cells[i].tolist(), m) for i in picked]
+    for comm in (0.0, 0.3):
+        durations = rng.choice([0.0, 0.5, 1.0, 1.3, 2.0], size=6 * d).tolist()
+        stacked = finish_times(np.asarray(orders), m, durations, comm)
+        for one, timed in zip(orders, stacked, strict=True):
+            assert timed.tolist() == time_orders(one, m, durations, comm)[1]
+    stuck = np.asarray([[row[::-1] for row in orders[0]]])
+    with pytest.raises(ScheduleConfigError, match="deadlock"):
+        finish_times(stuck, m, [1.0] * 6 * d)
 
 
 def _caches_cleared() -> None:
