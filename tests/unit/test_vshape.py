@@ -213,3 +213,49 @@ def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, mon
         assert (_vframe._fill_warmup(np.asarray(orders), m, cells) == whole).all()
     assert len(cuts) > len(blocks) / 2
     assert widened
+
+
+def _cooldown_by_the_letter(orders: list[list[int]], m: int) -> list[list[int]]:
+    """Appendix C's cool-down, one device and one cell at a time: drop each device's Ws after
+    its last F, squeeze, then walk the cells in order and put the waiting W whose B ended
+    earliest into each idle cell after that B; the Ws left over go at the end, earliest B
+    first. The oracle of the vectorized :func:`_vframe._reorder_cooldown`."""
+    from planner.schedules import _vframe
+
+    passes, w0, f1 = _vframe.PASSES, _vframe.W0, _vframe.F1
+    b_of_w = {_vframe.W0: _vframe.B0, _vframe.W1: _vframe.B1}
+    kept, dropped = [], []
+    for order in orders:
+        last_f = max(k for k, g in enumerate(order) if g % passes <= f1)
+        tail = order[last_f + 1 :]
+        kept.append(order[: last_f + 1] + [g for g in tail if g % passes < w0])
+        dropped.append([g for g in tail if g % passes >= w0])
+    start = _vframe.squeeze(kept, m)
+    result = []
+    for order, ws in zip(kept, dropped, strict=True):
+        cells = {start[g]: g for g in order}
+        b_cell = {g: start[g - g % passes + b_of_w[g % passes]] for g in ws}
+        waiting = sorted(ws, key=b_cell.__getitem__)
+        for t in range(max(cells)):
+            if waiting and t not in cells and b_cell[waiting[0]] < t:
+                cells[t] = waiting.pop(0)
+        result.append([cells[t] for t in sorted(cells)] + waiting)
+    return result
+
+
+@pytest.mark.parametrize("d, m", [(2, 1), (3, 2), (4, 5), (6, 12), (8, 33)])
+def test_the_cool_down_places_each_w_where_appendix_c_does(d, m):
+    """The vectorized cool-down reorder gives the cell-by-cell procedure's orders, on v-adaptive's
+    blocks as repeated and as warm-up filled, and on the fixed V blocks."""
+    from planner.schedules import _vframe
+    from planner.schedules._vadaptive import _space
+
+    space = _space(d)
+    step = max(1, len(space.blocks) // 40)
+    blocks = [space.cells[i].tolist() for i in range(0, len(space.blocks), step)]
+    blocks += [block_offsets(name, d).block(d).cells() for name in VSHAPE_NAMES]
+    for cells in blocks:
+        repeated = _vframe.repeated_ids(cells, m)
+        for orders in (repeated, _vframe._fill_warmup(repeated, m, cells)):
+            expected = _cooldown_by_the_letter(orders.tolist(), m)
+            assert _vframe._reorder_cooldown(orders, m) == expected
