@@ -8,6 +8,7 @@ WEIGHT_VERSION); communication is implied by the stage order and made explicit b
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import chain
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from planner.schedules._ir import (
     Columns,
     Schedule,
     looped_placement,
+    passes,
 )
 from planner.schedules._registry import NUM_CHUNKS, ScheduleFamily, register
 
@@ -63,8 +65,8 @@ def gpipe(num_devices: int, num_microbatches: int) -> Schedule:
     m = num_microbatches
     rows = []
     for s in range(num_devices):
-        row = [Action(F, s, k) for k in range(m)]
-        row += [Action(BW, s, k) for k in range(m)]
+        row = passes(F, s, range(m))
+        row += passes(BW, s, range(m))
         row.append(optimizer_step(s, m - 1))
         rows.append(tuple(row))
     return Schedule("gpipe", num_devices, m, tuple(range(num_devices)), tuple(rows))
@@ -74,11 +76,12 @@ def one_f_one_b_order(stage: int, num_stages: int, microbatches: Iterable[int]) 
     """1F1B order of one stage: warm-up forwards, steady F/B pairs, cool-down backwards."""
     mbs = list(microbatches)
     warmup = min(num_stages - stage - 1, len(mbs))
-    order = [Action(F, stage, k) for k in mbs[:warmup]]
-    for i in range(len(mbs) - warmup):
-        order.append(Action(F, stage, mbs[warmup + i]))
-        order.append(Action(BW, stage, mbs[i]))
-    order += [Action(BW, stage, k) for k in mbs[len(mbs) - warmup :]]
+    steady = len(mbs) - warmup
+    forwards = passes(F, stage, mbs)
+    backwards = passes(BW, stage, mbs)
+    order = forwards[:warmup]
+    order += chain.from_iterable(zip(forwards[warmup:], backwards[:steady], strict=True))
+    order += backwards[steady:]
     return order
 
 

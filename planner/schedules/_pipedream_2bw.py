@@ -9,14 +9,22 @@ from planner.schedules._registry import NUM_BATCHES, ScheduleFamily, register
 
 __all__ = ["pipedream_2bw", "weight_version_2bw"]
 
-F, BW = ActionKind.F, ActionKind.BW
-
 
 def weight_version_2bw(microbatch: int, num_microbatches: int) -> int:
     """Weight version used by a micro-batch under 2BW (PipeDream-2BW §3.1): with k the
     1-indexed micro-batch and m micro-batches per batch, max(floor((k - 1) / m) - 1, 0)."""
     k = microbatch + 1
     return max((k - 1) // num_microbatches - 1, 0)
+
+
+def _forward_at(k: int, warmup: int) -> int:
+    """Index of micro-batch k's forward in a 1F1B order with ``warmup`` warm-up forwards."""
+    return k if k < warmup else 2 * k - warmup
+
+
+def _backward_at(k: int, warmup: int, total: int) -> int:
+    """Index of micro-batch k's backward in that order of ``total`` micro-batches."""
+    return warmup + 2 * k + 1 if k < total - warmup else total + k
 
 
 def pipedream_2bw(num_devices: int, num_microbatches: int, num_batches: int = 2) -> Schedule:
@@ -36,20 +44,37 @@ def pipedream_2bw(num_devices: int, num_microbatches: int, num_batches: int = 2)
     total = m * num_batches
     rows = []
     for s in range(p):
+        order = one_f_one_b_order(s, p, range(total))
+        warmup = min(p - s - 1, total)
+        # (index in ``order`` to insert before, rank, marker): batch b's step right after
+        # the backward of its last micro-batch; the switch to version b - 1 (the formula's
+        # value changes only at a batch's first micro-batch, from batch 2 on) right before
+        # batch b's first forward. When both fall in one gap, the step stays with the
+        # backward before it and the switch with the forward after it.
+        markers = [
+            (
+                _backward_at(b * m + m - 1, warmup, total) + 1,
+                0,
+                optimizer_step(s, b * m + m - 1, version=b + 1),
+            )
+            for b in range(num_batches)
+        ]
+        markers += [
+            (
+                _forward_at(b * m, warmup),
+                1,
+                Action(ActionKind.WEIGHT_VERSION, s, b * m, version=b - 1),
+            )
+            for b in range(2, num_batches)
+        ]
+        markers.sort(key=lambda marker: marker[:2])
         row: list[Action] = []
-        version = 0
-        for action in one_f_one_b_order(s, p, range(total)):
-            if action.kind is F:
-                wanted = weight_version_2bw(action.microbatch, m)
-                if wanted != version:
-                    row.append(
-                        Action(ActionKind.WEIGHT_VERSION, s, action.microbatch, version=wanted)
-                    )
-                    version = wanted
-            row.append(action)
-            if action.kind is BW and action.microbatch % m == m - 1:
-                batch = action.microbatch // m
-                row.append(optimizer_step(s, action.microbatch, version=batch + 1))
+        last = 0
+        for at, _, marker in markers:
+            row += order[last:at]
+            row.append(marker)
+            last = at
+        row += order[last:]
         rows.append(tuple(row))
     return Schedule(
         "2bw",
