@@ -19,8 +19,12 @@ activation sizes is a small maximum of dot products.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate, chain
+from operator import itemgetter, sub
 
-from planner.schedules._ir import Action, ActionKind, Schedule
+import numpy as np
+
+from planner.schedules._ir import KIND_CODE, Action, ActionKind, Schedule
 
 __all__ = ["InflightProfile", "inflight_profile", "peak_by_order", "peak_from_profile"]
 
@@ -28,115 +32,177 @@ K = ActionKind
 
 _TRANSFERS = frozenset({K.EVICT, K.LOAD})
 _COMPUTE = frozenset(k for k in K if k.is_compute)
-_TRACKED = _TRANSFERS | {K.F}
+# saved_peak's steps, per compute kind (and None before the first): a forward adds one, the
+# compute action after a W or fused BW frees one.
+_RISE = {k: int(k is K.F) for k in _COMPUTE}
+_FREE: dict[ActionKind | None, int] = {k: int(k in (K.W, K.BW)) for k in _COMPUTE}
+_FREE[None] = 0
 
 InflightProfile = list[list[dict[int, int]]]
 """Per device: candidate peak moments, each {stage: saved micro-batches of that stage}."""
 
 
 def inflight_profile(schedule: Schedule) -> InflightProfile:
-    """Per device, the Pareto-maximal per-stage counts of saved micro-batches."""
-    stage_devices = schedule.stage_devices
-    profile: InflightProfile = []
-    for device, row in enumerate(schedule.actions):
-        stages = sorted({a.stage for a in row if a.kind in _TRACKED})
-        if len(stages) == 1 and not any(a.kind in _TRANSFERS for a in row):
-            profile.append([{stages[0]: saved_peak(row)}])
-            continue
-        seen = _moments(row, stages, stage_devices, device)
-        profile.append([{stages[i]: c for i, c in enumerate(v) if c} for v in _pareto(seen)])
-    return profile
+    """Per device, the Pareto-maximal per-stage counts of saved micro-batches of a valid
+    schedule: each device's moments in decreasing order (of the counts as tuples by stage),
+    a moment's stages in increasing order, stages it holds none of left out."""
+    one_stage_each = schedule.num_stages == schedule.num_devices
+    if one_stage_each and _TRANSFERS.isdisjoint(
+        map(itemgetter(0), chain.from_iterable(schedule.actions))
+    ):
+        # One stage per device (a valid schedule gives every device one) and no transfers:
+        # a device's peak is one count, read off its list without per-stage bookkeeping.
+        stage_of = {device: stage for stage, device in enumerate(schedule.stage_devices)}
+        return [
+            [{stage_of[device]: saved_peak(row)}] for device, row in enumerate(schedule.actions)
+        ]
+    return _profile_of_columns(schedule)
 
 
 def saved_peak(row: Sequence[Action]) -> int:
     """Peak saved micro-batches of an action list without transfers, every forward counted
-    alike (one stage's, or all stages' as one): forwards minus finished frees."""
-    level = peak = 0
-    pending = 0
-    for action in row:
-        kind = action.kind
-        if kind in _COMPUTE:
-            level -= pending
-            pending = 0
-            if kind is K.F:
-                level += 1
-                peak = max(peak, level)
-            elif kind is K.W or kind is K.BW:
-                pending = 1
-    return peak
+    alike (one stage's, or all stages' as one): forwards minus finished frees.
+
+    The level only rises at a forward, so its peak is the running sum's maximum over the
+    compute actions (each adds one if a forward, less one if the one before was a W or BW),
+    summed in C."""
+    kinds = list(filter(_COMPUTE.__contains__, map(itemgetter(0), row)))
+    steps = map(sub, map(_RISE.__getitem__, kinds), map(_FREE.__getitem__, chain((None,), kinds)))
+    return max(0, max(accumulate(steps), default=0))
 
 
-def _moments(
-    row: Sequence[Action], stages: list[int], stage_devices: Sequence[int], device: int
-) -> set[tuple[int, ...]]:
-    """Walk one device's list and collect its saved micro-batches per stage (numbered by
-    position in ``stages``) while each action runs. Only moments after a count went up (a
-    forward, a received or loaded transfer) are kept: one reached by frees alone is
-    dominated by the moment before it.
-
-    Frees of a W or fused BW apply when the next action starts (the W has ended); an
-    evictor's EVICT frees its copy once the compute action it overlaps has ended (two
-    compute actions later), an acceptor's LOAD once its send is waited for (before the next
-    compute action, so a transfer issued in between still finds it held); a transfer is
-    issued after the previous compute action ended."""
-    slot = {stage: i for i, stage in enumerate(stages)}
-    counts = [0] * len(stages)
-    pending: list[int] = []  # slots freed when the running compute action ends
-    deferred: list[list[int]] = []  # [compute actions still to start, slot]: copies sent
-    seen: set[tuple[int, ...]] = set()
-    for action in row:
-        kind = action.kind
-        if kind in _COMPUTE:
-            for index in pending:
-                counts[index] -= 1
-            pending.clear()
-            if deferred:
-                keep = []
-                for entry in deferred:
-                    entry[0] -= 1
-                    if entry[0] <= 0:
-                        counts[entry[1]] -= 1
-                    else:
-                        keep.append(entry)
-                deferred = keep
-            if kind is K.F:
-                counts[slot[action.stage]] += 1
-                seen.add(tuple(counts))
-            if kind is K.W or kind is K.BW:
-                pending.append(slot[action.stage])
-        elif kind in _TRANSFERS:
-            # Issued once the previous compute action has ended: its frees are done.
-            for index in pending:
-                counts[index] -= 1
-            pending.clear()
-            owner = stage_devices[action.stage] == device
-            if kind is K.EVICT and owner:
-                deferred.append([2, slot[action.stage]])
-            elif kind is K.EVICT or owner:  # the acceptor receives / the evictor loads
-                counts[slot[action.stage]] += 1
-                seen.add(tuple(counts))
-            else:  # the acceptor hands a LOAD back: its copy goes when the send has
-                deferred.append([1, slot[action.stage]])  # (before the next compute action)
-    return seen
+_F, _W, _BW = KIND_CODE[K.F], KIND_CODE[K.W], KIND_CODE[K.BW]
+_EVICT, _LOAD = KIND_CODE[K.EVICT], KIND_CODE[K.LOAD]
+_IS_COMPUTE = np.array([kind in _COMPUTE for kind in K])  # by kind code
 
 
-def _pareto(points: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """The count vectors no other vector dominates (>= on every stage)."""
-    ordered = sorted(points, reverse=True)
-    if ordered and len(ordered[0]) == 2:
-        # Two stages: sorted by the first count descending, keep rising second counts.
-        front: list[tuple[int, ...]] = []
-        best_second = -1
-        for point in ordered:
-            if point[1] > best_second:
-                front.append(point)
-                best_second = point[1]
-        return front
-    return [
-        p
-        for p in ordered
-        if not any(q != p and all(a >= b for a, b in zip(q, p, strict=True)) for q in ordered)
-    ]
+def _profile_of_columns(schedule: Schedule) -> InflightProfile:
+    """:func:`inflight_profile` of every device at once, from the schedule's columns.
+
+    A device's saved micro-batches per stage while an action runs are a running sum of
+    events, each placed at the action where it takes effect:
+
+    - a forward, an acceptor's EVICT mirror (it receives) and an evictor's LOAD (it gets
+      its copy back) add one where they are;
+    - a W or fused BW frees at the next compute action or transfer (it has ended then: a
+      transfer is issued after the previous compute action ended);
+    - an evictor's EVICT frees at the second compute action after it (once the compute
+      action it overlaps has ended), an acceptor's LOAD mirror at the next one (its send
+      back is waited for before that).
+
+    Frees that take effect at an action apply before what it adds, and the counts are read
+    after it, so an inclusive running sum per device gives every moment. Only moments after
+    a count went up are candidates: one reached by frees alone is dominated by the moment
+    before it."""
+    c = schedule.columns
+    p, n, num_stages = schedule.num_devices, len(c.kind), schedule.num_stages
+    kind, device, stage = c.kind, c.device, c.stage
+    profile: InflightProfile = [[] for _ in range(p)]
+    is_transfer = (kind == _EVICT) | (kind == _LOAD)
+    tracked = (kind == _F) | is_transfer
+    if not tracked.any():
+        return profile
+    # Slots: the stages each device tracks, in stage order.
+    held = np.unique(device[tracked] * num_stages + stage[tracked])
+    held_device = held // num_stages
+    first_slot = np.searchsorted(held_device, np.arange(p))
+    width = int(np.bincount(held_device, minlength=p).max())
+
+    def slot(at: np.ndarray) -> np.ndarray:
+        """Slot (index among its device's stages) of the stage of the actions ``at``."""
+        here = device[at]
+        index: np.ndarray = np.searchsorted(held, here * num_stages + stage[at]) - first_slot[here]
+        return index
+
+    owner = np.asarray(schedule.stage_devices, dtype=np.int64)[stage] == device
+    rises = np.flatnonzero(
+        (kind == _F) | (is_transfer & (owner == (kind == _LOAD)))  # F, acceptor EVICT, LOAD
+    )
+    is_compute = _IS_COMPUTE[kind]
+    computes = np.flatnonzero(is_compute)
+    frees = []  # (action ids, where each frees)
+    for at, ahead, after in (
+        (np.flatnonzero((kind == _W) | (kind == _BW)), np.flatnonzero(is_compute | is_transfer), 0),
+        (np.flatnonzero((kind == _EVICT) & owner), computes, 1),
+        (np.flatnonzero((kind == _LOAD) & ~owner), computes, 0),
+    ):
+        found = np.searchsorted(ahead, at, side="right") + after
+        inside = found < len(ahead)
+        at, where = at[inside], ahead[found[inside]]
+        same = device[where] == device[at]  # a free past the device's last action never happens
+        frees.append((at[same], where[same]))
+    size = n * width
+    events = np.bincount(rises * width + slot(rises), minlength=size)
+    for at, where in frees:
+        events -= np.bincount(where * width + slot(at), minlength=size)
+    level = np.cumsum(events.reshape(n, width), axis=0)
+    # Every device's sum starts from zero: less what the devices before it left.
+    start = c.offsets[:-1]
+    before = np.zeros((p, width), dtype=level.dtype)
+    before[start > 0] = level[start[start > 0] - 1]
+    level -= np.repeat(before, np.diff(c.offsets), axis=0)
+    moments = _distinct_rows(device[rises], level[rises])
+    stages = (held % num_stages).tolist()
+    first = first_slot.tolist()
+    if width <= 2:
+        front = moments[_pareto_2d(moments)].tolist()
+    else:
+        bounds = np.searchsorted(moments[:, 0], np.arange(p + 1)).tolist()
+        front = []
+        for d in range(p):
+            front += _pareto(moments[bounds[d] : bounds[d + 1]][::-1].tolist())
+    for d, *counts in front:
+        base = first[d]
+        profile[d].append({stages[base + i]: count for i, count in enumerate(counts) if count})
+    return profile
+
+
+def _distinct_rows(device: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The distinct rows (device, counts...) in increasing order: each row read as one
+    number in a mixed radix (what ``np.unique(..., axis=0)`` gives, several times faster)."""
+    low = int(counts.min())
+    radix = int(counts.max()) - low + 1
+    if (int(device.max()) + 1) * radix ** counts.shape[1] >= 2**62:
+        return np.unique(np.column_stack([device, counts]), axis=0)
+    key = device.copy()
+    for column in counts.T:
+        key = key * radix + (column - low)
+    key = np.unique(key)
+    rows = np.empty((len(key), counts.shape[1] + 1), dtype=np.int64)
+    for i in range(counts.shape[1], 0, -1):
+        key, rows[:, i] = np.divmod(key, radix)
+    rows[:, 1:] += low
+    rows[:, 0] = key
+    return rows
+
+
+def _pareto_2d(moments: np.ndarray) -> np.ndarray:
+    """Indices of the rows of ``moments`` (device, first count[, second count]), distinct and
+    in increasing order, that no other row of their device dominates: devices in order, each
+    device's rows in decreasing order (as :func:`_pareto` lists them)."""
+    order = np.lexsort((-np.arange(len(moments)), moments[:, 0]))  # devices up, rows down
+    rows = moments[order]
+    second = rows[:, 2] if rows.shape[1] > 2 else np.zeros(len(rows), dtype=rows.dtype)
+    # In decreasing order a row is kept when its second count beats every earlier one of
+    # its device: a running maximum made to restart per device by a per-device offset.
+    span = int(second.max() - second.min()) + 1
+    key = (second - second.min()) + rows[:, 0] * span
+    best = np.maximum.accumulate(key)
+    kept = np.ones(len(rows), dtype=bool)
+    kept[1:] = key[1:] > best[:-1]
+    return order[kept]
+
+
+def _pareto(ordered: list[list[int]]) -> list[list[int]]:
+    """The rows of ``ordered`` (distinct, in decreasing order, each a device and its counts)
+    that no other row dominates (>= on every count). Only an earlier row can dominate a
+    later one, and whatever dominates a dropped row dominates the rows that one does: so
+    each row is compared with the rows kept so far only."""
+    front: list[list[int]] = []
+    for row in ordered:
+        if not any(all(a >= b for a, b in zip(kept, row, strict=True)) for kept in front):
+            front.append(row)
+    return front
 
 
 def peak_from_profile(profile: InflightProfile, sizes: Sequence[float]) -> list[float]:
