@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from itertools import compress
 from operator import itemgetter
 
 import numpy as np
@@ -35,7 +36,9 @@ from planner.schedules._registry import NUM_CHUNKS, Parameter, ScheduleFamily, r
 
 __all__ = ["bpipe", "bpipe_mu_opt", "plan_transfers"]
 
-F, BW, EVICT, LOAD = ActionKind.F, ActionKind.BW, ActionKind.EVICT, ActionKind.LOAD
+F, B, W, BW = ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW
+EVICT, LOAD = ActionKind.EVICT, ActionKind.LOAD
+_PASSES = frozenset({F, BW})  # what plan_transfers plans around
 
 
 def bpipe_mu_opt(num_devices: int, num_chunks: int = 1) -> int:
@@ -53,16 +56,16 @@ def plan_transfers(
     just before ``compute[i]`` (overlapping it). Returns the transfers and the peak number of
     saved micro-batches the device then holds (loads and evictions in flight counted)."""
     n = len(compute)
-    kinds = list(map(itemgetter(0), compute))
-    key = list(zip(map(itemgetter(1), compute), map(itemgetter(2), compute), strict=True))
-    is_f = [kind is F for kind in kinds]
-    frees = [kind is BW or kind is ActionKind.W for kind in kinds]  # ends the activation
     plain_peak = saved_peak(compute)  # counts every forward, whatever its stage
     if plain_peak <= capacity:
         # Never over capacity without transfers: the loop below would plan none (a device
         # in the acceptor half, or a short run), so skip it.
         return [[] for _ in range(n)], plain_peak
-    needs_input = [kind.is_backward for kind in kinds]  # wants its activations
+    kinds = list(map(itemgetter(0), compute))
+    key = list(zip(map(itemgetter(1), compute), map(itemgetter(2), compute), strict=True))
+    is_f = [kind is F for kind in kinds]
+    frees = [kind is BW or kind is W for kind in kinds]  # ends the activation
+    needs_input = [kind is BW or kind is B for kind in kinds]  # wants its activations
     backward_at = {key[i]: i for i in range(n) if needs_input[i]}
     transfers: list[list[tuple[ActionKind, tuple[int, int]]]] = [[] for _ in range(n)]
     held: set[tuple[int, int]] = set()
@@ -78,8 +81,9 @@ def plan_transfers(
     # ones by that position, entries of micro-batches no longer held dropped when they surface.
     furthest_first: list[tuple[int, tuple[int, int]]] = []
     peak = 0
+    loads: list[tuple[int, int]] | tuple[()] = loads_for.get(0, ())  # those at i
     for i in range(n):
-        for item in loads_for.get(i, ()):
+        for item in loads:
             if item in evicted:
                 evicted.discard(item)
                 held.add(item)
@@ -96,8 +100,9 @@ def plan_transfers(
         if i + 1 >= n:
             break
         # Loads that would be issued at i + 1 if nothing else changes.
-        upcoming = [item for item in loads_for.get(i + 1, ()) if item in evicted]
-        demand = len(held) + (1 if is_f[i + 1] else 0) + len(upcoming)
+        loads = loads_for.get(i + 1, ())
+        upcoming = [item for item in loads if item in evicted] if loads else []
+        demand = len(held) + is_f[i + 1] + len(upcoming)
         if demand <= capacity:
             continue
         busy = {here, key[i + 1], *upcoming}
@@ -149,8 +154,8 @@ def bpipe(num_devices: int, num_microbatches: int, num_chunks: int = 1) -> Sched
     rows: list[list[Action]] = []
     pairs: list[list[int]] = []
     for r, row in enumerate(base.actions):
-        where = [i for i, a in enumerate(row) if a.kind is F or a.kind is BW]
-        transfers, _ = plan_transfers([row[i] for i in where], capacity)
+        where = list(compress(range(len(row)), map(_PASSES.__contains__, map(itemgetter(0), row))))
+        transfers, _ = plan_transfers(list(map(row.__getitem__, where)), capacity)
         if not any(transfers):
             rows.append(list(row))
             continue
