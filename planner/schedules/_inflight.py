@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate, chain
-from operator import itemgetter, sub
+from operator import ge, itemgetter, sub
 
 import numpy as np
 
@@ -200,7 +200,7 @@ def _pareto(ordered: list[list[int]]) -> list[list[int]]:
     each row is compared with the rows kept so far only."""
     front: list[list[int]] = []
     for row in ordered:
-        if not any(all(a >= b for a, b in zip(kept, row, strict=True)) for kept in front):
+        if not any(all(map(ge, kept, row)) for kept in front):
             front.append(row)
     return front
 
