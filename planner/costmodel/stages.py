@@ -47,6 +47,11 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 PlacementKey = tuple[int, int, int, str]  # (t, p, d, schedule): what a placement depends on
+# (micro-batch size, t, cp, recompute, layers per stage, recompute split per stage or None):
+# what a candidate's per-stage times and sizes depend on (see ``_stage_rows``).
+_StagesKey = tuple[
+    int, int, int, str, tuple[int, ...], tuple[tuple[tuple[str, int], ...], ...] | None
+]
 
 
 def num_stages(schedule: str, p: int) -> int:
@@ -95,6 +100,7 @@ class PlanContext:
     _layers: dict[tuple[int, int, str, int], LayerTimes] = field(default_factory=dict)
     _ends: dict[tuple[int, int, int], EndStageTimes] = field(default_factory=dict)
     _collectives: dict[tuple[int, int, str, int], float] = field(default_factory=dict)
+    _stages: dict[_StagesKey, _StageRows] = field(default_factory=dict)
 
     @classmethod
     def from_store(cls, request: PlanRequest, store: ProfileStore) -> PlanContext:
@@ -212,12 +218,73 @@ def _link(hw: HardwareProfile, same_node: bool) -> Link:
     return hw.intra_node if same_node else hw.inter_node
 
 
+@dataclass(frozen=True)
+class _StageRows:
+    """What :class:`StageCosts` holds that does not depend on the placement: per stage, F,
+    B, W, saved bytes, parameters, TP collectives and recompute working set (the end
+    stages' included), and the layer probed for the candidate's recompute mode. Schedules
+    with the same number of stages share them at every search point."""
+
+    forward: list[float]
+    backward: list[float]
+    weight: list[float]
+    activation: list[float]
+    parameters: list[float]
+    tp_comm: list[float]
+    working: list[float]
+    layer: LayerTimes
+
+
 def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     """Durations and sizes of every stage of ``config`` (layers from
     ``config.layers_per_stage``, each with its recompute mode; the first stage adds the
     embedding, the last the output layer and loss)."""
     r = ctx.request
-    model, training, hw = r.model, r.training, ctx.hardware
+    mb, t, cp = config.micro_batch_size, config.t, config.cp
+    split = config.recompute_per_stage
+    key = (
+        mb,
+        t,
+        cp,
+        config.recompute,
+        tuple(config.layers_per_stage),
+        None if split is None else tuple(tuple(m.items()) for m in config.stage_modes()),
+    )
+    rows = ctx._stages.get(key)
+    if rows is None:
+        rows = ctx._stages[key] = _stage_rows(ctx, config)
+    activation = rows.activation
+    count = len(activation)
+    placement = placement_for(config, r.cluster.gpus_per_node, ctx.placements)
+    devices = config.p
+    hop_bytes = p2p_bytes(r.model, r.training, mb, t, cp)
+    crosses = _crosses_nodes(placement, config.schedule)
+    hw = ctx.hardware
+    worst = 0.0 if count == 1 else _link(hw, not crosses).seconds(hop_bytes)
+    transfer = 0.0
+    if schedule_family(config.schedule).transfers and devices >= 2:
+        pair_link = _link(hw, placement.same_node(0, devices - 1))
+        transfer = pair_link.seconds(max(activation[: max(1, devices // 2)]))
+    # Copies: the rows are shared by every candidate of the same stages.
+    return StageCosts(
+        rows.forward.copy(),
+        rows.backward.copy(),
+        rows.weight.copy(),
+        activation.copy(),
+        rows.parameters.copy(),
+        rows.tp_comm.copy(),
+        worst,
+        transfer,
+        rows.working.copy(),
+        rows.layer,
+        placement,
+    )
+
+
+def _stage_rows(ctx: PlanContext, config: CandidateConfig) -> _StageRows:
+    """The placement-independent part of :func:`stage_costs` for ``config``."""
+    r = ctx.request
+    model, training = r.model, r.training
     mb, t, cp = config.micro_batch_size, config.t, config.cp
     modes = config.stage_modes()
     count = len(modes)
@@ -286,28 +353,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     # The output layer: its own matrix, or a copy of the tied word embedding unless the last
     # stage is also the first; plus the final norm.
     params[-1] += output_parameters(model, count) / t
-    placement = placement_for(config, r.cluster.gpus_per_node, ctx.placements)
-    devices = config.p
-    hop_bytes = p2p_bytes(model, training, mb, t, cp)
-    crosses = _crosses_nodes(placement, config.schedule)
-    worst = 0.0 if count == 1 else _link(hw, not crosses).seconds(hop_bytes)
-    transfer = 0.0
-    if schedule_family(config.schedule).transfers and devices >= 2:
-        pair_link = _link(hw, placement.same_node(0, devices - 1))
-        transfer = pair_link.seconds(max(activation[: max(1, devices // 2)]))
-    return StageCosts(
-        forward,
-        backward,
-        weight,
-        activation,
-        params,
-        tp_comm,
-        worst,
-        transfer,
-        working,
-        ctx.layer(mb, t, config.recompute, cp),
-        placement,
-    )
+    return _StageRows(forward, backward, weight, activation, params, tp_comm, working, probe)
 
 
 @lru_cache(maxsize=1024)
