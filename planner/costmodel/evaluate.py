@@ -19,6 +19,7 @@ context that places the candidate differently is a bug :func:`price` refuses.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
@@ -133,13 +134,26 @@ def device_memory(
     at zero (the numbers are then a lower bound) and the flag is False. ``shape`` gives
     the in-flight counts of a schedule already built (else they come from the schedule's
     shape, or for one built for a memory limit from the limit itself)."""
-    r = ctx.request
-    weight_b, grad_b, opt_b = stored_bytes_per_parameter(
-        r.training, config.weight_replicas, config.schedule
-    )
-    per_param = weight_b + grad_b + opt_b
     by_device = stages_by_device(config.schedule, config.p)
     params = _device_sums(costs.parameters, by_device)
+    return _device_memory(ctx, config, costs, by_device, params, capacity, shape)
+
+
+def _device_memory(
+    ctx: PlanContext,
+    config: CandidateConfig,
+    costs: StageCosts,
+    by_device: tuple[tuple[int, ...], ...],
+    params: list[float],
+    capacity: float,
+    shape: Shape | None,
+) -> tuple[list[DeviceMemory], bool]:
+    """:func:`device_memory` given each device's parameters (``params``), which
+    :func:`estimate` needs too."""
+    weight_b, grad_b, opt_b = stored_bytes_per_parameter(
+        ctx.request.training, config.weight_replicas, config.schedule
+    )
+    per_param = weight_b + grad_b + opt_b
     static = max(params) * per_param
     workspace, fragmentation = memory_allowance(ctx.hardware)
     counted = static * (1 + fragmentation) + workspace <= capacity
@@ -147,26 +161,22 @@ def device_memory(
         if shape is None:
             shape = counted_shape(config)
         peaks = peak_from_profile(shape.profile, costs.activation_bytes)
-        in_flight = list(shape.in_flight)
+        working = _device_maxima(costs.working_bytes, by_device)
+        activations = [peak + work for peak, work in zip(peaks, working, strict=True)]
+        in_flight: Sequence[float] = shape.in_flight
     else:
-        peaks = [0.0] * config.p
-        in_flight = [0.0] * config.p
-    out = []
-    for device, stages in enumerate(by_device):
-        working = max([costs.working_bytes[s] for s in stages])
-        activations = peaks[device] + (working if counted else 0.0)
-        tensors = params[device] * per_param + activations
-        allowance = workspace + fragmentation * tensors
-        out.append(
-            DeviceMemory(
-                params[device] * weight_b,
-                params[device] * grad_b,
-                params[device] * opt_b,
-                activations,
-                allowance,
-                in_flight[device],
-            )
+        activations = in_flight = [0.0] * config.p
+    out = [
+        DeviceMemory(
+            held * weight_b,
+            held * grad_b,
+            held * opt_b,
+            active,
+            workspace + fragmentation * (held * per_param + active),
+            flight,
         )
+        for held, active, flight in zip(params, activations, in_flight, strict=True)
+    ]
     return out, counted
 
 
@@ -190,7 +200,10 @@ def adaptive_limit(ctx: PlanContext, config: CandidateConfig, costs: StageCosts)
 
 
 def _device_sums(values: list[float], by_device: tuple[tuple[int, ...], ...]) -> list[float]:
-    """Per device, the sum of its stages' values (plain loops: called per candidate)."""
+    """Per device, the sum of its stages' values, added in stage order from 0.0 (plain
+    Python: called several times per candidate, on a few dozen devices)."""
+    if len(by_device) == len(values):  # every device holds a stage, so each exactly one
+        return [0.0 + values[stage] for (stage,) in by_device]
     out = []
     for stages in by_device:
         total = 0.0
@@ -198,6 +211,13 @@ def _device_sums(values: list[float], by_device: tuple[tuple[int, ...], ...]) ->
             total += values[stage]
         out.append(total)
     return out
+
+
+def _device_maxima(values: list[float], by_device: tuple[tuple[int, ...], ...]) -> list[float]:
+    """Per device, the largest of its stages' values."""
+    if len(by_device) == len(values):  # one stage a device, as in :func:`_device_sums`
+        return [values[stage] for (stage,) in by_device]
+    return [max([values[stage] for stage in stages]) for stages in by_device]
 
 
 def _data_parallel_seconds(
@@ -292,9 +312,10 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
     With ``capacity`` (bytes), a candidate whose static memory alone exceeds it skips the
     activation count (``Estimate.activations_counted`` is then False)."""
     costs = stage_costs(ctx, config)
-    memory, counted = device_memory(ctx, config, costs, capacity=capacity)
     m = config.num_microbatches
     by_device = stages_by_device(config.schedule, config.p)
+    device_params = _device_sums(costs.parameters, by_device)
+    memory, counted = _device_memory(ctx, config, costs, by_device, device_params, capacity, None)
     compute = [
         f + b + w for f, b, w in zip(costs.forward, costs.backward, costs.weight, strict=True)
     ]
@@ -306,7 +327,7 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
         * (config.p - 1)
         * (stage_time + 2 * costs.p2p_s)
     )
-    params = max(_device_sums(costs.parameters, by_device))
+    params = max(device_params)
     dp = _data_parallel_seconds(ctx, config, params)
     opt = _optimizer_seconds(ctx, config, params)
     return Estimate(config, costs, memory, busy + idle + dp + opt, busy, counted, dp, opt)
