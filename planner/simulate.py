@@ -194,23 +194,20 @@ def _device_stats(
 ) -> list[DeviceStats]:
     """Span and busy time per device. Zero-time markers (SEND/RECV, version switches, the
     acceptor's mirrors) are bookkeeping, not work, and do not open or close a device's span.
-    Busy time is the sum of the device's compute durations."""
-    work, first, compute, compute_device = compiled.device_spans
+    Busy time is the sum of the device's compute durations.
+
+    A marker ends when its device's compute lane is free, so never after the device's
+    latest work: the span's end is the latest end over the whole list, taken on the lists
+    (converting them to arrays would cost more than the few dozen maxima)."""
+    first, compute, compute_device = compiled.device_spans
     devices = len(first)
-    busy = np.bincount(compute_device, weights=duration[compute], minlength=devices)
-    if len(work):
-        ends = np.asarray(end, dtype=np.float64)[work]
-        present = first >= 0
-        latest = np.zeros(devices)
-        latest[present] = np.maximum.reduceat(ends, first[present])
-        starts = np.asarray(start, dtype=np.float64)[work[np.maximum(first, 0)]]
-    else:
-        latest = starts = np.zeros(devices)
+    busy = np.bincount(compute_device, weights=duration[compute], minlength=devices).tolist()
+    offsets = compiled.offsets
     return [
-        DeviceStats(float(starts[d]), float(latest[d]), float(busy[d]))
-        if first[d] >= 0
+        DeviceStats(start[i], max(end[offsets[d] : offsets[d + 1]]), busy[d])
+        if i >= 0
         else DeviceStats(0.0, 0.0, 0.0)
-        for d in range(devices)
+        for d, i in enumerate(first)
     ]
 
 

@@ -124,23 +124,23 @@ class CompiledSchedule:
     def pass_codes(self) -> tuple[np.ndarray, np.ndarray]:
         """(code, stage) per action as arrays: code 0-3 for F, B, W, BW and 4 for every
         other kind, to look durations up in one indexing step."""
-        code = {ActionKind.F: 0, ActionKind.B: 1, ActionKind.W: 2, ActionKind.BW: 3}
-        codes = np.fromiter((code.get(k, 4) for k in self.kinds), np.int64, len(self.kinds))
-        return codes, np.asarray(self.stages, dtype=np.int64)
+        columns = self.schedule.columns
+        return _PASS_CODE[columns.kind], columns.stage
 
     @cached_property
-    def device_spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Ids of the actions that are not zero-time markers, grouped by device, with the
-        index where each device's group starts (-1 when it has none); and the ids of the
-        compute actions with their devices: what a device's span and busy time are made of."""
+    def device_spans(self) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """Per device, the id of its first action that is not a zero-time marker (-1 when
+        it has none); and the ids of the compute actions with their devices: what a
+        device's span and busy time are made of."""
         lane = np.asarray(self.lane, dtype=np.int8)
-        device = np.asarray(self.device_of, dtype=np.int64)
+        device = self.schedule.columns.device
         work = np.flatnonzero(lane != MARKER)
         devices = len(self.offsets) - 1
         first = np.searchsorted(device[work], np.arange(devices))
         present = np.bincount(device[work], minlength=devices) > 0
         compute = np.flatnonzero(lane == COMPUTE)
-        return work, np.where(present, first, -1), compute, device[compute]
+        first_work = np.where(present, work[np.minimum(first, len(work) - 1)], -1)
+        return first_work.tolist(), compute, device[compute]
 
     @cached_property
     def work_by_device(self) -> list[tuple[list[int], list[int]]]:
@@ -185,7 +185,10 @@ def compile_schedule(schedule: Schedule) -> CompiledSchedule:
     index = np.arange(n, dtype=np.int64)
 
     def of(*kinds: ActionKind) -> np.ndarray:
-        return np.isin(c.kind, [code[k] for k in kinds])
+        wanted = np.zeros(len(code), dtype=bool)  # a lookup: cheaper than np.isin
+        wanted[[code[k] for k in kinds]] = True
+        picked: np.ndarray = wanted[c.kind]
+        return picked
 
     def table(mask: np.ndarray) -> np.ndarray:
         """slot -> id of the first action in ``mask`` (-1 if none)."""
@@ -244,6 +247,12 @@ def _action_at(schedule: Schedule, index: int) -> Action:
     device = int(np.searchsorted(offsets, index, side="right") - 1)
     return schedule.actions[device][index - int(offsets[device])]
 
+
+_PASS_CODE = np.array(
+    [{ActionKind.F: 0, ActionKind.B: 1, ActionKind.W: 2, ActionKind.BW: 3}.get(k, 4) for k in K],
+    dtype=np.int64,
+)
+"""KIND_CODE -> the pass code of :attr:`CompiledSchedule.pass_codes`."""
 
 _LANE = {
     ActionKind.F: COMPUTE,
