@@ -221,9 +221,10 @@ def _memory_curves(
 
     Vectorised with NumPy: one event array for all devices, sorted by (device, time,
     position in the list), and a cumulative sum restarted at each device."""
-    kinds = np.fromiter((_EVENT_CODE[k] for k in compiled.kinds), np.int8, len(compiled.kinds))
-    stage = np.asarray(compiled.stages, dtype=np.int64)
-    device = np.asarray(compiled.device_of, dtype=np.int64)
+    columns = compiled.schedule.columns
+    kinds = _EVENT_CODE[columns.kind]
+    stage = columns.stage
+    device = columns.device
     t_start = np.asarray(start, dtype=np.float64)
     t_end = np.asarray(end, dtype=np.float64)
     size = np.asarray(sizes, dtype=np.float64)[stage]
@@ -307,10 +308,11 @@ class _ComputeClock:
 
 
 _ALLOC, _FREE, _EVICT, _LOAD, _OTHER = 1, 2, 3, 4, 0
-_EVENT_CODE = dict.fromkeys(K, _OTHER) | {
-    K.F: _ALLOC,
-    K.W: _FREE,
-    K.BW: _FREE,
-    K.EVICT: _EVICT,
-    K.LOAD: _LOAD,
-}
+_EVENT_CODE = np.array(
+    [
+        {K.F: _ALLOC, K.W: _FREE, K.BW: _FREE, K.EVICT: _EVICT, K.LOAD: _LOAD}.get(k, _OTHER)
+        for k in K
+    ],
+    dtype=np.int8,
+)
+"""KIND_CODE (the enum's order) -> the memory event of an action of that kind."""

@@ -58,16 +58,34 @@ class CompiledSchedule:
 
     schedule: Schedule
     device_of: list[int]
-    action_of: list[Action]
     lane: list[int]  # COMPUTE / TRANSFER / MARKER
     dep_a: list[int]
     cross_a: list[bool]
     dep_b: list[int]
     cross_b: list[bool]
     offsets: list[int]  # first id of each device's list; offsets[-1] == number of actions
-    owner_of_transfer: list[bool]  # EVICT/LOAD on the evictor (False for the acceptor mirror)
-    kinds: list[ActionKind]
-    stages: list[int]
+
+    # What only the memory curves and error messages read is derived when first asked for:
+    # timing a schedule needs the lists above alone.
+
+    @cached_property
+    def action_of(self) -> list[Action]:
+        return list(chain.from_iterable(self.schedule.actions))
+
+    @cached_property
+    def kinds(self) -> list[ActionKind]:
+        return list(map(itemgetter(0), self.action_of))
+
+    @cached_property
+    def stages(self) -> list[int]:
+        stages: list[int] = self.schedule.columns.stage.tolist()
+        return stages
+
+    @cached_property
+    def owner_of_transfer(self) -> list[bool]:
+        """Per action: an EVICT/LOAD on the evictor (False for the acceptor's mirror)."""
+        owned: list[bool] = _owned_transfers(self.schedule)[1].tolist()
+        return owned
 
     def inputs(self, i: int) -> list[int]:
         return [j for j in (self.dep_a[i], self.dep_b[i]) if j >= 0]
@@ -174,10 +192,8 @@ def compile_schedule(schedule: Schedule) -> CompiledSchedule:
     total = schedule.total_microbatches
     n = len(c.kind)
     code = KIND_CODE
-    stage_devices = np.array(schedule.stage_devices, dtype=np.int64)
     slots = c.stage * total + c.microbatch
-    is_transfer = (c.kind == code[K.EVICT]) | (c.kind == code[K.LOAD])
-    owner = is_transfer & (stage_devices[c.stage] == c.device) if n else is_transfer
+    is_transfer, owner = _owned_transfers(schedule)
     lane_of_kind = np.array([_LANE[kind] for kind in ActionKind], dtype=np.int64)
     lane = lane_of_kind[c.kind]
     lane[is_transfer & ~owner] = MARKER
@@ -225,21 +241,27 @@ def compile_schedule(schedule: Schedule) -> CompiledSchedule:
     device = c.device
     cross_a = (dep_a >= 0) & (device[np.maximum(dep_a, 0)] != device)
     cross_b = (dep_b >= 0) & (device[np.maximum(dep_b, 0)] != device)
-    actions = list(chain.from_iterable(schedule.actions))
     return CompiledSchedule(
         schedule,
         device.tolist(),
-        actions,
         lane.tolist(),
         dep_a.tolist(),
         cross_a.tolist(),
         dep_b.tolist(),
         cross_b.tolist(),
         c.offsets.tolist(),
-        owner.tolist(),
-        list(map(itemgetter(0), actions)),  # their kinds
-        c.stage.tolist(),
     )
+
+
+def _owned_transfers(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
+    """Per action: whether it is an EVICT or LOAD, and whether it is one on the evictor
+    (the device of its stage) rather than the acceptor's mirror."""
+    c = schedule.columns
+    is_transfer = (c.kind == KIND_CODE[K.EVICT]) | (c.kind == KIND_CODE[K.LOAD])
+    if not len(c.kind):
+        return is_transfer, is_transfer
+    stage_devices = np.array(schedule.stage_devices, dtype=np.int64)
+    return is_transfer, is_transfer & (stage_devices[c.stage] == c.device)
 
 
 def _action_at(schedule: Schedule, index: int) -> Action:
@@ -284,7 +306,7 @@ def run_timing(
 
     Raises InvalidScheduleError (rule 6) naming the blocked actions when the devices' orders
     wait on each other in a cycle (a deadlock)."""
-    n = len(compiled.action_of)
+    n = len(compiled.lane)
     if len(duration) != n:
         raise ValueError(f"{len(duration)} durations for {n} actions")
     if not compiled.has_transfers:
@@ -378,7 +400,7 @@ def _time_in_order(compiled: CompiledSchedule, duration: Sequence[float], comm: 
     """:func:`run_timing` for schedules without transfers: one pass over the precomputed
     order (each action starts when its device is free and its inputs have arrived; markers
     take no time and do not wait for data)."""
-    n = len(compiled.action_of)
+    n = len(compiled.lane)
     lane, device_of = compiled.lane, compiled.device_of
     dep_a, cross_a = compiled.dep_a, compiled.cross_a
     dep_b, cross_b = compiled.dep_b, compiled.cross_b
