@@ -54,7 +54,8 @@ class CompiledSchedule:
     """Flat arrays over all actions (index = global action id, devices in order).
 
     Every action has at most two inputs: ``dep_a``/``dep_b`` hold the producer's id or -1, and
-    ``cross_a``/``cross_b`` whether it lives on another device (so ``comm`` applies)."""
+    ``cross_a``/``cross_b`` whether it lives on another device (so ``comm`` applies).
+    ``dep_b`` is only ever a backward's LOAD: -1 everywhere in a schedule without transfers."""
 
     schedule: Schedule
     device_of: list[int]
@@ -399,11 +400,14 @@ def run_timing(
 def _time_in_order(compiled: CompiledSchedule, duration: Sequence[float], comm: float) -> Timing:
     """:func:`run_timing` for schedules without transfers: one pass over the precomputed
     order (each action starts when its device is free and its inputs have arrived; markers
-    take no time and do not wait for data)."""
+    take no time and do not wait for data).
+
+    Only the input ``dep_a`` is read: ``dep_b`` is the LOAD a backward waits for, and
+    without transfers there is none (this loop runs once per action of every simulation,
+    so the check it saves counts)."""
     n = len(compiled.lane)
     lane, device_of = compiled.lane, compiled.device_of
     dep_a, cross_a = compiled.dep_a, compiled.cross_a
-    dep_b, cross_b = compiled.dep_b, compiled.cross_b
     start = [0.0] * n
     end = [0.0] * n
     free = [0.0] * (len(compiled.offsets) - 1)
@@ -414,11 +418,6 @@ def _time_in_order(compiled: CompiledSchedule, duration: Sequence[float], comm: 
             j = dep_a[i]
             if j >= 0:
                 t = end[j] + comm if cross_a[i] else end[j]
-                if t > s:
-                    s = t
-            j = dep_b[i]
-            if j >= 0:
-                t = end[j] + comm if cross_b[i] else end[j]
                 if t > s:
                     s = t
             e = s + duration[i]
