@@ -48,6 +48,7 @@ from planner.schedules._vframe import (
     REPEAT_INTERVAL,
     VBlock,
     build_orders,
+    build_orders_stack,
     finish_times,
     order_peaks,
     repeated_ids,
@@ -269,7 +270,7 @@ def _choose(
         makespan, _, index, orders = min(finals, key=lambda s: s[:3])
     else:
         makespan, _, index = scored[0]
-        orders = _block_orders(d, index, m).tolist()  # the screened orders
+        orders = next(built for i, _, built in screened if i == index).tolist()
     peak = max(order_peaks(orders))
     assert peak <= allowed, (peak, allowed)  # reordering never raises the peak
     evaluated = len(screened) + (min(FINALISTS, len(scored)) if screen_m < m else 0)
@@ -291,7 +292,7 @@ def _screened(
     space, peaks = _space(d), _peaks(d, m)
     shortlist = _shortlist(peaks, np.flatnonzero(peaks <= allowed))
     screen_m = min(m, SCREEN_MICROBATCHES)
-    screened = []
+    chosen = []
     seen: set[bytes] = set()
     for index in shortlist:
         key = repeated_ids(space.cells[index], screen_m).tobytes()
@@ -300,8 +301,22 @@ def _screened(
         seen.add(key)
         if len(seen) > MAX_SCREENED:
             break
-        screened.append((index, int(peaks[index]), _block_orders(d, index, screen_m)))
-    return tuple(screened)
+        chosen.append(index)
+    # Searches of one (d, m) under different limits screen many of the same blocks: each is
+    # built once, the new ones of a search together (their warm-ups as one stack).
+    built = _screen_orders(d, screen_m)
+    new = [index for index in chosen if index not in built]
+    for index, orders in zip(new, build_orders_stack(space.cells[new], screen_m), strict=True):
+        orders.flags.writeable = False
+        built[index] = orders
+    return tuple((index, int(peaks[index]), built[index]) for index in chosen)
+
+
+@lru_cache(maxsize=8)
+def _screen_orders(num_devices: int, num_microbatches: int) -> dict[int, np.ndarray]:
+    """The screened blocks' orders built so far for (d, m), by index in the space: read-only
+    arrays, as :func:`_block_orders` keeps them. Filled in by :func:`_screened`."""
+    return {}
 
 
 @lru_cache(maxsize=512)

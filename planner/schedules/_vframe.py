@@ -32,6 +32,7 @@ __all__ = [
     "REPEAT_INTERVAL",
     "VBlock",
     "build_orders",
+    "build_orders_stack",
     "dependencies",
     "finish_times",
     "order_peaks",
@@ -326,6 +327,35 @@ def build_orders(
     return _reorder_cooldown(_fill_warmup(ids, num_microbatches, cells), num_microbatches)
 
 
+def build_orders_stack(cells: np.ndarray, num_microbatches: int) -> np.ndarray:
+    """:func:`build_orders` of a stack of collision-free blocks of one size, (blocks,
+    devices, 6) -> (blocks, devices, 6 m): the same orders. The warm-ups of the blocks
+    whose whole orders are filled (short runs: :func:`_fill_warmup`) are filled together,
+    one scan of the stack (:func:`_fill_stack`); the others and the cool-downs one block at
+    a time."""
+    m = num_microbatches
+    count, d = cells.shape[0], cells.shape[1]
+    if count == 0:
+        return np.zeros((0, d, PASSES * m), np.int64)
+    ids = np.stack([repeated_ids(block, m) for block in cells])
+    whole = _fills_whole(cells, m)
+    filled = ids.copy()
+    if whole.any():
+        filled[whole] = _fill_stack(ids[whole], m)
+    for index in np.flatnonzero(~whole).tolist():
+        filled[index] = _fill_warmup(ids[index], m, cells[index].tolist())
+    return np.stack([np.asarray(_reorder_cooldown(orders, m), np.int64) for orders in filled])
+
+
+def _fills_whole(cells: np.ndarray, m: int) -> np.ndarray:
+    """Per block of a (blocks, devices, 6) stack: whether :func:`_fill_warmup` fills its
+    whole orders at once (the cut it would take keeps most passes)."""
+    first_b = cells[:, :, [B1, B0]].min(axis=2).max(axis=1)
+    span = cells.max(axis=(1, 2)) + REPEAT_INTERVAL * m
+    likely = 2 * first_b + 2 * REPEAT_INTERVAL
+    return 2 * likely > span  # type: ignore[no-any-return]
+
+
 def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> np.ndarray:
     """Appendix C, warm-up: scan the squeezed cells left to right; a vacant cell before the
     device's first B is filled with the first later forward of that device whose input is
@@ -349,7 +379,7 @@ def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> np.ndarray:
     span = max(max(row) for row in block) + REPEAT_INTERVAL * m
     likely = 2 * first_b + 2 * REPEAT_INTERVAL
     cut: int | None = likely
-    if 2 * likely > span:
+    if 2 * likely > span:  # :func:`_fills_whole`
         cut = None
     else:
         bound = _cut(ids, m, block)
@@ -524,6 +554,118 @@ def _fill_before(
     width = ids.shape[1]
     final = np.where(inside, np.asarray(at, dtype=np.int64)[ids], horizons.max() + np.arange(width))
     return np.take_along_axis(ids, np.argsort(final, axis=1), axis=1)
+
+
+def _fill_stack(ids: np.ndarray, m: int) -> np.ndarray:
+    """:func:`_fill_before` without a cut for a stack of repeated orders of one shape,
+    (blocks, devices, 6 m) -> the filled orders, the same.
+
+    The scan runs over cells for the whole stack at once: at a cell, what a device does
+    depends only on its own state and on the cells of passes before it, and a pass moved
+    into the cell is not before it, so the devices vacant at the cell (of every block) take
+    their moves together, in any order, as the one-device-at-a-time scan does."""
+    count, d, width = ids.shape
+    n = d * m * PASSES
+    rows = (ids + np.arange(count, dtype=np.int64)[:, None, None] * n).reshape(count * d, width)
+    code = rows % PASSES
+    peak = np.asarray(order_peaks(rows), dtype=np.int64)
+    single = np.asarray(dependencies(d, m)[0], dtype=np.int64)  # block b's: offset by b n
+    dep = np.where(single >= 0, single + np.arange(count, dtype=np.int64)[:, None] * n, -1).ravel()
+    at = _squeeze_stack(rows, dep)
+    squeezed = at[rows]  # increasing along each row: squeezed orders run in order
+    horizons = squeezed[:, -1] + 1
+    r = len(rows)
+    # Per row and cell, the saved activations: a forward's from its cell through its W's.
+    forward = code <= F1
+    delta = np.zeros((r, int(horizons.max()) + 2), np.int64)
+    f_row, f_col = np.nonzero(forward)
+    delta[f_row, squeezed[f_row, f_col]] += 1
+    f_code = code[f_row, f_col]
+    delta[f_row, at[rows[f_row, f_col] - f_code + np.where(f_code == F0, W0, W1)] + 1] -= 1
+    level = np.cumsum(delta, axis=1)
+    backward = (code == B1) | (code == B0)
+    first_b = np.where(backward, squeezed, horizons[:, None]).min(axis=1)
+    # Per row and chunk, its m forwards: their cells (increasing) and pass ids.
+    chunk_cells, chunk_ids = [], []
+    for chunk in (F0, F1):
+        mine = code == chunk
+        chunk_cells.append(squeezed[mine].reshape(r, m))
+        chunk_ids.append(rows[mine].reshape(r, m))
+    horizon = int(first_b.max())
+    occupied = np.zeros((r, horizon + 1), bool)
+    early = squeezed < horizon
+    occupied[np.nonzero(early)[0], squeezed[early]] = True
+    vacant = ~occupied & (np.arange(horizon + 1) < first_b[:, None])
+    columns = np.arange(level.shape[1])
+    lowest = np.iinfo(np.int64).min
+    for t in range(horizon):
+        live = np.flatnonzero(vacant[:, t])
+        if not live.size:
+            continue
+        # Each chunk's first forward after t; it can move if its input is in a cell before t.
+        options = []
+        for cells_, ids_ in zip(chunk_cells, chunk_ids, strict=True):
+            index = (cells_[live] <= t).sum(axis=1)
+            valid = index < m
+            safe = np.minimum(index, m - 1)  # read past the last only where not valid
+            cell = cells_[live, safe]
+            producer = dep[ids_[live, safe]]
+            ready = valid & ((producer < 0) | (at[np.maximum(producer, 0)] < t))
+            options.append((ready, cell, safe))
+        (ready0, cell0, _), (ready1, cell1, _) = options
+        take1 = ready1 & (~ready0 | (cell1 < cell0))
+        take0 = ready0 & ~take1
+        best = np.where(take1, cell1, np.where(take0, cell0, -1))
+        # Taken if the row's level stays below its peak over the cells it jumps (t to best).
+        reach = int(best.max())
+        if reach < 0:
+            continue
+        jumped = columns[: reach - t] < (best - t)[:, None]
+        window = level[live, t:reach]
+        move = (best >= 0) & (np.where(jumped, window, lowest).max(axis=1) < peak[live])
+        if not move.any():
+            continue
+        window[move] += jumped[move]
+        level[live, t:reach] = window
+        for taken, (_, _, index), cells_, ids_ in zip(
+            (take0 & move, take1 & move), options, chunk_cells, chunk_ids, strict=True
+        ):
+            row, col = live[taken], index[taken]
+            at[ids_[row, col]] = t
+            cells_[row, col] = t  # its chunk's forwards stay sorted
+        row, cell = live[move], best[move]
+        back = cell < first_b[row]
+        vacant[row[back], cell[back]] = True
+    final = at[rows]
+    done = np.take_along_axis(rows, np.argsort(final, axis=1), axis=1).reshape(count, d, width)
+    return done - np.arange(count, dtype=np.int64)[:, None, None] * n  # type: ignore[no-any-return]
+
+
+def _squeeze_stack(rows: np.ndarray, dep: np.ndarray) -> np.ndarray:
+    """:func:`squeeze` of orders of one length (rows) with the input of every pass id given
+    (``dep``, -1: none), each round running the next pass of every row whose input has
+    started (:func:`finish_times` with unit times, in integers)."""
+    r, width = rows.shape
+    none = len(dep)  # the input of passes with none, started at -1 (so they run at once)
+    start = np.full(none + 1, -1, np.int64)
+    inputs = np.where(dep < 0, none, dep)
+    position = np.zeros(r, np.int64)
+    free = np.zeros(r, np.int64)
+    live = np.arange(r)  # rows with passes left
+    while live.size:
+        g = rows[live, position[live]]
+        j = inputs[g]
+        ready = start[j]
+        run = (j == none) | (ready >= 0)
+        if not run.any():
+            raise ScheduleConfigError("V-shape: the device orders deadlock")  # a generator bug
+        live, g = live[run], g[run]
+        t = np.maximum(free[live], ready[run] + 1)
+        start[g] = t
+        free[live] = t + 1
+        position[live] += 1
+        live = np.flatnonzero(position < width)
+    return start[:-1]
 
 
 def _reorder_cooldown(ids: np.ndarray, m: int) -> list[list[int]]:

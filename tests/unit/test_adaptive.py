@@ -184,7 +184,12 @@ def test_timing_a_stack_of_orders_gives_each_ones_finishing_times(d, m):
 
 
 def _caches_cleared() -> None:
-    for cached in (_vadaptive._choose, _vadaptive._screened, _vadaptive._block_orders):
+    for cached in (
+        _vadaptive._choose,
+        _vadaptive._screened,
+        _vadaptive._screen_orders,
+        _vadaptive._block_orders,
+    ):
         cached.cache_clear()
 
 

@@ -259,3 +259,20 @@ def test_the_cool_down_places_each_w_where_appendix_c_does(d, m):
         for orders in (repeated, _vframe._fill_warmup(repeated, m, cells)):
             expected = _cooldown_by_the_letter(orders.tolist(), m)
             assert _vframe._reorder_cooldown(orders, m) == expected
+
+
+@pytest.mark.parametrize("d", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+def test_stacked_build_matches_one_block_at_a_time(d, m):
+    """build_orders_stack (warm-ups filled as one stack) against build_orders, block by
+    block, its oracle."""
+    from planner.schedules import _vframe
+    from planner.schedules._vadaptive import _space
+
+    cells = _space(d).cells
+    picked = cells[:: max(1, len(cells) // 60)]
+    stacked = _vframe.build_orders_stack(picked, m)
+    assert stacked.shape == (len(picked), d, 6 * m)
+    for block, orders in zip(picked, stacked, strict=True):
+        assert orders.tolist() == _vframe.build_orders(block.tolist(), m)
+    assert _vframe.build_orders_stack(cells[:0], m).shape == (0, d, 6 * m)
