@@ -304,12 +304,26 @@ def _screened(
         chosen.append(index)
     # Searches of one (d, m) under different limits screen many of the same blocks: each is
     # built once, the new ones of a search together (their warm-ups as one stack).
+    # The service plans on several threads: this search reads the shared dict once per
+    # block into its own, so another search clearing or filling it cannot take one away.
     built = _screen_orders(d, screen_m)
-    new = [index for index in chosen if index not in built]
+    orders_of: dict[int, np.ndarray] = {}
+    for index in chosen:
+        found = built.get(index)
+        if found is not None:
+            orders_of[index] = found
+    new = [index for index in chosen if index not in orders_of]
+    if len(built) + len(new) > _SCREEN_ORDERS_KEPT:
+        # A long-lived service plans many limits on one (d, m): keep the memory bounded
+        # (orders of up to 16 micro-batches on 32 devices are 24 KiB each).
+        built.clear()
     for index, orders in zip(new, build_orders_stack(space.cells[new], screen_m), strict=True):
         orders.flags.writeable = False
-        built[index] = orders
-    return tuple((index, int(peaks[index]), built[index]) for index in chosen)
+        built[index] = orders_of[index] = orders
+    return tuple((index, int(peaks[index]), orders_of[index]) for index in chosen)
+
+
+_SCREEN_ORDERS_KEPT = 1024  # built screened blocks kept per (d, m)
 
 
 @lru_cache(maxsize=8)

@@ -183,6 +183,33 @@ def test_timing_a_stack_of_orders_gives_each_ones_finishing_times(d, m):
         finish_times(stuck, m, [1.0] * 6 * d)
 
 
+def test_the_shared_screened_blocks_stay_bounded_and_searches_unchanged(monkeypatch):
+    """Searches of one (d, m) under many limits share their built blocks up to a bound: past
+    it the shared store starts again, and a search then chooses what it chooses fresh."""
+    d, m, times = 6, 24, PassTimes(1.0, 1.5, 0.5, 0.05)
+    limits = (0.5, 0.6, 0.75, 0.9)
+    _caches_cleared()
+    fresh = [v_adaptive_choice(d, m, limit, times) for limit in limits]
+    _caches_cleared()
+    monkeypatch.setattr(_vadaptive, "_SCREEN_ORDERS_KEPT", 40)
+    bounded = []
+    for limit in limits:
+        _vadaptive._choose.cache_clear()
+        _vadaptive._screened.cache_clear()
+        choice = v_adaptive_choice(d, m, limit, times)
+        bounded.append(choice)
+        # At most the bound, or this search's own blocks when it alone screens more.
+        kept = len(_vadaptive._screen_orders(d, min(m, _vadaptive.SCREEN_MICROBATCHES)))
+        assert 0 < kept <= max(40, choice.evaluated)
+    for one, other in zip(fresh, bounded, strict=True):
+        assert (one.block, one.makespan, one.peak_units) == (
+            other.block,
+            other.makespan,
+            other.peak_units,
+        )
+    _caches_cleared()
+
+
 def _caches_cleared() -> None:
     for cached in (
         _vadaptive._choose,
