@@ -153,15 +153,11 @@ def dependencies(num_devices: int, num_microbatches: int) -> tuple[list[int], li
     return dep, cross
 
 
-def repeat(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
-    """Step 2: each device's passes of m micro-batches, micro-batch k's block T k cells
-    later, in cell order (cells of a device are distinct mod T, so the order is total)."""
-    return repeated_ids(cells, num_microbatches).tolist()  # type: ignore[no-any-return]
-
-
 def repeated_ids(cells: Sequence[Sequence[int]] | np.ndarray, num_microbatches: int) -> np.ndarray:
-    """:func:`repeat` as a (devices, 6 m) array of pass ids. Passes in one cell (a block
-    that collides) come by pass code, then micro-batch."""
+    """Step 2: each device's passes of m micro-batches, micro-batch k's block T k cells
+    later, in cell order (cells of a device are distinct mod T, so the order is total), as
+    a (devices, 6 m) array of pass ids. Passes in one cell (a block that collides) come by
+    pass code, then micro-batch."""
     rows = np.asarray(cells, dtype=np.int64)
     d, m = rows.shape[0], num_microbatches
     # Laid out (device, code, micro-batch), so a stable sort breaks ties by code, then k.
@@ -347,13 +343,20 @@ def build_orders_stack(cells: np.ndarray, num_microbatches: int) -> np.ndarray:
     return np.stack([np.asarray(_reorder_cooldown(orders, m), np.int64) for orders in filled])
 
 
+def _likely_cut(cells: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per block of a (blocks, devices, 6) stack: the cut :func:`_fill_warmup` tries first
+    (twice as far as the last device's first B, where the scan usually stops) and the span
+    of the repeated orders (their last cell + 1, past which no cut keeps anything out)."""
+    first_b = cells[:, :, [B1, B0]].min(axis=2).max(axis=1)
+    span = cells.max(axis=(1, 2)) + REPEAT_INTERVAL * m
+    return 2 * first_b + 2 * REPEAT_INTERVAL, span
+
+
 def _fills_whole(cells: np.ndarray, m: int) -> np.ndarray:
     """Per block of a (blocks, devices, 6) stack: whether :func:`_fill_warmup` fills its
     whole orders at once (the cut it would take keeps most passes)."""
-    first_b = cells[:, :, [B1, B0]].min(axis=2).max(axis=1)
-    span = cells.max(axis=(1, 2)) + REPEAT_INTERVAL * m
-    likely = 2 * first_b + 2 * REPEAT_INTERVAL
-    return 2 * likely > span  # type: ignore[no-any-return]
+    likely, span = _likely_cut(cells, m)
+    return 2 * likely > span
 
 
 def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> np.ndarray:
@@ -375,11 +378,9 @@ def _fill_warmup(ids: np.ndarray, m: int, block: list[list[int]]) -> np.ndarray:
     # no later than in the repeated block. A cut twice as far usually holds what the scan
     # reaches, and :func:`_cut` one that always does; on short runs, where the cut would
     # keep most passes, the whole orders are filled.
-    first_b = max(min(row[B1], row[B0]) for row in block)
-    span = max(max(row) for row in block) + REPEAT_INTERVAL * m
-    likely = 2 * first_b + 2 * REPEAT_INTERVAL
+    likely, span = (int(v[0]) for v in _likely_cut(np.asarray(block)[None], m))
     cut: int | None = likely
-    if 2 * likely > span:  # :func:`_fills_whole`
+    if 2 * likely > span:  # as :func:`_fills_whole` says
         cut = None
     else:
         bound = _cut(ids, m, block)

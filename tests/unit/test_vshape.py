@@ -208,7 +208,7 @@ def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, mon
 
     monkeypatch.setattr(_vframe, "_fill_before", spy)
     for cells in blocks:
-        orders = _vframe.repeat(cells, m)
+        orders = _vframe.repeated_ids(cells, m).tolist()
         whole = fill(orders, np.asarray(orders), m, cells, None)
         assert (_vframe._fill_warmup(np.asarray(orders), m, cells) == whole).all()
     assert len(cuts) > len(blocks) / 2
