@@ -363,8 +363,12 @@ def _timing_schedule(schedule: str, p: int, m: int, batches: int | None = None) 
     """The schedule ``price`` simulates, compiled once: every candidate of the shape reuses it.
     ``batches`` is given for families without a flush between batches (2BW)."""
     if batches is None:
-        return compile_schedule(generate(schedule, p, m, check=False))
-    return compile_schedule(generate(schedule, p, m, check=False, num_batches=batches))
+        built = generate(schedule, p, m, check=False)
+    else:
+        built = generate(schedule, p, m, check=False, num_batches=batches)
+    # Cached: keep the columns the engine reads, not 10^5 action objects the collector
+    # would walk (and the service would hold) for as long as the entry lives.
+    return compile_schedule(built.columns_only())
 
 
 def timing_microbatches(schedule: str, p: int, m: int) -> int:

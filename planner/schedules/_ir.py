@@ -31,7 +31,7 @@ from enum import StrEnum
 from functools import cached_property, partial
 from itertools import chain, pairwise, repeat
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -203,21 +203,55 @@ class Schedule:
         columns: Columns,
         *,
         split_backward: bool = False,
+        num_batches: int = 1,
         meta: Mapping[str, Any] | None = None,
     ) -> Schedule:
-        """The schedule a generator computed as arrays: its actions made from ``columns``
-        (:func:`actions_from_columns`), which also serve as its :attr:`columns` as they are."""
-        schedule = cls(
-            name,
-            num_devices,
-            num_microbatches,
-            stage_devices,
-            actions_from_columns(columns),
-            split_backward,
+        """The schedule a generator computed as arrays: ``columns`` serve as its
+        :attr:`columns` as they are, and its :attr:`actions` are made from them
+        (:func:`actions_from_columns`) when first read.
+
+        A search builds and prices many schedules without reading an action of them (the
+        timing engine and the memory counts read the columns): making 10^5 action objects
+        each, and having the collector walk them while the schedule is cached, would be
+        about a tenth of a search."""
+        schedule = cls.__new__(cls)
+        schedule.__dict__.update(
+            name=name,
+            num_devices=num_devices,
+            num_microbatches=num_microbatches,
+            stage_devices=stage_devices,
+            split_backward=split_backward,
+            num_batches=num_batches,
             meta={} if meta is None else meta,
+            columns=columns,  # what the cached property would compute
         )
-        schedule.__dict__["columns"] = columns  # what the cached property would compute
         return schedule
+
+    if not TYPE_CHECKING:  # type checkers see ``actions`` as the field it is
+
+        def __getattr__(self, name: str) -> Any:
+            # Only reached when ``name`` is not in the instance: the actions of a schedule
+            # made by :meth:`from_columns`, made on first read (two threads reading at once
+            # both make the same actions; either is kept).
+            if name == "actions" and "columns" in self.__dict__:
+                actions = actions_from_columns(self.__dict__["columns"])
+                self.__dict__["actions"] = actions
+                return actions
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def columns_only(self) -> Schedule:
+        """The same schedule holding its :attr:`columns` alone (equal to this one): what a
+        cache keeps, its actions made again only if read (:meth:`from_columns`)."""
+        return Schedule.from_columns(
+            self.name,
+            self.num_devices,
+            self.num_microbatches,
+            self.stage_devices,
+            self.columns,
+            split_backward=self.split_backward,
+            num_batches=self.num_batches,
+            meta=self.meta,
+        )
 
     @cached_property
     def columns(self) -> Columns:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 
 import pytest
@@ -207,3 +208,25 @@ def test_actions_made_from_columns_are_the_schedules_actions(name):
     actions back."""
     for schedule in (generate_any(name, 4, 8), with_communication(generate_any(name, 4, 8))):
         assert actions_from_columns(schedule.columns) == schedule.actions
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_a_schedule_kept_as_columns_is_the_same_schedule_and_makes_its_actions_when_read(name):
+    """What a cache keeps of a schedule (its columns alone) equals the schedule, as data and
+    as the JSON the executor runs; no action is made until one is read."""
+    for schedule in (generate_any(name, 4, 8), with_communication(generate_any(name, 4, 8))):
+        kept = schedule.columns_only()
+        assert "actions" not in vars(kept)
+        assert kept.total_microbatches == schedule.total_microbatches
+        assert kept.to_dict() == schedule.to_dict()  # reads the actions: made now
+        assert "actions" in vars(kept)
+        assert kept == schedule
+        assert pickle.loads(pickle.dumps(schedule.columns_only())) == schedule
+
+
+def test_a_schedule_without_actions_or_columns_has_no_actions_to_make():
+    """Only a schedule made from columns makes its actions on read: any other attribute
+    that is missing is still an AttributeError."""
+    kept = generate_any("1f1b", 2, 2).columns_only()
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        kept.nonsense  # noqa: B018
