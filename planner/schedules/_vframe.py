@@ -327,8 +327,8 @@ def build_orders_stack(cells: np.ndarray, num_microbatches: int) -> np.ndarray:
     """:func:`build_orders` of a stack of collision-free blocks of one size, (blocks,
     devices, 6) -> (blocks, devices, 6 m): the same orders. The warm-ups of the blocks
     whose whole orders are filled (short runs: :func:`_fill_warmup`) are filled together,
-    one scan of the stack (:func:`_fill_stack`); the others and the cool-downs one block at
-    a time."""
+    one scan of the stack (:func:`_fill_stack`), the others one block at a time; the
+    cool-downs of all of them together (:func:`_reorder_cooldown_stack`)."""
     m = num_microbatches
     count, d = cells.shape[0], cells.shape[1]
     if count == 0:
@@ -340,7 +340,7 @@ def build_orders_stack(cells: np.ndarray, num_microbatches: int) -> np.ndarray:
         filled[whole] = _fill_stack(ids[whole], m)
     for index in np.flatnonzero(~whole).tolist():
         filled[index] = _fill_warmup(ids[index], m, cells[index].tolist())
-    return np.stack([np.asarray(_reorder_cooldown(orders, m), np.int64) for orders in filled])
+    return _reorder_cooldown_stack(filled, m)
 
 
 def _likely_cut(cells: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -570,8 +570,7 @@ def _fill_stack(ids: np.ndarray, m: int) -> np.ndarray:
     rows = (ids + np.arange(count, dtype=np.int64)[:, None, None] * n).reshape(count * d, width)
     code = rows % PASSES
     peak = np.asarray(order_peaks(rows), dtype=np.int64)
-    single = np.asarray(dependencies(d, m)[0], dtype=np.int64)  # block b's: offset by b n
-    dep = np.where(single >= 0, single + np.arange(count, dtype=np.int64)[:, None] * n, -1).ravel()
+    dep = _stack_dependencies(count, d, m)
     at = _squeeze_stack(rows, dep)
     squeezed = at[rows]  # increasing along each row: squeezed orders run in order
     horizons = squeezed[:, -1] + 1
@@ -642,17 +641,21 @@ def _fill_stack(ids: np.ndarray, m: int) -> np.ndarray:
     return done - np.arange(count, dtype=np.int64)[:, None, None] * n  # type: ignore[no-any-return]
 
 
-def _squeeze_stack(rows: np.ndarray, dep: np.ndarray) -> np.ndarray:
-    """:func:`squeeze` of orders of one length (rows) with the input of every pass id given
-    (``dep``, -1: none), each round running the next pass of every row whose input has
-    started (:func:`finish_times` with unit times, in integers)."""
+def _squeeze_stack(
+    rows: np.ndarray, dep: np.ndarray, lengths: np.ndarray | None = None
+) -> np.ndarray:
+    """:func:`squeeze` of orders of one length (rows), or of the first ``lengths[r]`` passes
+    of row r, with the input of every pass id given (``dep``, -1: none), each round running
+    the next pass of every row whose input has started (:func:`finish_times` with unit
+    times, in integers). Returns the cell of every pass id (-1 for ids not run)."""
     r, width = rows.shape
+    stop = np.full(r, width, np.int64) if lengths is None else lengths
     none = len(dep)  # the input of passes with none, started at -1 (so they run at once)
     start = np.full(none + 1, -1, np.int64)
     inputs = np.where(dep < 0, none, dep)
     position = np.zeros(r, np.int64)
     free = np.zeros(r, np.int64)
-    live = np.arange(r)  # rows with passes left
+    live = np.flatnonzero(position < stop)  # rows with passes left
     while live.size:
         g = rows[live, position[live]]
         j = inputs[g]
@@ -665,23 +668,67 @@ def _squeeze_stack(rows: np.ndarray, dep: np.ndarray) -> np.ndarray:
         start[g] = t
         free[live] = t + 1
         position[live] += 1
-        live = np.flatnonzero(position < width)
+        live = np.flatnonzero(position < stop)
     return start[:-1]
+
+
+def _stack_dependencies(count: int, d: int, m: int) -> np.ndarray:
+    """:func:`dependencies` of ``count`` blocks of d devices and m micro-batches as one
+    array, block b's pass ids (and their inputs) offset by b n: the ``dep`` of
+    :func:`_squeeze_stack` for a stack of blocks."""
+    single = np.asarray(dependencies(d, m)[0], dtype=np.int64)
+    n = len(single)
+    offset = np.arange(count, dtype=np.int64)[:, None] * n
+    return np.where(single >= 0, single + offset, -1).ravel()
 
 
 def _reorder_cooldown(ids: np.ndarray, m: int) -> list[list[int]]:
     """Appendix C, cool-down: drop the W passes after each device's last F, squeeze, put the
     dropped Ws into the idle cells that remain (each after its B), the rest at the end.
 
-    ``ids``: the orders, one row a device (every device runs 6 m passes)."""
-    d, width = ids.shape
-    code = ids % PASSES
-    last_f = width - 1 - np.argmax(code[:, ::-1] <= F1, axis=1)
-    dropped = (np.arange(width) > last_f[:, None]) & (code >= W0)
+    ``ids``: the orders, one row a device (every device runs 6 m passes). The oracle of
+    :func:`_reorder_cooldown_stack`, which does the same for a stack of blocks."""
+    dropped = _cooldown_dropped(ids)
     kept_ids = ids[~dropped].tolist()  # by device, in order
-    bounds = np.concatenate([[0], np.cumsum(width - dropped.sum(axis=1))]).tolist()
+    bounds = np.concatenate([[0], np.cumsum(ids.shape[1] - dropped.sum(axis=1))]).tolist()
     start = squeeze([kept_ids[begin:end] for begin, end in pairwise(bounds)], m)
     cell = np.asarray(start, dtype=np.int64)  # -1 for the dropped Ws
+    return _place_dropped(ids, dropped, cell).tolist()  # type: ignore[no-any-return]
+
+
+def _reorder_cooldown_stack(ids: np.ndarray, m: int) -> np.ndarray:
+    """:func:`_reorder_cooldown` of a stack of orders of one shape, (blocks, devices, 6 m)
+    -> the reordered orders, the same: the kept passes of every block are squeezed in one
+    :func:`_squeeze_stack` (block b's pass ids offset by b n, so that the blocks are one
+    pipeline of independent rows) and the dropped Ws placed for every row at once."""
+    count, d, width = ids.shape
+    n = d * m * PASSES
+    shift = np.arange(count, dtype=np.int64)[:, None, None] * n
+    rows = (ids + shift).reshape(count * d, width)
+    dropped = _cooldown_dropped(rows)
+    # Each row's kept passes first, in order (a stable sort on the dropped flag), the
+    # dropped ones after them, past the row's length, where the squeeze does not look.
+    kept = np.take_along_axis(rows, np.argsort(dropped, axis=1, kind="stable"), axis=1)
+    cell = _squeeze_stack(kept, _stack_dependencies(count, d, m), width - dropped.sum(axis=1))
+    done = _place_dropped(rows, dropped, cell).reshape(count, d, width)
+    return done - shift  # type: ignore[no-any-return]
+
+
+def _cooldown_dropped(ids: np.ndarray) -> np.ndarray:
+    """Per pass of each row of ``ids`` (a device's order): whether the cool-down drops it,
+    i.e. it is a W after the row's last F."""
+    width = ids.shape[1]
+    code = ids % PASSES
+    last_f = width - 1 - np.argmax(code[:, ::-1] <= F1, axis=1)
+    return (np.arange(width) > last_f[:, None]) & (code >= W0)  # type: ignore[no-any-return]
+
+
+def _place_dropped(ids: np.ndarray, dropped: np.ndarray, cell: np.ndarray) -> np.ndarray:
+    """The cool-down's orders, one row of ``ids`` a device (pass ids distinct across rows):
+    the squeezed kept passes in their cells (``cell``: of every pass id, -1 for the
+    ``dropped`` ones), each dropped W in the first idle cell after its B and after the W
+    before it, earliest B first, those left over at the end."""
+    d, width = ids.shape
     at = cell[ids]  # a squeezed order runs in order: increasing along each kept row
     horizon = at.max(axis=1)  # each device's last kept pass
     # The idle cells before each device's last kept pass, numbered across devices (device
@@ -711,7 +758,7 @@ def _reorder_cooldown(ids: np.ndarray, m: int) -> list[list[int]]:
     key = at.copy()  # each pass's cell: the order sorts by it
     key[device, column] = span + rank  # not placed: after the last pass, earliest B first
     key[device[placed], column[placed]] = idle_cells[taken[placed]] - device[placed] * span
-    return np.take_along_axis(ids, np.argsort(key, axis=1), axis=1).tolist()  # type: ignore[no-any-return]
+    return np.take_along_axis(ids, np.argsort(key, axis=1), axis=1)
 
 
 def block_problem(block: VBlock) -> str | None:

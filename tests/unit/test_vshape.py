@@ -263,6 +263,32 @@ def test_the_cool_down_places_each_w_where_appendix_c_does(d, m):
 
 @pytest.mark.parametrize("d", [2, 3, 5, 8, 16])
 @pytest.mark.parametrize("m", [1, 2, 5, 16])
+def test_the_stacked_cool_down_is_the_one_block_cool_down(d, m):
+    """_reorder_cooldown_stack (every block's kept passes squeezed as one stack, the dropped
+    Ws placed for every row at once) against _reorder_cooldown, block by block, its oracle:
+    on v-adaptive's blocks and the fixed V blocks, as repeated and as warm-up filled."""
+    from planner.schedules import _vframe
+    from planner.schedules._vadaptive import _space
+
+    space = _space(d).cells
+    fixed = [block_offsets(name, d).block(d).cells() for name in VSHAPE_NAMES]
+    picked = np.concatenate([space[:: max(1, len(space) // 60)], np.asarray(fixed)])
+    repeated = np.stack([_vframe.repeated_ids(block, m) for block in picked])
+    filled = np.stack(
+        [
+            _vframe._fill_warmup(ids, m, block.tolist())
+            for ids, block in zip(repeated, picked, strict=True)
+        ]
+    )
+    for stack in (repeated, filled):
+        stacked = _vframe._reorder_cooldown_stack(stack, m)
+        assert stacked.shape == stack.shape
+        for orders, reordered in zip(stack, stacked, strict=True):
+            assert reordered.tolist() == _vframe._reorder_cooldown(orders, m)
+
+
+@pytest.mark.parametrize("d", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
 def test_stacked_build_matches_one_block_at_a_time(d, m):
     """build_orders_stack (warm-ups filled as one stack) against build_orders, block by
     block, its oracle."""
