@@ -597,7 +597,6 @@ def _fill_stack(ids: np.ndarray, m: int) -> np.ndarray:
     occupied[np.nonzero(early)[0], squeezed[early]] = True
     vacant = ~occupied & (np.arange(horizon + 1) < first_b[:, None])
     columns = np.arange(level.shape[1])
-    lowest = np.iinfo(np.int64).min
     for t in range(horizon):
         live = np.flatnonzero(vacant[:, t])
         if not live.size:
@@ -605,35 +604,38 @@ def _fill_stack(ids: np.ndarray, m: int) -> np.ndarray:
         # Each chunk's first forward after t; it can move if its input is in a cell before t.
         options = []
         for cells_, ids_ in zip(chunk_cells, chunk_ids, strict=True):
-            index = (cells_[live] <= t).sum(axis=1)
-            valid = index < m
-            safe = np.minimum(index, m - 1)  # read past the last only where not valid
-            cell = cells_[live, safe]
-            producer = dep[ids_[live, safe]]
-            ready = valid & ((producer < 0) | (at[np.maximum(producer, 0)] < t))
-            options.append((ready, cell, safe))
+            # A row's cells increase: argmax finds the first after t, or 0 if none is.
+            index = (np.take(cells_, live, axis=0) > t).argmax(axis=1)
+            cell = cells_[live, index]
+            producer = dep[ids_[live, index]]
+            ready = (cell > t) & ((producer < 0) | (at[np.maximum(producer, 0)] < t))
+            options.append((ready, cell, index))
         (ready0, cell0, _), (ready1, cell1, _) = options
         take1 = ready1 & (~ready0 | (cell1 < cell0))
         take0 = ready0 & ~take1
-        best = np.where(take1, cell1, np.where(take0, cell0, -1))
-        # Taken if the row's level stays below its peak over the cells it jumps (t to best).
-        reach = int(best.max())
-        if reach < 0:
+        # Only the rows with a ready forward (about half) look at their levels.
+        some = np.flatnonzero(take0 | take1)
+        if not some.size:
             continue
-        jumped = columns[: reach - t] < (best - t)[:, None]
-        window = level[live, t:reach]
-        move = (best >= 0) & (np.where(jumped, window, lowest).max(axis=1) < peak[live])
+        take0, take1, near = take0[some], take1[some], live[some]
+        best = np.where(take1, cell1[some], cell0[some])
+        # Taken if the row's level stays below its peak over the cells it jumps (t to best):
+        # its first cell from t at the peak (argmax: 0 when there is none) is not before best.
+        reach = int(best.max())
+        window = level[near, t:reach]
+        full = window >= peak[near, None]
+        first = full.argmax(axis=1)
+        move = ~full[np.arange(len(near)), first] | (first >= best - t)
         if not move.any():
             continue
-        window[move] += jumped[move]
-        level[live, t:reach] = window
+        row, cell = near[move], best[move]
+        level[row, t:reach] = window[move] + (columns[: reach - t] < (cell - t)[:, None])
         for taken, (_, _, index), cells_, ids_ in zip(
             (take0 & move, take1 & move), options, chunk_cells, chunk_ids, strict=True
         ):
-            row, col = live[taken], index[taken]
-            at[ids_[row, col]] = t
-            cells_[row, col] = t  # its chunk's forwards stay sorted
-        row, cell = live[move], best[move]
+            moved, col = near[taken], index[some[taken]]
+            at[ids_[moved, col]] = t
+            cells_[moved, col] = t  # its chunk's forwards stay sorted
         back = cell < first_b[row]
         vacant[row[back], cell[back]] = True
     final = at[rows]
