@@ -101,35 +101,51 @@ def _space(num_devices: int) -> _Space:
         for lo in range(1, hi):
             # K = d - 1 puts hi on every row: the uniform block above.
             downs += [(hi,) * k + (lo,) * (d - 1 - k) for k in _split_rows(d)]
-    down = np.array(downs, dtype=np.int32).reshape(len(downs), d - 1)
-    start = np.concatenate([np.zeros((len(downs), 1), np.int32), np.cumsum(down, axis=1)], 1)
-    back = np.arange(d - 1, -1, -1, dtype=np.int32)  # hops up from device i to 0 (delta^1 = 1)
-    blocks: list[VBlock] = []
-    parts: list[np.ndarray] = []
-    # One turn triple at a time keeps the arrays at (blocks, devices).
-    for turns in product(_OFFSETS, repeat=3):
-        tf, tl, tb = turns
-        f0 = start
-        f1 = f0[:, -1:] + tf + back
-        b1 = f1[:, :1] + tl + f0
-        b0 = b1[:, -1:] + tb + back
-        r = [x % REPEAT_INTERVAL for x in (f0, f1, b1, b0)]
-        distinct = np.ones(f0.shape, bool)
-        for a in range(4):
-            for b in range(a + 1, 4):
-                distinct &= r[a] != r[b]
-        ok = distinct.all(axis=1)
-        if not ok.any():
-            continue
-        f0, f1, b1, b0 = (x[ok] for x in (f0, f1, b1, b0))
-        used = np.zeros(f0.shape, np.int32)
-        for x in (f0, f1, b1, b0):
-            used |= np.left_shift(1, x % REPEAT_INTERVAL)
-        w1 = _first_free_after(b1, used)  # B1 always comes before B0 on a device
-        w0 = _first_free_after(b0, used | np.left_shift(1, w1 % REPEAT_INTERVAL))
-        parts.append(np.stack([f0, f1, b1, b0, w0, w1], axis=2))
-        blocks += [VBlock(downs[i], (1,) * (d - 1), *turns) for i in np.flatnonzero(ok)]
-    return _Space(blocks, np.concatenate(parts) if parts else np.zeros((0, d, 6), np.int32))
+    down = np.array(downs, dtype=np.int64).reshape(len(downs), d - 1)
+    f0 = np.concatenate([np.zeros((len(downs), 1), np.int64), np.cumsum(down, axis=1)], 1)
+    back = np.arange(d - 1, -1, -1, dtype=np.int64)  # hops up from device i to 0 (delta^1 = 1)
+    # With turns (tf, tl, tb) and s1 = tf, s2 = tf + tl, s3 = s2 + tb, a block's cells are
+    # F0 = f0, F1 = up + s1, B1 = f0 + c + s2, B0 = up + c + s3, where up = f0[-1] + back
+    # and c = up[0]. So two passes of a device collide (mod T) exactly when the device's
+    # f0 - up is one of a few residues fixed by the turns, or (F0 with B1, F1 with B0) on
+    # every device at once: each down vector's residues of f0 - up, as a bit mask, say
+    # which turns it allows without building the (turns, downs, devices) cells.
+    up = f0[:, -1:] + back
+    c = up[:, 0]
+    present = np.bitwise_or.reduce(np.left_shift(1, (f0 - up) % REPEAT_INTERVAL), axis=1)
+    turns = np.array(list(product(_OFFSETS, repeat=3)), dtype=np.int64)
+    s1 = turns[:, :1]
+    s2 = s1 + turns[:, 1:2]
+    s3 = s2 + turns[:, 2:]
+
+    def absent(residue: np.ndarray) -> np.ndarray:  # (turns, downs): not among f0 - up's
+        free: np.ndarray = (np.right_shift(present, residue % REPEAT_INTERVAL) & 1) == 0
+        return free
+
+    ok = (
+        absent(s1)  # F0 and F1
+        & ((c + s2) % REPEAT_INTERVAL != 0)  # F0 and B1
+        & absent(c + s3)  # F0 and B0
+        & absent(s1 - c - s2)  # F1 and B1
+        & ((s1 - c - s3) % REPEAT_INTERVAL != 0)  # F1 and B0
+        & absent(s3 - s2)  # B1 and B0
+    )
+    turn, row = np.nonzero(ok)  # by turn triple (in product order), then down vector
+    f0, up, c = f0[row], up[row], c[row, None]
+    f1 = up + s1[turn]
+    b1 = f0 + c + s2[turn]
+    b0 = up + c + s3[turn]
+    used = np.zeros(f0.shape, np.int64)
+    for x in (f0, f1, b1, b0):
+        used |= np.left_shift(1, x % REPEAT_INTERVAL)
+    w1 = _first_free_after(b1, used)  # B1 always comes before B0 on a device
+    w0 = _first_free_after(b0, used | np.left_shift(1, w1 % REPEAT_INTERVAL))
+    triples = [tuple(t) for t in turns.tolist()]
+    ups = (1,) * (d - 1)
+    blocks = [
+        VBlock(downs[i], ups, *triples[t]) for t, i in zip(turn.tolist(), row.tolist(), strict=True)
+    ]
+    return _Space(blocks, np.stack([f0, f1, b1, b0, w0, w1], axis=2))
 
 
 def _first_free_after(cell: np.ndarray, used: np.ndarray) -> np.ndarray:

@@ -3,6 +3,8 @@ Figures 9 and 10) and the zero bubble paper's ZB-1P / ZB-2P."""
 
 from __future__ import annotations
 
+from itertools import product
+
 import numpy as np
 import pytest
 
@@ -12,11 +14,12 @@ from planner.schedules._vadaptive import (
     _pass_durations,
     _peaks,
     _space,
+    _split_rows,
     _units,
     smallest_v_limit,
     v_adaptive_choice,
 )
-from planner.schedules._vframe import build_orders, finish_times, time_orders
+from planner.schedules._vframe import VBlock, build_orders, finish_times, time_orders
 from planner.simulate import Durations, simulate
 
 # Table 5 (Appendix D.2): F, B and W of one V stage, in ms.
@@ -162,6 +165,31 @@ def test_a_search_does_not_depend_on_the_searches_before_it():
         fresh.peak_units,
     )
     assert [list(o) for o in after.orders] == [list(o) for o in fresh.orders]
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 5, 6, 7, 11, 36])
+def test_the_search_space_is_every_block_that_does_not_collide(d):
+    """_space tells the collision-free blocks from the residues of their down vectors (and
+    works out only their cells): against VBlock.cells, block by block, it holds every block
+    of Appendix A's space (down vectors x turn triples, in search order) that does not
+    collide once repeated, and nothing else, with those cells (every d mod 6, and split
+    rows thinned out past 34 devices)."""
+    offsets = range(1, 6)
+    downs = [(hi,) * (d - 1) for hi in offsets] + [
+        (hi,) * k + (lo,) * (d - 1 - k)
+        for hi in offsets
+        for lo in range(1, hi)
+        for k in _split_rows(d)
+    ]
+    searched = [
+        VBlock(down, (1,) * (d - 1), *turns)
+        for turns in product(offsets, repeat=3)
+        for down in downs
+    ]
+    expected = [(block, block.cells()) for block in searched if block.cells() is not None]
+    space = _space(d)
+    assert space.blocks == [block for block, _ in expected]
+    assert space.cells.tolist() == [cells for _, cells in expected]
 
 
 @pytest.mark.parametrize("d, m", [(2, 1), (3, 5), (6, 16), (9, 7)])
