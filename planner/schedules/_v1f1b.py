@@ -49,6 +49,7 @@ from planner.schedules._vframe import (
     REPEAT_INTERVAL,
     W0,
     W1,
+    Slack,
     stable_peak,
 )
 
@@ -118,40 +119,6 @@ def _inputs(g: np.ndarray, d: int, m: int) -> np.ndarray:
     return np.where(j == B0, np.where(bottom, base + W1, g + row - B0 + W0), out)
 
 
-class _Slack:
-    """Per cell of one device, how many more saved activations it may hold before reaching
-    the schedule's peak: the compaction's memory check. Stored as bytes when the peak
-    allows (below 256), so that a range changes and the last full cell is found in C;
-    the slack never leaves 0..peak (a forward moves back only over cells with slack, and a
-    backward frees what it held)."""
-
-    BYTES_BELOW = 256  # peaks below this are stored as bytes
-    _LESS = bytes((value - 1) % 256 for value in range(256))
-    _MORE = bytes((value + 1) % 256 for value in range(256))
-
-    def __init__(self, slack: list[int], peak: int) -> None:
-        self.cells: bytearray | list[int] = bytearray(slack) if peak < self.BYTES_BELOW else slack
-
-    def last_full(self, first: int, stop: int) -> int:
-        """The last cell in [first, stop) without slack, or -1."""
-        cells = self.cells
-        if isinstance(cells, bytearray):
-            return cells.rfind(0, first, stop)
-        for cell in range(stop - 1, first - 1, -1):
-            if cells[cell] == 0:
-                return cell
-        return -1
-
-    def change(self, first: int, stop: int, more: bool) -> None:
-        """One more (``more``) or one less unit of slack on the cells [first, stop)."""
-        cells = self.cells
-        if isinstance(cells, bytearray):
-            cells[first:stop] = cells[first:stop].translate(self._MORE if more else self._LESS)
-        else:
-            step = 1 if more else -1
-            cells[first:stop] = [value + step for value in cells[first:stop]]
-
-
 def compact(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
     """Steps 2 and 3 of the module docstring: each device's pass ids in cell order."""
     d, m, T = len(cells), num_microbatches, REPEAT_INTERVAL
@@ -176,7 +143,7 @@ def compact(cells: list[list[int]], num_microbatches: int) -> list[list[int]]:
             np.add.at(delta, mine[:, w] + 1, -1)
         level.append(np.cumsum(delta))
     peak = max(int(alive.max()) for alive in level)
-    slack = [_Slack((peak - alive).tolist(), peak) for alive in level]
+    slack = [Slack((peak - alive).tolist(), peak) for alive in level]
     # F and B passes (a W moves with its B) by cell, devices in order within a cell, with
     # what the scan needs of each: its device, its input, the same pass of the previous
     # micro-batch (-1 for micro-batch 0), whether it is a forward, and its W.

@@ -30,6 +30,7 @@ from planner.errors import ScheduleConfigError
 __all__ = [
     "PASSES",
     "REPEAT_INTERVAL",
+    "Slack",
     "VBlock",
     "build_orders",
     "build_orders_stack",
@@ -312,6 +313,40 @@ def order_peaks(orders: Sequence[Sequence[int]] | np.ndarray) -> list[int]:
     return np.where(forward, level, 0).max(axis=1, initial=0).tolist()  # type: ignore[no-any-return]
 
 
+class Slack:
+    """Per cell of one device, how many more saved activations it may hold before reaching
+    its peak: the memory check of the warm-up fill (:func:`_fill_warmup`) and of 1F1B-V's
+    compaction. Stored as bytes when the peak allows (below 256), so that a range changes
+    and the last full cell is found in C; the slack never leaves 0..peak (a forward moves
+    back only over cells with slack, and a backward frees what it held)."""
+
+    BYTES_BELOW = 256  # peaks below this are stored as bytes
+    _LESS = bytes((value - 1) % 256 for value in range(256))
+    _MORE = bytes((value + 1) % 256 for value in range(256))
+
+    def __init__(self, slack: list[int], peak: int) -> None:
+        self.cells: bytearray | list[int] = bytearray(slack) if peak < self.BYTES_BELOW else slack
+
+    def last_full(self, first: int, stop: int) -> int:
+        """The last cell in [first, stop) without slack, or -1."""
+        cells = self.cells
+        if isinstance(cells, bytearray):
+            return cells.rfind(0, first, stop)
+        for cell in range(stop - 1, first - 1, -1):
+            if cells[cell] == 0:
+                return cell
+        return -1
+
+    def change(self, first: int, stop: int, more: bool) -> None:
+        """One more (``more``) or one less unit of slack on the cells [first, stop)."""
+        cells = self.cells
+        if isinstance(cells, bytearray):
+            cells[first:stop] = cells[first:stop].translate(self._MORE if more else self._LESS)
+        else:
+            step = 1 if more else -1
+            cells[first:stop] = [value + step for value in cells[first:stop]]
+
+
 def build_orders(
     cells: list[list[int]], num_microbatches: int, reorder: bool = True
 ) -> list[list[int]]:
@@ -475,7 +510,10 @@ def _fill_before(
     freed = cell[weight]
     delta[f_row[freed >= 0], freed[freed >= 0] + 1] -= 1
     levels = np.cumsum(delta, axis=1)
-    alive = levels.tolist()  # per device and cell (kept ones and a few past them)
+    # Per device and cell (kept ones and a few past them), what it may save more: a
+    # squeezed order's levels are its order's, so they stay within its peak.
+    slack = (np.asarray(peak)[:, None] - levels).tolist()
+    rooms = [Slack(row, top) for row, top in zip(slack, peak, strict=True)]
     backward = ((code == B1) | (code == B0)) & inside
     if cut is not None and not backward.any(axis=1).all():
         return None  # a first B past the cut
@@ -540,11 +578,10 @@ def _fill_before(
                     best, moved, index, g = cells1[later], cells1, later, ids1[later]
             if best < 0:
                 continue
-            level = alive[device]
-            jumped = level[t:best]  # not empty: the forward is after t
-            if max(jumped) >= peak[device]:
+            room = rooms[device]
+            if room.last_full(t, best) >= 0:  # a cell it jumps (t to best) is at the peak
                 continue
-            level[t:best] = [x + 1 for x in jumped]
+            room.change(t, best, more=False)
             # Its chunk's forwards stay sorted: none is in the cells from t to best.
             moved[index] = t
             at[g] = t

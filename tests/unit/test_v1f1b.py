@@ -7,8 +7,8 @@ import pytest
 
 from planner.errors import ScheduleConfigError
 from planner.schedules import ActionKind, generate, v_placement, validate
-from planner.schedules._v1f1b import _Slack, compact, loss_turn, v1f1b, v1f1b_block
-from planner.schedules._vframe import REPEAT_INTERVAL, stable_peak
+from planner.schedules._v1f1b import compact, loss_turn, v1f1b, v1f1b_block
+from planner.schedules._vframe import REPEAT_INTERVAL, Slack, stable_peak
 from planner.simulate import Durations, simulate
 from tests.unit.helpers import assert_complete, assert_dependencies_hold
 
@@ -112,5 +112,5 @@ def test_the_compaction_is_the_same_whatever_stores_its_memory_check(d, m, monke
     a list instead of bytes: both give the same orders."""
     cells = v1f1b_block(d)
     in_bytes = compact(cells, m)
-    monkeypatch.setattr(_Slack, "BYTES_BELOW", 0)
+    monkeypatch.setattr(Slack, "BYTES_BELOW", 0)
     assert compact(cells, m) == in_bytes

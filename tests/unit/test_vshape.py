@@ -215,6 +215,25 @@ def test_the_warm_up_fill_before_a_cut_is_the_fill_of_the_whole_orders(d, m, mon
     assert widened
 
 
+@pytest.mark.parametrize("d, m", [(4, 3), (8, 40), (16, 128)])
+def test_the_warm_up_fill_is_the_same_whatever_stores_its_memory_check(d, m, monkeypatch):
+    """Peaks of 256 stage activations or more (about 128 devices) keep the warm-up fill's
+    memory check in lists instead of bytes: both give the same orders."""
+    from planner.schedules import _vframe
+    from planner.schedules._vadaptive import _space
+
+    space = _space(d).cells
+    blocks = [block.tolist() for block in space[:: max(1, len(space) // 30)]]
+    blocks += [block_offsets(name, d).block(d).cells() for name in VSHAPE_NAMES]
+    repeated = [_vframe.repeated_ids(cells, m) for cells in blocks]
+    in_bytes = [
+        _vframe._fill_warmup(ids, m, cells) for ids, cells in zip(repeated, blocks, strict=True)
+    ]
+    monkeypatch.setattr(_vframe.Slack, "BYTES_BELOW", 0)
+    for ids, cells, filled in zip(repeated, blocks, in_bytes, strict=True):
+        assert (_vframe._fill_warmup(ids, m, cells) == filled).all()
+
+
 def _cooldown_by_the_letter(orders: list[list[int]], m: int) -> list[list[int]]:
     """Appendix C's cool-down, one device and one cell at a time: drop each device's Ws after
     its last F, squeeze, then walk the cells in order and put the waiting W whose B ended
