@@ -688,27 +688,30 @@ def _squeeze_stack(
     the next pass of every row whose input has started (:func:`finish_times` with unit
     times, in integers). Returns the cell of every pass id (-1 for ids not run)."""
     r, width = rows.shape
-    stop = np.full(r, width, np.int64) if lengths is None else lengths
-    none = len(dep)  # the input of passes with none, started at -1 (so they run at once)
-    start = np.full(none + 1, -1, np.int64)
-    inputs = np.where(dep < 0, none, dep)
-    position = np.zeros(r, np.int64)
-    free = np.zeros(r, np.int64)
-    live = np.flatnonzero(position < stop)  # rows with passes left
+    none = len(dep)  # the input of passes with none, ended at cell 0 (so they run at once)
+    end = np.full(none + 1, -1, np.int64)  # the cell after each pass id, once it has run
+    end[none] = 0
+    # A round costs a few array operations: read each row's next pass and its input
+    # through one flat index (the cursor) into the rows and into their inputs.
+    passes = rows.ravel()
+    needs = np.where(dep < 0, none, dep)[passes]
+    cursor = np.arange(r, dtype=np.int64) * width
+    stop = cursor + (width if lengths is None else lengths)
+    free = np.zeros(r, np.int64)  # each row's first free cell
+    live = np.flatnonzero(cursor < stop)  # rows with passes left
     while live.size:
-        g = rows[live, position[live]]
-        j = inputs[g]
-        ready = start[j]
-        run = (j == none) | (ready >= 0)
+        at = cursor[live]
+        ready = end[needs[at]]
+        run = ready >= 0
         if not run.any():
             raise ScheduleConfigError("V-shape: the device orders deadlock")  # a generator bug
-        live, g = live[run], g[run]
-        t = np.maximum(free[live], ready[run] + 1)
-        start[g] = t
-        free[live] = t + 1
-        position[live] += 1
-        live = np.flatnonzero(position < stop)
-    return start[:-1]
+        live, at = live[run], at[run]
+        t = np.maximum(free[live], ready[run]) + 1
+        end[passes[at]] = t
+        free[live] = t
+        cursor[live] = at + 1
+        live = np.flatnonzero(cursor < stop)
+    return np.maximum(end[:-1] - 1, -1)
 
 
 def _stack_dependencies(count: int, d: int, m: int) -> np.ndarray:

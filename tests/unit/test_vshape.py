@@ -280,6 +280,40 @@ def test_the_cool_down_places_each_w_where_appendix_c_does(d, m):
             assert _vframe._reorder_cooldown(orders, m) == expected
 
 
+@pytest.mark.parametrize("d, m", [(2, 1), (3, 4), (8, 5), (16, 16)])
+def test_squeezing_a_stack_gives_each_blocks_squeeze(d, m):
+    """_squeeze_stack (every row of a stack of blocks one pass a round) against squeeze,
+    block by block: on whole repeated orders and on the passes the cool-down keeps (each
+    row's first ones, as many as it keeps); it raises on orders that deadlock, as squeeze
+    does."""
+    from planner.errors import ScheduleConfigError
+    from planner.schedules import _vframe
+    from planner.schedules._vadaptive import _space
+
+    space = _space(d).cells
+    picked = space[:: max(1, len(space) // 40)]
+    n = d * m * 6
+    ids = np.stack([_vframe.repeated_ids(block, m) for block in picked])
+    rows = (ids + np.arange(len(picked))[:, None, None] * n).reshape(-1, 6 * m)
+    dep = _vframe._stack_dependencies(len(picked), d, m)
+    stacked = _vframe._squeeze_stack(rows, dep).reshape(len(picked), n)
+    for orders, cells in zip(ids, stacked, strict=True):
+        assert cells.tolist() == _vframe.squeeze(orders.tolist(), m)
+    dropped = _vframe._cooldown_dropped(rows)
+    kept = np.take_along_axis(rows, np.argsort(dropped, axis=1, kind="stable"), axis=1)
+    lengths = 6 * m - dropped.sum(axis=1)
+    stacked = _vframe._squeeze_stack(kept, dep, lengths).reshape(len(picked), n)
+    for block, cells in enumerate(stacked):
+        mine = slice(block * d, (block + 1) * d)
+        orders = [
+            row[:k] for row, k in zip(kept[mine] - block * n, lengths[mine].tolist(), strict=True)
+        ]
+        assert cells.tolist() == _vframe.squeeze([row.tolist() for row in orders], m)
+    rows[:d] = rows[:d, ::-1]  # the first block's devices run their passes backwards
+    with pytest.raises(ScheduleConfigError, match="deadlock"):
+        _vframe._squeeze_stack(rows, dep)
+
+
 @pytest.mark.parametrize("d", [2, 3, 5, 8, 16])
 @pytest.mark.parametrize("m", [1, 2, 5, 16])
 def test_the_stacked_cool_down_is_the_one_block_cool_down(d, m):
