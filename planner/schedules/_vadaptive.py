@@ -310,8 +310,10 @@ def _screened(
     screen_m = min(m, SCREEN_MICROBATCHES)
     chosen = []
     seen: set[bytes] = set()
-    for index in shortlist:
-        key = repeated_ids(space.cells[index], screen_m).tobytes()
+    for index, repeated in zip(
+        shortlist, repeated_ids(space.cells[shortlist], screen_m), strict=True
+    ):
+        key = repeated.tobytes()
         if key in seen:
             continue
         seen.add(key)

@@ -157,16 +157,18 @@ def dependencies(num_devices: int, num_microbatches: int) -> tuple[list[int], li
 def repeated_ids(cells: Sequence[Sequence[int]] | np.ndarray, num_microbatches: int) -> np.ndarray:
     """Step 2: each device's passes of m micro-batches, micro-batch k's block T k cells
     later, in cell order (cells of a device are distinct mod T, so the order is total), as
-    a (devices, 6 m) array of pass ids. Passes in one cell (a block that collides) come by
-    pass code, then micro-batch."""
+    a (devices, 6 m) array of pass ids; for a stack of blocks of one size, (blocks,
+    devices, 6) -> (blocks, devices, 6 m). Passes in one cell (a block that collides)
+    come by pass code, then micro-batch."""
     rows = np.asarray(cells, dtype=np.int64)
-    d, m = rows.shape[0], num_microbatches
+    d, m = rows.shape[-2], num_microbatches
     # Laid out (device, code, micro-batch), so a stable sort breaks ties by code, then k.
     k = np.arange(m, dtype=np.int64)
-    at = (rows[:, :, None] + REPEAT_INTERVAL * k).reshape(d, PASSES * m)
+    at = (rows[..., None] + REPEAT_INTERVAL * k).reshape(*rows.shape[:-1], PASSES * m)
     first = (np.arange(d, dtype=np.int64)[:, None, None] * m + k) * PASSES  # (d, 1, m): F0s
     ids = (first + np.arange(PASSES, dtype=np.int64)[:, None]).reshape(d, PASSES * m)
-    return np.take_along_axis(ids, np.argsort(at, axis=1, kind="stable"), axis=1)
+    order = np.argsort(at, axis=-1, kind="stable")
+    return np.take_along_axis(np.broadcast_to(ids, at.shape), order, axis=-1)
 
 
 def time_orders(
@@ -368,7 +370,7 @@ def build_orders_stack(cells: np.ndarray, num_microbatches: int) -> np.ndarray:
     count, d = cells.shape[0], cells.shape[1]
     if count == 0:
         return np.zeros((0, d, PASSES * m), np.int64)
-    ids = np.stack([repeated_ids(block, m) for block in cells])
+    ids = repeated_ids(cells, m)
     whole = _fills_whole(cells, m)
     filled = ids.copy()
     if whole.any():

@@ -343,13 +343,15 @@ def test_the_stacked_cool_down_is_the_one_block_cool_down(d, m):
 @pytest.mark.parametrize("d", [2, 3, 5, 8, 16])
 @pytest.mark.parametrize("m", [1, 2, 5, 16])
 def test_stacked_build_matches_one_block_at_a_time(d, m):
-    """build_orders_stack (warm-ups filled as one stack) against build_orders, block by
-    block, its oracle."""
+    """build_orders_stack (repeated, warm-ups filled and cool-downs reordered as one stack)
+    against build_orders, block by block, its oracle."""
     from planner.schedules import _vframe
     from planner.schedules._vadaptive import _space
 
     cells = _space(d).cells
     picked = cells[:: max(1, len(cells) // 60)]
+    repeated = _vframe.repeated_ids(picked, m)
+    assert repeated.tolist() == [_vframe.repeated_ids(block, m).tolist() for block in picked]
     stacked = _vframe.build_orders_stack(picked, m)
     assert stacked.shape == (len(picked), d, 6 * m)
     for block, orders in zip(picked, stacked, strict=True):
