@@ -197,7 +197,7 @@ def _add_acceptor_mirrors(
     mirrors: dict[int, list[tuple[float, Action]]] = {}
     moving = (columns.kind == KIND_CODE[EVICT]) | (columns.kind == KIND_CODE[LOAD])
     for i in np.flatnonzero(moving).tolist():  # evictors' transfers, in device and list order
-        action, evictor = compiled.action_of[i], compiled.device_of[i]
+        action, evictor = compiled.action_of[i], int(compiled.device_of[i])
         assert action.peer is not None
         mirror = Action(action.kind, action.stage, action.microbatch, action.chunk, evictor)
         mirrors.setdefault(action.peer, []).append((timing.start[i], mirror))

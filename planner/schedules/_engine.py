@@ -22,11 +22,12 @@ Semantics
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain
-from operator import itemgetter
+from itertools import chain, repeat
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,65 +50,67 @@ __all__ = [
 COMPUTE, TRANSFER, MARKER = 0, 1, 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CompiledSchedule:
     """Flat arrays over all actions (index = global action id, devices in order).
 
     Every action has at most two inputs: ``dep_a``/``dep_b`` hold the producer's id or -1, and
     ``cross_a``/``cross_b`` whether it lives on another device (so ``comm`` applies).
-    ``dep_b`` is only ever a backward's LOAD: -1 everywhere in a schedule without transfers."""
+    ``dep_b`` is only ever a backward's LOAD: -1 everywhere in a schedule without transfers.
+
+    What the timing derives from these once (the run order, each action's timing inputs) is
+    kept on the object, so every timing after the first is one pass over the actions; equal
+    therefore means the same object."""
 
     schedule: Schedule
-    device_of: list[int]
-    lane: list[int]  # COMPUTE / TRANSFER / MARKER
-    dep_a: list[int]
-    cross_a: list[bool]
-    dep_b: list[int]
-    cross_b: list[bool]
-    offsets: list[int]  # first id of each device's list; offsets[-1] == number of actions
+    device_of: np.ndarray
+    lane: np.ndarray  # COMPUTE / TRANSFER / MARKER
+    dep_a: np.ndarray
+    cross_a: np.ndarray
+    dep_b: np.ndarray
+    cross_b: np.ndarray
+    offsets: np.ndarray  # first id of each device's list; offsets[-1] == number of actions
 
-    # What only the memory curves and error messages read is derived when first asked for:
-    # timing a schedule needs the lists above alone.
+    # What only the memory curves and error messages read is derived when first asked for.
 
     @cached_property
     def action_of(self) -> list[Action]:
         return list(chain.from_iterable(self.schedule.actions))
 
     @cached_property
-    def kinds(self) -> list[ActionKind]:
-        return list(map(itemgetter(0), self.action_of))
-
-    @cached_property
-    def stages(self) -> list[int]:
-        stages: list[int] = self.schedule.columns.stage.tolist()
-        return stages
-
-    @cached_property
-    def owner_of_transfer(self) -> list[bool]:
+    def owner_of_transfer(self) -> np.ndarray:
         """Per action: an EVICT/LOAD on the evictor (False for the acceptor's mirror)."""
-        owned: list[bool] = _owned_transfers(self.schedule)[1].tolist()
-        return owned
+        return _owned_transfers(self.schedule)[1]
 
     def inputs(self, i: int) -> list[int]:
-        return [j for j in (self.dep_a[i], self.dep_b[i]) if j >= 0]
+        return [int(j) for j in (self.dep_a[i], self.dep_b[i]) if j >= 0]
 
     @cached_property
     def has_transfers(self) -> bool:
-        return TRANSFER in self.lane
+        return bool((self.lane == TRANSFER).any())
 
     @cached_property
-    def order(self) -> list[int]:
+    def order(self) -> np.ndarray:
         """Every action id in an order the devices can run them: each device's list in its
         order, each action after its inputs. Which actions can run next never depends on
         durations, so this is computed once and every timing follows it. Raises
         InvalidScheduleError (rule 6) on a deadlock."""
-        dep_a, dep_b, offsets = self.dep_a, self.dep_b, self.offsets
-        done = [False] * len(dep_a)
-        pointer = offsets[:-1].copy()
-        # The device blocked on each action; a second one (never in the IR's dependency
-        # shapes, where an action has one consumer on another device) goes to ``more``.
-        waiting = [-1] * len(dep_a)
+        n = len(self.lane)
+        index = np.arange(n, dtype=np.int64)
+        # Only an input on another device, or later in the device's own list, can hold a
+        # device up: one earlier in its list is done by the time the device gets here.
+        # Every other entry reads the sentinel n, which is always done.
+        block_a = np.where((self.dep_a >= 0) & (self.cross_a | (self.dep_a > index)), self.dep_a, n)
+        block_b = np.where((self.dep_b >= 0) & (self.cross_b | (self.dep_b > index)), self.dep_b, n)
+        blocker, second = block_a.tolist(), block_b.tolist() if (block_b < n).any() else None
+        offsets = self.offsets.tolist()
+        # Per action: True once done; before that None, or the device blocked on it (a
+        # second one, never in the IR's dependency shapes, where an action has one consumer
+        # on another device, goes to ``more``).
+        state: list[bool | int | None] = [None] * n
+        state.append(True)
         more: dict[int, list[int]] = {}
+        pointer = offsets[:-1]
         order: list[int] = []
         append = order.append
         work = list(range(len(offsets) - 1))
@@ -116,28 +119,28 @@ class CompiledSchedule:
             i = pointer[device]
             stop = offsets[device + 1]
             while i < stop:
-                j = dep_a[i]
-                if j < 0 or done[j]:
-                    j = dep_b[i]
-                if j >= 0 and not done[j]:
-                    if waiting[j] < 0:
-                        waiting[j] = device
+                j = blocker[i]
+                if state[j] is not True or (
+                    second is not None and state[j := second[i]] is not True
+                ):
+                    if state[j] is None:
+                        state[j] = device
                     else:
                         more.setdefault(j, []).append(device)
                     break
-                done[i] = True
+                woken = state[i]
+                state[i] = True
                 append(i)
-                woken = waiting[i]
-                if woken >= 0:
+                if woken is not None:
                     work.append(woken)
                     if more:
                         work.extend(more.pop(i, ()))
                 i += 1
             pointer[device] = i
-        if len(order) != len(dep_a):
-            end = [0.0 if d else -1.0 for d in done]
+        if len(order) != n:
+            end = [0.0 if s is True else -1.0 for s in state[:n]]
             raise InvalidScheduleError(6, _deadlock_message(self, pointer, end))
-        return order
+        return np.array(order, dtype=np.int64)
 
     @cached_property
     def pass_codes(self) -> tuple[np.ndarray, np.ndarray]:
@@ -151,8 +154,8 @@ class CompiledSchedule:
         """Per device, the id of its first action that is not a zero-time marker (-1 when
         it has none); and the ids of the compute actions with their devices: what a
         device's span and busy time are made of."""
-        lane = np.asarray(self.lane, dtype=np.int8)
-        device = self.schedule.columns.device
+        lane = self.lane
+        device = self.device_of
         work = np.flatnonzero(lane != MARKER)
         devices = len(self.offsets) - 1
         first = np.searchsorted(device[work], np.arange(devices))
@@ -161,16 +164,135 @@ class CompiledSchedule:
         first_work = np.where(present, work[np.minimum(first, len(work) - 1)], -1)
         return first_work.tolist(), compute, device[compute]
 
+    def steps(self, overlap_transfers: bool) -> _Steps:
+        """What :func:`run_timing` reads for every action (see :class:`_Steps`), derived
+        from the run order once per compiled schedule and transfer mode."""
+        if not overlap_transfers and self.has_transfers:
+            return self._serial_steps
+        return self._overlapped_steps
+
     @cached_property
-    def work_by_device(self) -> list[tuple[list[int], list[int]]]:
-        """Per device: ids of its actions that are not zero-time markers, and of those on
-        the compute lane (computed once: a compiled schedule is timed many times)."""
-        out = []
-        for device in range(len(self.offsets) - 1):
-            ids = range(self.offsets[device], self.offsets[device + 1])
-            work = [i for i in ids if self.lane[i] != MARKER]
-            out.append((work, [i for i in work if self.lane[i] == COMPUTE]))
-        return out
+    def _overlapped_steps(self) -> _Steps:
+        return _derive_steps(self, overlap_transfers=True)
+
+    @cached_property
+    def _serial_steps(self) -> _Steps:
+        return _derive_steps(self, overlap_transfers=False)
+
+
+class _Steps(NamedTuple):
+    """The timing of a compiled schedule as one pass in run order (:attr:`CompiledSchedule.order`)
+    over the actions that are not markers: action ``ids[k]`` starts at the latest of
+    ``end[prev[k]]``, ``end[cross[k]] + comm`` and, when ``extra[k]`` is not None, ``end[j]``
+    for each j >= 0 of it and ``end[~j] + comm`` for each j < 0 of it. ``end`` has two more
+    entries than there are actions: ``ZERO`` (0.0, where a device starts) and ``NEVER``
+    (-inf, for no input). Markers start and end at ``end`` of their ``marker_prev``.
+    ``transfers`` are the ids of EVICT/LOAD on the evictor, which last ``transfer``.
+
+    Why these inputs are enough (each is the engine's semantics, see the module docstring):
+
+    - ``prev`` is the device's latest earlier action on its compute lane (the compute
+      actions, and the transfers when they do not overlap): when the lane is free.
+    - An input on the same device comes earlier in the list (or the device deadlocks). If
+      it is on the compute lane it ends no later than ``prev``, since every action on the
+      lane starts after the one before it ends (durations are >= 0); the same holds on the
+      copy engine for a transfer's earlier transfer. So only inputs on other devices
+      (``cross``) and a backward's LOAD, produced on the copy engine, are read.
+    - An overlapped transfer also waits for the copy engine: the device's latest earlier
+      transfer. A compute action waits for the transfers issued between the two compute
+      actions before it (its fence); those run one at a time, so the last of them ends
+      last, and it alone is read.
+
+    The maximum of the same values is the same number in any order, so the times equal
+    those of following each device's list with its free times and pending fences."""
+
+    ids: list[int]
+    prev: list[int]
+    cross: list[int]
+    extra: list[list[int] | None] | None  # None: no action has more inputs
+    marker_ids: list[int]
+    marker_prev: list[int]
+    transfers: list[int]
+
+
+def _derive_steps(compiled: CompiledSchedule, *, overlap_transfers: bool) -> _Steps:
+    """:class:`_Steps` of ``compiled`` for one transfer mode, computed with NumPy."""
+    n = len(compiled.lane)
+    zero, never = n, n + 1
+    index = np.arange(n, dtype=np.int64)
+    lane = compiled.lane
+    device = compiled.device_of
+    is_transfer = lane == TRANSFER
+    on_lane = lane == COMPUTE
+    if not overlap_transfers:
+        on_lane = on_lane | is_transfer
+    device_start = compiled.offsets[:-1][device]
+
+    def latest_before(mask: np.ndarray) -> np.ndarray:
+        """Per action, the id of the device's latest earlier action in ``mask`` (or -1)."""
+        latest = np.maximum.accumulate(np.where(mask, index, -1))
+        before = np.concatenate(([-1], latest[:-1])) if n else latest
+        return np.where(before >= device_start, before, -1)
+
+    prev = latest_before(on_lane)
+    cross = np.where(compiled.cross_a, compiled.dep_a, never)
+    order = compiled.order
+    ids = order[lane[order] != MARKER]
+    markers = np.flatnonzero(lane == MARKER)
+    prev_or_zero = np.where(prev >= 0, prev, zero)
+    extra: list[list[int] | None] | None = None
+    if compiled.has_transfers:
+        # (action, extra input) pairs; an input on another device is encoded ~j.
+        pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        # Inputs on the same device that the compute lane (or the copy engine) does not
+        # already cover: a backward's LOAD.
+        for dep, crossing in (
+            (compiled.dep_a, compiled.cross_a),
+            (compiled.dep_b, compiled.cross_b),
+        ):
+            real = np.maximum(dep, 0)
+            covered = on_lane[real] | (is_transfer & is_transfer[real] & overlap_transfers)
+            local = np.flatnonzero((dep >= 0) & ~crossing & ~covered)
+            pairs.append((local, dep[local]))
+        # A LOAD on another device (not in the IR's shapes, where the backward's device
+        # loads), read with ``comm``.
+        crossing = np.flatnonzero(compiled.cross_b)
+        pairs.append((crossing, ~compiled.dep_b[crossing]))
+        if overlap_transfers:
+            last_transfer = latest_before(is_transfer)
+            waits = np.flatnonzero(is_transfer & (last_transfer >= 0))
+            pairs.append((waits, last_transfer[waits]))
+            # The fence: the last transfer issued between the two compute actions before.
+            before = np.maximum(prev, 0)
+            fence = np.where(prev >= 0, last_transfer[before], -1)
+            fenced = np.flatnonzero((lane == COMPUTE) & (fence >= 0) & (fence > prev[before]))
+            pairs.append((fenced, fence[fenced]))
+        extra = _by_step(ids, pairs)
+    return _Steps(
+        ids.tolist(),
+        prev_or_zero[ids].tolist(),
+        cross[ids].tolist(),
+        extra,
+        markers.tolist(),
+        prev_or_zero[markers].tolist(),
+        np.flatnonzero(is_transfer).tolist(),
+    )
+
+
+def _by_step(ids: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[list[int] | None]:
+    """Per step (an action of ``ids``, in their order), the extra inputs the (actions,
+    inputs) ``pairs`` give it, or None: only the actions that have some are visited."""
+    more: dict[int, list[int]] = {}
+    for actions, inputs in pairs:
+        for i, j in zip(actions.tolist(), inputs.tolist(), strict=True):
+            more.setdefault(i, []).append(j)
+    extra: list[list[int] | None] = [None] * len(ids)
+    if more:
+        step = np.zeros(int(ids.max()) + 1, np.int64)
+        step[ids] = np.arange(len(ids))
+        for k, refs in zip(step[list(more)].tolist(), more.values(), strict=True):
+            extra[k] = refs
+    return extra
 
 
 @dataclass(frozen=True)
@@ -242,16 +364,7 @@ def compile_schedule(schedule: Schedule) -> CompiledSchedule:
     device = c.device
     cross_a = (dep_a >= 0) & (device[np.maximum(dep_a, 0)] != device)
     cross_b = (dep_b >= 0) & (device[np.maximum(dep_b, 0)] != device)
-    return CompiledSchedule(
-        schedule,
-        device.tolist(),
-        lane.tolist(),
-        dep_a.tolist(),
-        cross_a.tolist(),
-        dep_b.tolist(),
-        cross_b.tolist(),
-        c.offsets.tolist(),
-    )
+    return CompiledSchedule(schedule, device, lane, dep_a, cross_a, dep_b, cross_b, c.offsets)
 
 
 def _owned_transfers(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
@@ -302,131 +415,39 @@ def run_timing(
     overlap_transfers: bool = True,
 ) -> Timing:
     """Time every action. ``duration[i]`` is compute action i's duration (ignored for the
-    others); ``comm`` is added to
-    every input that crosses devices; ``transfer`` is the time of one EVICT or LOAD.
+    others); ``comm`` is added to every input that crosses devices; ``transfer`` is the time
+    of one EVICT or LOAD. Durations, ``comm`` and ``transfer`` are finite and >= 0.
 
     Raises InvalidScheduleError (rule 6) naming the blocked actions when the devices' orders
     wait on each other in a cycle (a deadlock)."""
     n = len(compiled.lane)
     if len(duration) != n:
         raise ValueError(f"{len(duration)} durations for {n} actions")
-    if not compiled.has_transfers:
-        return _time_in_order(compiled, duration, comm)
-    lane = compiled.lane
-    dep_a, cross_a = compiled.dep_a, compiled.cross_a
-    dep_b, cross_b = compiled.dep_b, compiled.cross_b
-    offsets = compiled.offsets
-    num_devices = len(offsets) - 1
-    dur = duration
-    if len(dur) != n:
-        raise ValueError(f"{len(dur)} durations for {n} actions")
-    start = [0.0] * n
-    end = [-1.0] * n  # -1: not yet timed
-    pointer = offsets[:-1].copy()
-    free = [0.0] * num_devices  # compute lane free at
-    copy_free = [0.0] * num_devices
-    # Pending copy fences per device: [compute actions still to pass, copy end time].
-    fences: list[list[list[float]]] = [[] for _ in range(num_devices)]
-    waiters: dict[int, list[int]] = {}
-    work = list(range(num_devices))
-    timed = 0
-    while work:
-        device = work.pop()
-        i = pointer[device]
-        stop = offsets[device + 1]
-        while i < stop:
-            ready = 0.0
-            j = dep_a[i]
-            if j >= 0:
-                t = end[j]
-                if t < 0:
-                    waiters.setdefault(j, []).append(device)
-                    break
-                ready = t + comm if cross_a[i] else t
-            j = dep_b[i]
-            if j >= 0:
-                t = end[j]
-                if t < 0:
-                    waiters.setdefault(j, []).append(device)
-                    break
-                if cross_b[i]:
-                    t += comm
-                if t > ready:
-                    ready = t
-            kind = lane[i]
-            if kind == COMPUTE:
-                s = free[device]
-                if ready > s:
-                    s = ready
-                pending = fences[device]
-                if pending:
-                    keep = []
-                    for fence in pending:
-                        fence[0] -= 1
-                        if fence[0] <= 0:
-                            if fence[1] > s:
-                                s = fence[1]
-                        else:
-                            keep.append(fence)
-                    fences[device] = keep
-                e = s + dur[i]
-                free[device] = e
-            elif kind == TRANSFER:
-                if overlap_transfers:
-                    s = max(free[device], ready, copy_free[device])
-                    e = s + transfer
-                    copy_free[device] = e
-                    # Overlaps the next compute action; the one after it waits.
-                    fences[device].append([2.0, e])
-                else:
-                    s = max(free[device], ready)
-                    e = s + transfer
-                    free[device] = e
-            else:
-                s = e = free[device]
-            start[i] = s
-            end[i] = e
-            timed += 1
-            woken = waiters.pop(i, None)
-            if woken:
-                work.extend(woken)
-            i += 1
-        pointer[device] = i
-    if timed != n:
-        raise InvalidScheduleError(6, _deadlock_message(compiled, pointer, end))
-    return Timing(compiled, start, end)
-
-
-def _time_in_order(compiled: CompiledSchedule, duration: Sequence[float], comm: float) -> Timing:
-    """:func:`run_timing` for schedules without transfers: one pass over the precomputed
-    order (each action starts when its device is free and its inputs have arrived; markers
-    take no time and do not wait for data).
-
-    Only the input ``dep_a`` is read: ``dep_b`` is the LOAD a backward waits for, and
-    without transfers there is none (this loop runs once per action of every simulation,
-    so the check it saves counts)."""
-    n = len(compiled.lane)
-    lane, device_of = compiled.lane, compiled.device_of
-    dep_a, cross_a = compiled.dep_a, compiled.cross_a
+    steps = compiled.steps(overlap_transfers)
+    if steps.transfers:
+        duration = list(duration)
+        for i in steps.transfers:
+            duration[i] = transfer
     start = [0.0] * n
     end = [0.0] * n
-    free = [0.0] * (len(compiled.offsets) - 1)
-    for i in compiled.order:
-        device = device_of[i]
-        s = free[device]
-        if lane[i] == COMPUTE:
-            j = dep_a[i]
-            if j >= 0:
-                t = end[j] + comm if cross_a[i] else end[j]
+    end += (0.0, -math.inf)  # the entries ZERO and NEVER of _Steps
+    # Transfer-free schedules have no extra inputs: a None per action, which costs a test.
+    extra = repeat(None, len(steps.ids)) if steps.extra is None else steps.extra
+    for i, p, x, more in zip(steps.ids, steps.prev, steps.cross, extra, strict=True):
+        s = end[p]
+        t = end[x] + comm
+        if t > s:
+            s = t
+        if more is not None:
+            for j in more:
+                t = end[j] if j >= 0 else end[~j] + comm
                 if t > s:
                     s = t
-            e = s + duration[i]
-            free[device] = e
-            start[i] = s
-            end[i] = e
-        else:
-            start[i] = s
-            end[i] = s
+        start[i] = s
+        end[i] = s + duration[i]
+    for i, p in zip(steps.marker_ids, steps.marker_prev, strict=True):
+        start[i] = end[i] = end[p]
+    del end[n:]
     return Timing(compiled, start, end)
 
 
