@@ -196,15 +196,14 @@ def _device_stats(
     acceptor's mirrors) are bookkeeping, not work, and do not open or close a device's span.
     Busy time is the sum of the device's compute durations.
 
-    A marker ends when its device's compute lane is free, so never after the device's
-    latest work: the span's end is the latest end over the whole list, taken on the lists
-    (converting them to arrays would cost more than the few dozen maxima)."""
-    first, compute, compute_device = compiled.device_spans
+    The span ends at the later end of the device's last compute action and last transfer
+    (:attr:`CompiledSchedule.device_spans` says why that is the latest end of its list);
+    durations are >= 0 here, as that needs."""
+    first, last, compute, compute_device = compiled.device_spans
     devices = len(first)
     busy = np.bincount(compute_device, weights=duration[compute], minlength=devices).tolist()
-    offsets = compiled.offsets
     return [
-        DeviceStats(start[i], max(end[offsets[d] : offsets[d + 1]]), busy[d])
+        DeviceStats(start[i], max(end[last[d][0]], end[last[d][1]]), busy[d])
         if i >= 0
         else DeviceStats(0.0, 0.0, 0.0)
         for d, i in enumerate(first)

@@ -150,10 +150,17 @@ class CompiledSchedule:
         return _PASS_CODE[columns.kind], columns.stage
 
     @cached_property
-    def device_spans(self) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """Per device, the id of its first action that is not a zero-time marker (-1 when
-        it has none); and the ids of the compute actions with their devices: what a
-        device's span and busy time are made of."""
+    def device_spans(self) -> tuple[list[int], list[tuple[int, int]], np.ndarray, np.ndarray]:
+        """What a device's span and busy time are made of. Per device: the id of its first
+        action that is not a zero-time marker (-1 when it has none), and the ids of its last
+        compute action and its last transfer (either one twice when the device has only one
+        of them, (-1, -1) with neither); and the ids of the compute actions with their
+        devices.
+
+        Under :func:`run_timing` an action on a device's compute lane ends no earlier than
+        the one before it, a transfer no earlier than the transfer before it, and a marker
+        when the compute lane is free: so the device's latest end is the later of those
+        two last ones."""
         lane = self.lane
         device = self.device_of
         work = np.flatnonzero(lane != MARKER)
@@ -162,7 +169,17 @@ class CompiledSchedule:
         present = np.bincount(device[work], minlength=devices) > 0
         compute = np.flatnonzero(lane == COMPUTE)
         first_work = np.where(present, work[np.minimum(first, len(work) - 1)], -1)
-        return first_work.tolist(), compute, device[compute]
+        last_compute = np.full(devices, -1, np.int64)
+        np.maximum.at(last_compute, device[compute], compute)
+        transfers = np.flatnonzero(lane == TRANSFER)
+        last_transfer = np.full(devices, -1, np.int64)
+        np.maximum.at(last_transfer, device[transfers], transfers)
+        last = zip(
+            np.where(last_compute >= 0, last_compute, last_transfer).tolist(),
+            np.where(last_transfer >= 0, last_transfer, last_compute).tolist(),
+            strict=True,
+        )
+        return first_work.tolist(), list(last), compute, device[compute]
 
     def steps(self, overlap_transfers: bool) -> _Steps:
         """What :func:`run_timing` reads for every action (see :class:`_Steps`), derived

@@ -31,6 +31,7 @@ from planner.schedules._engine import (
     compile_schedule,
     run_timing,
 )
+from planner.simulate import Durations, simulate
 from tests.unit.helpers import generate_any
 
 K = ActionKind
@@ -208,3 +209,16 @@ def test_the_run_order_keeps_each_list_in_order_and_inputs_first():
         assert all(position[j] < position[i] for j in compiled.inputs(i))
         if i + 1 < len(order) and compiled.device_of[i] == compiled.device_of[i + 1]:
             assert position[i] < position[i + 1]
+
+
+@pytest.mark.parametrize("name", ["bpipe", "2bw", "v-zb", "interleaved"])
+def test_a_device_span_ends_at_the_latest_end_in_its_list(name):
+    """simulate reads a device's span end off its last compute action and last transfer;
+    that is the latest end over the device's whole list."""
+    schedule = with_communication(generate_any(name, 4, 8))
+    for overlap in (True, False):
+        durations = Durations(1.0, 1.5, 0.5, comm=0.1, transfer=2.5, overlap_transfers=overlap)
+        result = simulate(schedule, durations, track_memory=False)
+        offsets = schedule.columns.offsets.tolist()
+        for device, stats in enumerate(result.devices):
+            assert stats.end == max(result.end[offsets[device] : offsets[device + 1]])
