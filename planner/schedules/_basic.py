@@ -28,7 +28,9 @@ __all__ = [
     "check_counts",
     "gpipe",
     "interleaved",
+    "interleaved_columns",
     "one_f_one_b",
+    "one_f_one_b_columns",
     "one_f_one_b_order",
     "optimizer_step",
     "require",
@@ -106,6 +108,19 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
     other; device r warms up with ``(p - r - 1) * 2 + (v - 1) * p`` forwards (Narayanan et al.
     2021, as in Megatron-LM's ``forward_backward_pipelining_with_interleaving``)."""
     p, m, v = num_devices, num_microbatches, num_chunks
+    return Schedule.from_columns(
+        "interleaved",
+        p,
+        m,
+        looped_placement(p, v),
+        interleaved_columns(p, m, v),
+        meta={"num_chunks": v},
+    )
+
+
+def interleaved_columns(num_devices: int, num_microbatches: int, num_chunks: int) -> Columns:
+    """The columns of :func:`interleaved` (its checks included)."""
+    p, m, v = num_devices, num_microbatches, num_chunks
     check_counts("interleaved", p, m)
     require(v >= 2, f"interleaved: needs at least 2 chunks per device, got {v}; use 1f1b for 1")
     require(
@@ -113,11 +128,25 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
         f"interleaved: the number of micro-batches ({m}) must be a multiple of the number of "
         f"devices ({p}); try {((m + p - 1) // p) * p}",
     )
+    return _looped_columns(p, m, v, [min((p - r - 1) * 2 + (v - 1) * p, m * v) for r in range(p)])
+
+
+def one_f_one_b_columns(num_devices: int, num_microbatches: int) -> Columns:
+    """The columns of :func:`one_f_one_b` (its checks included): what
+    :func:`one_f_one_b_order` lists on every device, then the optimizer step."""
+    p, m = num_devices, num_microbatches
+    check_counts("1f1b", p, m)
+    return _looped_columns(p, m, 1, [min(p - r - 1, m) for r in range(p)])
+
+
+def _looped_columns(p: int, m: int, v: int, warmups: list[int]) -> Columns:
+    """1F1B over ``v`` chunks per device placed in a loop (stage ``c * p + r`` on device r),
+    device r warming up with ``warmups[r]`` forwards, as columns: micro-batches run in
+    groups of p through one chunk after the other (all of them through the one chunk when
+    v is 1), backwards through the chunks in reverse; then a step per chunk."""
     total = m * v  # forwards (and backwards) per device
     group = p * v
     k = np.arange(total, dtype=np.int64)  # the k-th forward or backward of a device
-    # Micro-batches run in groups of p through one chunk after the other; backwards go
-    # through the chunks in reverse.
     chunk_f = (k % group) // p
     chunk_b = v - 1 - chunk_f
     microbatch = (k // group) * p + k % p
@@ -126,19 +155,19 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
     kind = np.empty((p, size), np.int64)
     chunk = np.empty((p, size), np.int64)
     mb = np.empty((p, size), np.int64)
-    for r in range(p):
-        warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
-        # Warm-up forwards, then forward k = warmup + i and backward i alternate, then the
-        # remaining backwards.
-        at_f = np.where(k < warmup, k, 2 * k - warmup)
-        at_b = np.where(k < total - warmup, warmup + 2 * k + 1, total + k)
-        kind[r, at_f], chunk[r, at_f], mb[r, at_f] = code_f, chunk_f, microbatch
-        kind[r, at_b], chunk[r, at_b], mb[r, at_b] = code_b, chunk_b, microbatch
+    # Per device (rows): warm-up forwards, then forward k = warmup + i and backward i
+    # alternate, then the remaining backwards.
+    warmup = np.asarray(warmups, dtype=np.int64)[:, None]
+    at_f = np.where(k < warmup, k, 2 * k - warmup)
+    at_b = np.where(k < total - warmup, warmup + 2 * k + 1, total + k)
+    row = np.arange(p)[:, None]
+    kind[row, at_f], chunk[row, at_f], mb[row, at_f] = code_f, chunk_f, microbatch
+    kind[row, at_b], chunk[row, at_b], mb[row, at_b] = code_b, chunk_b, microbatch
     kind[:, 2 * total :] = code_step
     chunk[:, 2 * total :] = np.arange(v)
     mb[:, 2 * total :] = m - 1
     device = np.repeat(np.arange(p, dtype=np.int64), size)
-    columns = Columns(
+    return Columns(
         device=device,
         kind=kind.reshape(-1),
         stage=chunk.reshape(-1) * p + device,
@@ -147,9 +176,6 @@ def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) ->
         peer=np.full(p * size, -1, np.int64),
         version=np.full(p * size, -1, np.int64),
         offsets=np.arange(p + 1, dtype=np.int64) * size,
-    )
-    return Schedule.from_columns(
-        "interleaved", p, m, looped_placement(p, v), columns, meta={"num_chunks": v}
     )
 
 

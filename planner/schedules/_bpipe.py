@@ -23,22 +23,20 @@ from __future__ import annotations
 
 import heapq
 import math
-from itertools import compress
 from operator import itemgetter
 
 import numpy as np
 
-from planner.schedules._basic import interleaved, one_f_one_b, require
+from planner.schedules._basic import interleaved_columns, one_f_one_b_columns, require
 from planner.schedules._engine import compile_schedule, run_timing
 from planner.schedules._inflight import saved_peak
-from planner.schedules._ir import KIND_CODE, Action, ActionKind, Schedule
+from planner.schedules._ir import KIND_CODE, Action, ActionKind, Columns, Schedule, looped_placement
 from planner.schedules._registry import NUM_CHUNKS, Parameter, ScheduleFamily, register
 
 __all__ = ["bpipe", "bpipe_mu_opt", "plan_transfers"]
 
 F, B, W, BW = ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW
 EVICT, LOAD = ActionKind.EVICT, ActionKind.LOAD
-_PASSES = frozenset({F, BW})  # what plan_transfers plans around
 
 
 def bpipe_mu_opt(num_devices: int, num_chunks: int = 1) -> int:
@@ -62,10 +60,25 @@ def plan_transfers(
         # in the acceptor half, or a short run), so skip it.
         return [[] for _ in range(n)], plain_peak
     kinds = list(map(itemgetter(0), compute))
-    key = list(zip(map(itemgetter(1), compute), map(itemgetter(2), compute), strict=True))
-    is_f = [kind is F for kind in kinds]
-    frees = [kind is BW or kind is W for kind in kinds]  # ends the activation
-    needs_input = [kind is BW or kind is B for kind in kinds]  # wants its activations
+    return _belady(
+        [kind is F for kind in kinds],
+        [kind is BW or kind is W for kind in kinds],
+        [kind is BW or kind is B for kind in kinds],
+        list(zip(map(itemgetter(1), compute), map(itemgetter(2), compute), strict=True)),
+        capacity,
+    )
+
+
+def _belady(
+    is_f: list[bool],
+    frees: list[bool],
+    needs_input: list[bool],
+    key: list[tuple[int, int]],
+    capacity: int,
+) -> tuple[list[list[tuple[ActionKind, tuple[int, int]]]], int]:
+    """:func:`plan_transfers` for the compute list given by kind (forward; ends the
+    activation: W or BW; wants its activations: B or BW) and (stage, micro-batch) ``key``."""
+    n = len(key)
     backward_at = {key[i]: i for i in range(n) if needs_input[i]}
     transfers: list[list[tuple[ActionKind, tuple[int, int]]]] = [[] for _ in range(n)]
     held: set[tuple[int, int]] = set()
@@ -142,85 +155,164 @@ def bpipe(num_devices: int, num_microbatches: int, num_chunks: int = 1) -> Sched
     """1F1B (or interleaved 1F1B with ``num_chunks`` > 1) plus BPipe's transfer schedule.
 
     Device r and device p - 1 - r form an evictor/acceptor pair; only devices that would
-    exceed mu_opt evict (for 1F1B: stages s <= floor((p - 4) / 2), §3.3)."""
-    p = num_devices
+    exceed mu_opt evict (for 1F1B: stages s <= floor((p - 4) / 2), §3.3).
+
+    Built on the schedules' columns: the transfers and the acceptors' mirrors are inserted
+    into the base schedule's arrays, and the actions are made from the result."""
+    p, v = num_devices, num_chunks
     require(p >= 2, f"bpipe: needs at least 2 devices, got {p}")
     base = (
-        one_f_one_b(p, num_microbatches)
-        if num_chunks == 1
-        else interleaved(p, num_microbatches, num_chunks)
+        one_f_one_b_columns(p, num_microbatches)
+        if v == 1
+        else interleaved_columns(p, num_microbatches, v)
     )
-    capacity = bpipe_mu_opt(p, num_chunks)
-    rows: list[list[Action]] = []
+    stage_devices = looped_placement(p, v)
+    capacity = bpipe_mu_opt(p, v)
+    planned, pairs = _plan_evictions(base, capacity)
+    name = "bpipe" if v == 1 else "bpipe-interleaved"
+    meta = {"mu_opt": capacity, "pairs": pairs, "num_chunks": v}
+    if planned is None:
+        return Schedule.from_columns(name, p, num_microbatches, stage_devices, base, meta=meta)
+    evictor_only = _insert(base, *planned)
+    mirrors = _acceptor_mirrors(
+        Schedule.from_columns("bpipe", p, num_microbatches, stage_devices, evictor_only)
+    )
+    with_mirrors = _insert(evictor_only, *mirrors)
+    return Schedule.from_columns(name, p, num_microbatches, stage_devices, with_mirrors, meta=meta)
+
+
+_Insertion = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]
+"""(device, position, fields): entries to insert into a schedule's columns, each before the
+action at ``position`` in its device's list (its length: at the end); ``fields`` holds the
+columns kind, stage, microbatch, chunk, peer and version of the entries."""
+
+
+def _plan_evictions(base: Columns, capacity: int) -> tuple[_Insertion | None, list[list[int]]]:
+    """The transfers of every device of ``base`` that would exceed ``capacity`` (Algorithm 1
+    by :func:`plan_transfers` on its forwards and fused backwards), as an insertion (None if
+    there are none), and the [evictor, acceptor] pairs."""
+    p = len(base.offsets) - 1
+    code_f, code_bw = KIND_CODE[F], KIND_CODE[BW]
+    passes = np.flatnonzero((base.kind == code_f) | (base.kind == code_bw))
+    is_f = base.kind[passes] == code_f
+    device = base.device[passes]
+    bounds = np.searchsorted(device, np.arange(p + 1))
+    chunk_of_stage = np.zeros(int(base.stage.max(initial=0)) + 1, np.int64)
+    chunk_of_stage[base.stage] = base.chunk
+    # Per transfer: evictor, position in its list, kind, stage, micro-batch.
+    entries: list[tuple[int, int, int, int, int]] = []
     pairs: list[list[int]] = []
-    for r, row in enumerate(base.actions):
-        where = list(compress(range(len(row)), map(_PASSES.__contains__, map(itemgetter(0), row))))
-        transfers, _ = plan_transfers(list(map(row.__getitem__, where)), capacity)
+    for r in np.flatnonzero(_saved_peaks(is_f, bounds) > capacity).tolist():
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        forward = is_f[lo:hi].tolist()
+        backward = [not f for f in forward]  # fused backwards: end and want the activation
+        ids = passes[lo:hi]
+        key = list(zip(base.stage[ids].tolist(), base.microbatch[ids].tolist(), strict=True))
+        transfers, _ = _belady(forward, backward, backward, key, capacity)
         if not any(transfers):
-            rows.append(list(row))
             continue
         acceptor = p - 1 - r
         assert acceptor > r, f"device {r} would evict but is not in the evictor half"
         pairs.append([r, acceptor])
-        # The row with each compute action's transfers just before it.
-        new_row: list[Action] = []
-        last = 0
-        for index, planned in enumerate(transfers):
-            if planned:
-                new_row += row[last : where[index]]
-                last = where[index]
-                new_row += [
-                    Action(kind, stage, mb, base.chunk_of(stage), peer=acceptor)
-                    for kind, (stage, mb) in planned
-                ]
-        new_row += row[last:]
-        rows.append(new_row)
-    evictor_only = Schedule(
-        "bpipe", p, num_microbatches, base.stage_devices, tuple(tuple(r) for r in rows)
+        entries += [
+            (r, at, KIND_CODE[what], stage, microbatch)
+            for at, planned in zip((ids - base.offsets[r]).tolist(), transfers, strict=True)
+            for what, (stage, microbatch) in planned
+        ]
+    if not pairs:
+        return None, pairs
+    evictor, position, kinds, stages, microbatches = np.array(entries, np.int64).T
+    fields = {
+        "kind": kinds,
+        "stage": stages,
+        "microbatch": microbatches,
+        "chunk": chunk_of_stage[stages],
+        "peer": p - 1 - evictor,
+        "version": np.full(len(kinds), -1, np.int64),
+    }
+    return (evictor, position, fields), pairs
+
+
+def _saved_peaks(is_f: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Per device, :func:`saved_peak` of its forwards and fused backwards (``is_f`` of
+    each, devices in order, device d's from ``bounds[d]`` to ``bounds[d + 1]``): the
+    running sum of +1 at a forward and -1 after a backward, at its highest (at least 0)."""
+    starts = bounds[:-1]
+    first = np.zeros(len(is_f) + 1, bool)
+    first[starts] = True
+    freed = np.concatenate(([False], ~is_f[:-1])) & ~first[:-1]  # the action before ended one
+    level = np.cumsum(is_f.astype(np.int64) - freed)
+    before = np.concatenate(([0], level))[starts]  # the sum before each device's first
+    peaks = np.zeros(len(starts), np.int64)
+    present = bounds[1:] > starts
+    if present.any():
+        highest = np.maximum.reduceat(level, starts[present])
+        peaks[present] = np.maximum(highest - before[present], 0)
+    return peaks
+
+
+def _insert(
+    columns: Columns, device: np.ndarray, position: np.ndarray, fields: dict[str, np.ndarray]
+) -> Columns:
+    """``columns`` with the entries of an :data:`_Insertion` added: each before the action
+    at its position in its device's list, entries at one place in their given order."""
+    size = len(columns.kind)
+    row_position = np.arange(size, dtype=np.int64) - columns.offsets[:-1][columns.device]
+    order = np.lexsort(
+        (
+            np.concatenate((np.zeros(size, np.int64), np.arange(len(device), dtype=np.int64))),
+            np.concatenate((np.ones(size, np.int64), np.zeros(len(device), np.int64))),
+            np.concatenate((row_position, position)),
+            np.concatenate((columns.device, device)),
+        )
     )
-    name = "bpipe" if num_chunks == 1 else "bpipe-interleaved"
-    meta = {"mu_opt": capacity, "pairs": pairs, "num_chunks": num_chunks}
-    with_mirrors = _add_acceptor_mirrors(evictor_only, rows)
-    return Schedule(name, p, num_microbatches, base.stage_devices, with_mirrors, meta=meta)
+    added = np.bincount(device, minlength=len(columns.offsets) - 1)
+    offsets = columns.offsets.copy()
+    offsets[1:] += np.cumsum(added)
+    return Columns(
+        device=np.concatenate((columns.device, device))[order],
+        kind=np.concatenate((columns.kind, fields["kind"]))[order],
+        stage=np.concatenate((columns.stage, fields["stage"]))[order],
+        microbatch=np.concatenate((columns.microbatch, fields["microbatch"]))[order],
+        chunk=np.concatenate((columns.chunk, fields["chunk"]))[order],
+        peer=np.concatenate((columns.peer, fields["peer"]))[order],
+        version=np.concatenate((columns.version, fields["version"]))[order],
+        offsets=offsets,
+    )
 
 
-def _add_acceptor_mirrors(
-    evictor_only: Schedule, rows: list[list[Action]]
-) -> tuple[tuple[Action, ...], ...]:
-    """Put each transfer's mirror on the acceptor's list where the acceptor would be when the
+def _acceptor_mirrors(evictor_only: Schedule) -> _Insertion:
+    """Each transfer's mirror on the acceptor's list where the acceptor would be when the
     evictor issues it (timed with a typical F:B = 1:2), so that an executor posts the receive
-    (or the send back) in time and a person reading the lists sees both ends."""
+    (or the send back) in time and a person reading the lists sees both ends: before the
+    first action that starts no earlier than it (the first whose running maximum of start
+    times reaches it), mirrors at one place in time order."""
     compiled = compile_schedule(evictor_only)
     columns = evictor_only.columns
     durations = np.where(columns.kind == KIND_CODE[F], 1.0, 2.0).tolist()
-    timing = run_timing(compiled, durations, transfer=0.5)
-    mirrors: dict[int, list[tuple[float, Action]]] = {}
-    moving = (columns.kind == KIND_CODE[EVICT]) | (columns.kind == KIND_CODE[LOAD])
-    for i in np.flatnonzero(moving).tolist():  # evictors' transfers, in device and list order
-        action, evictor = compiled.action_of[i], int(compiled.device_of[i])
-        assert action.peer is not None
-        mirror = Action(action.kind, action.stage, action.microbatch, action.chunk, evictor)
-        mirrors.setdefault(action.peer, []).append((timing.start[i], mirror))
-    out = []
-    for device, row in enumerate(rows):
-        pending = sorted(mirrors.get(device, []), key=lambda item: item[0])
-        if not pending:
-            out.append(tuple(row))
-            continue
-        # Each mirror goes before the first action that starts no earlier than it (the
-        # first whose running maximum of start times reaches it), in time order.
-        base = compiled.offsets[device]
-        started = np.maximum.accumulate(np.asarray(timing.start[base : base + len(row)]))
-        places = np.searchsorted(started, [time for time, _ in pending], side="left")
-        merged: list[Action] = []
-        last = 0
-        for place, (_, mirror) in zip(places.tolist(), pending, strict=True):
-            merged += row[last:place]
-            merged.append(mirror)
-            last = place
-        merged += row[last:]
-        out.append(tuple(merged))
-    return tuple(out)
+    start = np.array(run_timing(compiled, durations, transfer=0.5).start)
+    moving = np.flatnonzero(
+        (columns.kind == KIND_CODE[EVICT]) | (columns.kind == KIND_CODE[LOAD])
+    )  # evictors' transfers, in device and list order
+    acceptor, time = columns.peer[moving], start[moving]
+    by_time = np.lexsort((time, acceptor))  # stable: ties keep the list order
+    moving, acceptor, time = moving[by_time], acceptor[by_time], time[by_time]
+    position = np.empty(len(moving), np.int64)
+    bounds = np.searchsorted(acceptor, np.arange(len(columns.offsets)))
+    for device in np.unique(acceptor).tolist():
+        lo, hi = int(bounds[device]), int(bounds[device + 1])
+        begin, end = int(columns.offsets[device]), int(columns.offsets[device + 1])
+        started = np.maximum.accumulate(start[begin:end])
+        position[lo:hi] = np.searchsorted(started, time[lo:hi], side="left")
+    fields = {
+        "kind": columns.kind[moving],
+        "stage": columns.stage[moving],
+        "microbatch": columns.microbatch[moving],
+        "chunk": columns.chunk[moving],
+        "peer": columns.device[moving],
+        "version": columns.version[moving],
+    }
+    return acceptor, position, fields
 
 
 register(

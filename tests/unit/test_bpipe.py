@@ -5,11 +5,23 @@ from __future__ import annotations
 import math
 from functools import cache
 
+import numpy as np
 import pytest
 
 from planner.errors import ScheduleConfigError
-from planner.schedules import ActionKind, bpipe_mu_opt, generate, plan_transfers, validate
+from planner.schedules import (
+    Action,
+    ActionKind,
+    Schedule,
+    bpipe_mu_opt,
+    generate,
+    plan_transfers,
+    validate,
+)
+from planner.schedules._basic import interleaved, one_f_one_b
 from planner.schedules._bpipe import bpipe
+from planner.schedules._engine import compile_schedule, run_timing
+from planner.schedules._ir import _columns
 from planner.simulate import Durations, simulate
 
 K = ActionKind
@@ -210,3 +222,61 @@ def test_interleaved_bpipe_is_a_registered_schedule():
         generate("bpipe-interleaved", 4, 8, num_chunks=1)
     with pytest.raises(ScheduleConfigError, match="multiple of the number of devices"):
         generate("bpipe-interleaved", 4, 6)
+
+
+def _reference_bpipe(p: int, m: int, v: int = 1) -> Schedule:
+    """BPipe built the direct way, from action lists: each device's list with the transfers
+    :func:`plan_transfers` plans for it inserted before their compute actions, then each
+    transfer's mirror inserted in the acceptor's list before the first action whose running
+    maximum of start times (F = 1, BW = 2, transfer 0.5) reaches the transfer's start, in
+    time order. :func:`bpipe` builds the same schedule on arrays."""
+    base = one_f_one_b(p, m) if v == 1 else interleaved(p, m, v)
+    capacity = bpipe_mu_opt(p, v)
+    rows, pairs = [], []
+    for r, row in enumerate(base.actions):
+        where = [i for i, a in enumerate(row) if a.kind in (K.F, K.BW)]
+        transfers, _ = plan_transfers([row[i] for i in where], capacity)
+        new_row = list(row)
+        for i, planned in reversed(list(zip(where, transfers, strict=True))):
+            new_row[i:i] = [
+                Action(kind, s, mb, base.chunk_of(s), peer=p - 1 - r) for kind, (s, mb) in planned
+            ]
+        if any(transfers):
+            pairs.append([r, p - 1 - r])
+        rows.append(new_row)
+    evictor_only = Schedule("bpipe", p, m, base.stage_devices, tuple(map(tuple, rows)))
+    compiled = compile_schedule(evictor_only)
+    durations = [1.0 if a.kind is K.F else 2.0 for a in compiled.action_of]
+    start = run_timing(compiled, durations, transfer=0.5).start
+    mirrors: dict[int, list[tuple[float, Action]]] = {}
+    for i, (device, _, a) in enumerate(evictor_only.iter_actions()):
+        if a.kind.is_transfer:
+            mirror = Action(a.kind, a.stage, a.microbatch, a.chunk, device)
+            mirrors.setdefault(a.peer, []).append((start[i], mirror))
+    offset = 0
+    for device, row in enumerate(rows):
+        started = np.maximum.accumulate(start[offset : offset + len(row)]).tolist()
+        offset += len(row)
+        placed = []
+        for time, mirror in sorted(mirrors.get(device, []), key=lambda item: item[0]):
+            place = next((k for k, t in enumerate(started) if t >= time), len(row))
+            placed.append((place, mirror))
+        for place, mirror in reversed(placed):
+            row.insert(place, mirror)
+    name = "bpipe" if v == 1 else "bpipe-interleaved"
+    meta = {"mu_opt": capacity, "pairs": pairs, "num_chunks": v}
+    return Schedule(name, p, m, base.stage_devices, tuple(map(tuple, rows)), meta=meta)
+
+
+@pytest.mark.parametrize(
+    "p, m, v",
+    [(p, m, 1) for p in (2, 3, 4, 5, 6, 7, 8, 9, 12, 16) for m in (1, 2, 3, 5, 8, 13, 3 * p + 2)]
+    + [(p, p * k, v) for p in (2, 3, 4, 5, 8) for k in (1, 2, 3) for v in (2, 3)],
+)
+def test_bpipe_is_its_reference_built_from_action_lists(p, m, v):
+    ours, reference = bpipe(p, m, v), _reference_bpipe(p, m, v)
+    assert ours == reference
+    # The columns it was built on are the columns of its actions.
+    read_back = _columns(reference)
+    for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
+        assert np.array_equal(getattr(ours.columns, field), getattr(read_back, field)), field

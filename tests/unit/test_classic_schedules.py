@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from planner.schedules import ActionKind, generate, weight_version_2bw
+from planner.schedules._basic import one_f_one_b_columns
 from planner.simulate import Durations, simulate
 
 K = ActionKind
@@ -134,3 +136,12 @@ def test_2bw_memory_is_1f1b_memory_for_activations():
         2,
         1,
     ]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 7, 8])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 13])
+def test_1f1b_columns_are_the_columns_of_its_action_lists(p, m):
+    """BPipe builds on one_f_one_b_columns; 1f1b itself lists its actions stage by stage."""
+    built, listed = one_f_one_b_columns(p, m), generate("1f1b", p, m).columns
+    for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
+        assert np.array_equal(getattr(built, field), getattr(listed, field)), field
