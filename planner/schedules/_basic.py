@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,13 +26,16 @@ from planner.schedules._ir import (
 from planner.schedules._registry import NUM_CHUNKS, ScheduleFamily, register
 
 __all__ = [
+    "Insertion",
     "check_counts",
     "gpipe",
+    "insert_actions",
     "interleaved",
     "interleaved_columns",
     "one_f_one_b",
     "one_f_one_b_columns",
     "one_f_one_b_order",
+    "one_f_one_b_orders",
     "optimizer_step",
     "require",
 ]
@@ -139,11 +143,18 @@ def one_f_one_b_columns(num_devices: int, num_microbatches: int) -> Columns:
     return _looped_columns(p, m, 1, [min(p - r - 1, m) for r in range(p)])
 
 
-def _looped_columns(p: int, m: int, v: int, warmups: list[int]) -> Columns:
+def one_f_one_b_orders(num_devices: int, microbatches: int) -> Columns:
+    """:func:`one_f_one_b_order` of every stage, one stage per device, as columns (no step)."""
+    p = num_devices
+    return _looped_columns(p, microbatches, 1, [min(p - r - 1, microbatches) for r in range(p)], 0)
+
+
+def _looped_columns(p: int, m: int, v: int, warmups: list[int], steps: int = 1) -> Columns:
     """1F1B over ``v`` chunks per device placed in a loop (stage ``c * p + r`` on device r),
     device r warming up with ``warmups[r]`` forwards, as columns: micro-batches run in
     groups of p through one chunk after the other (all of them through the one chunk when
-    v is 1), backwards through the chunks in reverse; then a step per chunk."""
+    v is 1), backwards through the chunks in reverse; then a step per chunk (none with
+    ``steps`` 0)."""
     total = m * v  # forwards (and backwards) per device
     group = p * v
     k = np.arange(total, dtype=np.int64)  # the k-th forward or backward of a device
@@ -151,7 +162,7 @@ def _looped_columns(p: int, m: int, v: int, warmups: list[int]) -> Columns:
     chunk_b = v - 1 - chunk_f
     microbatch = (k // group) * p + k % p
     code_f, code_b, code_step = KIND_CODE[F], KIND_CODE[BW], KIND_CODE[ActionKind.OPTIMIZER_STEP]
-    size = 2 * total + v  # per device: every forward and backward, then a step per chunk
+    size = 2 * total + v * steps  # per device: every forward and backward, a step per chunk
     kind = np.empty((p, size), np.int64)
     chunk = np.empty((p, size), np.int64)
     mb = np.empty((p, size), np.int64)
@@ -163,9 +174,10 @@ def _looped_columns(p: int, m: int, v: int, warmups: list[int]) -> Columns:
     row = np.arange(p)[:, None]
     kind[row, at_f], chunk[row, at_f], mb[row, at_f] = code_f, chunk_f, microbatch
     kind[row, at_b], chunk[row, at_b], mb[row, at_b] = code_b, chunk_b, microbatch
-    kind[:, 2 * total :] = code_step
-    chunk[:, 2 * total :] = np.arange(v)
-    mb[:, 2 * total :] = m - 1
+    if steps:
+        kind[:, 2 * total :] = code_step
+        chunk[:, 2 * total :] = np.arange(v)
+        mb[:, 2 * total :] = m - 1
     device = np.repeat(np.arange(p, dtype=np.int64), size)
     return Columns(
         device=device,
@@ -176,6 +188,48 @@ def _looped_columns(p: int, m: int, v: int, warmups: list[int]) -> Columns:
         peer=np.full(p * size, -1, np.int64),
         version=np.full(p * size, -1, np.int64),
         offsets=np.arange(p + 1, dtype=np.int64) * size,
+    )
+
+
+class Insertion(NamedTuple):
+    """Actions to insert into a schedule's columns (:func:`insert_actions`), ordered by
+    device and position: each goes before the action at ``position`` in the list of
+    ``device`` (the list's length: at its end), those at one place in the order given;
+    ``fields`` holds their kind, stage, microbatch, chunk, peer and version columns."""
+
+    device: np.ndarray
+    position: np.ndarray
+    fields: dict[str, np.ndarray]
+
+
+def insert_actions(columns: Columns, insertion: Insertion) -> Columns:
+    """``columns`` with the actions of ``insertion`` inserted: what a generator that adds
+    actions to a base order does instead of rebuilding its lists. Every action moves up by
+    the number inserted before it, in one pass."""
+    device, position, fields = insertion
+    at = columns.offsets[device] + position  # the action each goes before, in all lists
+    assert (np.diff(device) >= 0).all() and (np.diff(at) >= 0).all(), "not in list order"
+    size, count = len(columns.kind), len(at)
+    kept_to = np.arange(size, dtype=np.int64) + np.searchsorted(at, np.arange(size), "right")
+    inserted_to = at + np.arange(count, dtype=np.int64)
+
+    def merged(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+        out = np.empty(size + count, np.int64)
+        out[kept_to] = old
+        out[inserted_to] = new
+        return out
+
+    offsets = columns.offsets.copy()
+    offsets[1:] += np.cumsum(np.bincount(device, minlength=len(offsets) - 1))
+    return Columns(
+        device=merged(columns.device, device),
+        kind=merged(columns.kind, fields["kind"]),
+        stage=merged(columns.stage, fields["stage"]),
+        microbatch=merged(columns.microbatch, fields["microbatch"]),
+        chunk=merged(columns.chunk, fields["chunk"]),
+        peer=merged(columns.peer, fields["peer"]),
+        version=merged(columns.version, fields["version"]),
+        offsets=offsets,
     )
 
 

@@ -27,7 +27,13 @@ from operator import itemgetter
 
 import numpy as np
 
-from planner.schedules._basic import interleaved_columns, one_f_one_b_columns, require
+from planner.schedules._basic import (
+    Insertion,
+    insert_actions,
+    interleaved_columns,
+    one_f_one_b_columns,
+    require,
+)
 from planner.schedules._engine import compile_schedule, run_timing
 from planner.schedules._inflight import saved_peak
 from planner.schedules._ir import KIND_CODE, Action, ActionKind, Columns, Schedule, looped_placement
@@ -173,21 +179,15 @@ def bpipe(num_devices: int, num_microbatches: int, num_chunks: int = 1) -> Sched
     meta = {"mu_opt": capacity, "pairs": pairs, "num_chunks": v}
     if planned is None:
         return Schedule.from_columns(name, p, num_microbatches, stage_devices, base, meta=meta)
-    evictor_only = _insert(base, *planned)
+    evictor_only = insert_actions(base, planned)
     mirrors = _acceptor_mirrors(
         Schedule.from_columns("bpipe", p, num_microbatches, stage_devices, evictor_only)
     )
-    with_mirrors = _insert(evictor_only, *mirrors)
+    with_mirrors = insert_actions(evictor_only, mirrors)
     return Schedule.from_columns(name, p, num_microbatches, stage_devices, with_mirrors, meta=meta)
 
 
-_Insertion = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]
-"""(device, position, fields): entries to insert into a schedule's columns, each before the
-action at ``position`` in its device's list (its length: at the end); ``fields`` holds the
-columns kind, stage, microbatch, chunk, peer and version of the entries."""
-
-
-def _plan_evictions(base: Columns, capacity: int) -> tuple[_Insertion | None, list[list[int]]]:
+def _plan_evictions(base: Columns, capacity: int) -> tuple[Insertion | None, list[list[int]]]:
     """The transfers of every device of ``base`` that would exceed ``capacity`` (Algorithm 1
     by :func:`plan_transfers` on its forwards and fused backwards), as an insertion (None if
     there are none), and the [evictor, acceptor] pairs."""
@@ -230,7 +230,7 @@ def _plan_evictions(base: Columns, capacity: int) -> tuple[_Insertion | None, li
         "peer": p - 1 - evictor,
         "version": np.full(len(kinds), -1, np.int64),
     }
-    return (evictor, position, fields), pairs
+    return Insertion(evictor, position, fields), pairs
 
 
 def _saved_peaks(is_f: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -251,37 +251,7 @@ def _saved_peaks(is_f: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return peaks
 
 
-def _insert(
-    columns: Columns, device: np.ndarray, position: np.ndarray, fields: dict[str, np.ndarray]
-) -> Columns:
-    """``columns`` with the entries of an :data:`_Insertion` added: each before the action
-    at its position in its device's list, entries at one place in their given order."""
-    size = len(columns.kind)
-    row_position = np.arange(size, dtype=np.int64) - columns.offsets[:-1][columns.device]
-    order = np.lexsort(
-        (
-            np.concatenate((np.zeros(size, np.int64), np.arange(len(device), dtype=np.int64))),
-            np.concatenate((np.ones(size, np.int64), np.zeros(len(device), np.int64))),
-            np.concatenate((row_position, position)),
-            np.concatenate((columns.device, device)),
-        )
-    )
-    added = np.bincount(device, minlength=len(columns.offsets) - 1)
-    offsets = columns.offsets.copy()
-    offsets[1:] += np.cumsum(added)
-    return Columns(
-        device=np.concatenate((columns.device, device))[order],
-        kind=np.concatenate((columns.kind, fields["kind"]))[order],
-        stage=np.concatenate((columns.stage, fields["stage"]))[order],
-        microbatch=np.concatenate((columns.microbatch, fields["microbatch"]))[order],
-        chunk=np.concatenate((columns.chunk, fields["chunk"]))[order],
-        peer=np.concatenate((columns.peer, fields["peer"]))[order],
-        version=np.concatenate((columns.version, fields["version"]))[order],
-        offsets=offsets,
-    )
-
-
-def _acceptor_mirrors(evictor_only: Schedule) -> _Insertion:
+def _acceptor_mirrors(evictor_only: Schedule) -> Insertion:
     """Each transfer's mirror on the acceptor's list where the acceptor would be when the
     evictor issues it (timed with a typical F:B = 1:2), so that an executor posts the receive
     (or the send back) in time and a person reading the lists sees both ends: before the
@@ -312,7 +282,7 @@ def _acceptor_mirrors(evictor_only: Schedule) -> _Insertion:
         "peer": columns.device[moving],
         "version": columns.version[moving],
     }
-    return acceptor, position, fields
+    return Insertion(acceptor, position, fields)
 
 
 register(

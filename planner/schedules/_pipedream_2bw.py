@@ -3,11 +3,21 @@ et al., "Memory-Efficient Pipeline-Parallel DNN Training", ICML 2021)."""
 
 from __future__ import annotations
 
-from planner.schedules._basic import check_counts, one_f_one_b_order, optimizer_step, require
-from planner.schedules._ir import Action, ActionKind, Schedule
+import numpy as np
+
+from planner.schedules._basic import (
+    Insertion,
+    check_counts,
+    insert_actions,
+    one_f_one_b_orders,
+    require,
+)
+from planner.schedules._ir import KIND_CODE, ActionKind, Schedule
 from planner.schedules._registry import NUM_BATCHES, ScheduleFamily, register
 
 __all__ = ["pipedream_2bw", "weight_version_2bw"]
+
+K = ActionKind
 
 
 def weight_version_2bw(microbatch: int, num_microbatches: int) -> int:
@@ -17,22 +27,14 @@ def weight_version_2bw(microbatch: int, num_microbatches: int) -> int:
     return max((k - 1) // num_microbatches - 1, 0)
 
 
-def _forward_at(k: int, warmup: int) -> int:
-    """Index of micro-batch k's forward in a 1F1B order with ``warmup`` warm-up forwards."""
-    return k if k < warmup else 2 * k - warmup
-
-
-def _backward_at(k: int, warmup: int, total: int) -> int:
-    """Index of micro-batch k's backward in that order of ``total`` micro-batches."""
-    return warmup + 2 * k + 1 if k < total - warmup else total + k
-
-
 def pipedream_2bw(num_devices: int, num_microbatches: int, num_batches: int = 2) -> Schedule:
     """PipeDream-2BW: 1F1B over ``num_batches`` batches of m micro-batches with no flush in
     between. After the backward of a batch's last micro-batch a stage steps its optimizer,
     producing weight version b + 1 from batch b's coalesced gradient; forwards switch to a new
     version (WEIGHT_VERSION) when the paper's formula says so, and each micro-batch's backward
-    uses the version its forward used. At most two versions are alive per stage."""
+    uses the version its forward used. At most two versions are alive per stage.
+
+    Built on columns: the steps and switches are inserted into every stage's 1F1B order."""
     p, m = num_devices, num_microbatches
     check_counts("2bw", p, m)
     require(num_batches >= 1, f"2bw: the number of batches must be at least 1, got {num_batches}")
@@ -42,49 +44,56 @@ def pipedream_2bw(num_devices: int, num_microbatches: int, num_batches: int = 2)
         f"m={m} for p={p}; use m >= {p}",
     )
     total = m * num_batches
-    rows = []
-    for s in range(p):
-        order = one_f_one_b_order(s, p, range(total))
-        warmup = min(p - s - 1, total)
-        # (index in ``order`` to insert before, rank, marker): batch b's step right after
-        # the backward of its last micro-batch; the switch to version b - 1 (the formula's
-        # value changes only at a batch's first micro-batch, from batch 2 on) right before
-        # batch b's first forward. When both fall in one gap, the step stays with the
-        # backward before it and the switch with the forward after it.
-        markers = [
-            (
-                _backward_at(b * m + m - 1, warmup, total) + 1,
-                0,
-                optimizer_step(s, b * m + m - 1, version=b + 1),
-            )
-            for b in range(num_batches)
-        ]
-        markers += [
-            (
-                _forward_at(b * m, warmup),
-                1,
-                Action(ActionKind.WEIGHT_VERSION, s, b * m, version=b - 1),
-            )
-            for b in range(2, num_batches)
-        ]
-        markers.sort(key=lambda marker: marker[:2])
-        row: list[Action] = []
-        last = 0
-        for at, _, marker in markers:
-            row += order[last:at]
-            row.append(marker)
-            last = at
-        row += order[last:]
-        rows.append(tuple(row))
-    return Schedule(
+    order = one_f_one_b_orders(p, total)
+    schedule = Schedule.from_columns(
         "2bw",
         p,
         m,
         tuple(range(p)),
-        tuple(rows),
-        num_batches=num_batches,
+        insert_actions(order, _markers(p, m, num_batches)),
         meta={"weight_versions": "max(floor((k-1)/m) - 1, 0) for 1-indexed micro-batch k"},
     )
+    # Schedule.from_columns takes no number of batches: set the field as the frozen
+    # dataclass's own initialiser would.
+    object.__setattr__(schedule, "num_batches", num_batches)
+    return schedule
+
+
+def _markers(p: int, m: int, num_batches: int) -> Insertion:
+    """Each stage's optimizer steps and weight-version switches, placed in its 1F1B order
+    (of m * num_batches micro-batches): batch b's step, making version b + 1, right after
+    the backward of its last micro-batch; the switch to version b - 1 (the formula's value
+    changes only at a batch's first micro-batch, from batch 2 on) right before batch b's
+    first forward. When both fall in one gap, the step stays with the backward before it
+    and the switch with the forward after it."""
+    total = m * num_batches
+    stage = np.arange(p, dtype=np.int64)[:, None]
+    warmup = np.minimum(p - 1 - stage, total)
+    batch = np.arange(num_batches, dtype=np.int64)[None, :]
+    last = batch * m + m - 1  # each batch's last micro-batch
+    # After the backward of ``last``: the 1F1B position of that backward, plus one.
+    after = np.where(last < total - warmup, warmup + 2 * last + 1, total + last) + 1
+    switch = np.arange(2, num_batches, dtype=np.int64)[None, :] * m  # first micro-batches
+    before = np.where(switch < warmup, switch, 2 * switch - warmup)  # their forwards
+    shape = (p, num_batches + max(num_batches - 2, 0))
+    position = np.concatenate((after, before), axis=1)
+    rank = np.concatenate((np.zeros_like(after), np.ones_like(before)), axis=1)
+    microbatch = np.broadcast_to(np.concatenate((last, switch), axis=1), shape)
+    kind = np.where(rank == 0, KIND_CODE[K.OPTIMIZER_STEP], KIND_CODE[K.WEIGHT_VERSION])
+    version = np.broadcast_to(np.concatenate((batch + 1, switch // m - 1), axis=1), shape)
+    device = np.broadcast_to(stage, shape)
+    # Per stage, in list order (position, then the step before the switch).
+    order = np.lexsort((rank.reshape(-1), position.reshape(-1), device.reshape(-1)))
+    count = shape[0] * shape[1]
+    fields = {
+        "kind": kind.reshape(-1)[order],
+        "stage": device.reshape(-1)[order],
+        "microbatch": microbatch.reshape(-1)[order],
+        "chunk": np.zeros(count, np.int64),
+        "peer": np.full(count, -1, np.int64),
+        "version": version.reshape(-1)[order],
+    }
+    return Insertion(device.reshape(-1)[order], position.reshape(-1)[order], fields)
 
 
 register(

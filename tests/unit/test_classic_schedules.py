@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import random
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from planner.schedules import ActionKind, generate, weight_version_2bw
-from planner.schedules._basic import one_f_one_b_columns
+from planner.schedules import Action, ActionKind, Schedule, generate, weight_version_2bw
+from planner.schedules._basic import (
+    Insertion,
+    insert_actions,
+    one_f_one_b_columns,
+    one_f_one_b_order,
+    optimizer_step,
+)
+from planner.schedules._ir import _columns
 from planner.simulate import Durations, simulate
 
 K = ActionKind
@@ -145,3 +153,59 @@ def test_1f1b_columns_are_the_columns_of_its_action_lists(p, m):
     built, listed = one_f_one_b_columns(p, m), generate("1f1b", p, m).columns
     for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
         assert np.array_equal(getattr(built, field), getattr(listed, field)), field
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_insert_actions_puts_each_action_before_its_position(seed):
+    """insert_actions against inserting into the action lists one by one."""
+    rng = random.Random(seed)
+    base = generate("1f1b", rng.randint(1, 5), rng.randint(1, 6))
+    rows = [list(row) for row in base.actions]
+    new = sorted(
+        (d, rng.randint(0, len(rows[d])), k)
+        for k, d in enumerate(rng.choices(range(len(rows)), k=rng.randint(0, 12)))
+    )
+    inserted = [Action(ActionKind.EVICT, d, k, 0, peer=k % 3) for d, _, k in new]
+    for (d, at, _), action in reversed(list(zip(new, inserted, strict=True))):
+        rows[d].insert(at, action)
+    expected = _columns(Schedule("x", len(rows), 1, base.stage_devices, tuple(map(tuple, rows))))
+    as_columns = _columns(Schedule("x", 1, 1, (0,), (tuple(inserted),)))
+    fields = {f: getattr(as_columns, f) for f in ("kind", "stage", "microbatch", "chunk", "peer")}
+    fields["version"] = as_columns.version
+    device = np.array([d for d, _, _ in new], np.int64)
+    position = np.array([at for _, at, _ in new], np.int64)
+    ours = insert_actions(base.columns, Insertion(device, position, fields))
+    for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
+        assert np.array_equal(getattr(ours, field), getattr(expected, field)), field
+
+
+def _reference_2bw(p: int, m: int, batches: int) -> Schedule:
+    """PipeDream-2BW built by walking each stage's 1F1B order over every batch: the switch
+    to version b - 1 right before the forward of batch b's first micro-batch (from batch 2
+    on), batch b's step (making version b + 1) right after the backward of its last one.
+    pipedream_2bw places the same actions by their positions, on columns."""
+    rows = []
+    for s in range(p):
+        row = []
+        for a in one_f_one_b_order(s, p, range(m * batches)):
+            batch = a.microbatch // m
+            if a.kind is ActionKind.F and a.microbatch % m == 0 and batch >= 2:
+                row.append(Action(ActionKind.WEIGHT_VERSION, s, a.microbatch, version=batch - 1))
+            row.append(a)
+            if a.kind is ActionKind.BW and a.microbatch % m == m - 1:
+                row.append(optimizer_step(s, a.microbatch, version=batch + 1))
+        rows.append(tuple(row))
+    meta = {"weight_versions": "max(floor((k-1)/m) - 1, 0) for 1-indexed micro-batch k"}
+    return Schedule("2bw", p, m, tuple(range(p)), tuple(rows), num_batches=batches, meta=meta)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("extra", [0, 1, 3])
+@pytest.mark.parametrize("batches", [1, 2, 3, 5])
+def test_2bw_is_its_reference_built_from_action_lists(p, extra, batches):
+    m = p + extra
+    ours = generate("2bw", p, m, num_batches=batches)
+    assert ours == _reference_2bw(p, m, batches)
+    read_back = _columns(ours)
+    for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
+        assert np.array_equal(getattr(ours.columns, field), getattr(read_back, field)), field
