@@ -28,6 +28,8 @@ from planner.schedules._engine import (
     TRANSFER,
     CompiledSchedule,
     _deadlock_message,
+    _is_run_order,
+    _likely_order,
     compile_schedule,
     run_timing,
 )
@@ -200,8 +202,14 @@ def test_an_input_later_in_the_own_list_is_a_deadlock():
         run_timing(compiled, [1.0] * 4)
 
 
-def test_the_run_order_keeps_each_list_in_order_and_inputs_first():
-    compiled = compile_schedule(bpipe(6, 12))
+@pytest.mark.parametrize("name, p, m, guessed", [("bpipe", 6, 12, True), ("v-min", 8, 26, False)])
+def test_the_run_order_keeps_each_list_in_order_and_inputs_first(name, p, m, guessed):
+    """Whether the cheap guess is taken (bpipe) or the lists are followed (v-min's devices
+    do not advance in step), the order is one the devices can run in."""
+    compiled = compile_schedule(generate_any(name, p, m))
+    assert _is_run_order(compiled, _likely_order(compiled)) is guessed
+    assert _is_run_order(compiled, compiled.order)
+    assert not _is_run_order(compiled, compiled.order[::-1])
     order = compiled.order.tolist()
     assert sorted(order) == list(range(len(compiled.lane)))
     position = {i: k for k, i in enumerate(order)}
