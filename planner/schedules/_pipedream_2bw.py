@@ -45,18 +45,15 @@ def pipedream_2bw(num_devices: int, num_microbatches: int, num_batches: int = 2)
     )
     total = m * num_batches
     order = one_f_one_b_orders(p, total)
-    schedule = Schedule.from_columns(
+    return Schedule.from_columns(
         "2bw",
         p,
         m,
         tuple(range(p)),
         insert_actions(order, _markers(p, m, num_batches)),
+        num_batches=num_batches,
         meta={"weight_versions": "max(floor((k-1)/m) - 1, 0) for 1-indexed micro-batch k"},
     )
-    # Schedule.from_columns takes no number of batches: set the field as the frozen
-    # dataclass's own initialiser would.
-    object.__setattr__(schedule, "num_batches", num_batches)
-    return schedule
 
 
 def _markers(p: int, m: int, num_batches: int) -> Insertion:
