@@ -27,6 +27,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from planner._arrays import sorted_distinct
 from planner.schedules._basic import (
     Insertion,
     insert_actions,
@@ -269,7 +270,7 @@ def _acceptor_mirrors(evictor_only: Schedule) -> Insertion:
     moving, acceptor, time = moving[by_time], acceptor[by_time], time[by_time]
     position = np.empty(len(moving), np.int64)
     bounds = np.searchsorted(acceptor, np.arange(len(columns.offsets)))
-    for device in np.unique(acceptor).tolist():
+    for device in sorted_distinct(acceptor).tolist():
         lo, hi = int(bounds[device]), int(bounds[device + 1])
         begin, end = int(columns.offsets[device]), int(columns.offsets[device + 1])
         started = np.maximum.accumulate(start[begin:end])

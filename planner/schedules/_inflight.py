@@ -24,6 +24,7 @@ from operator import ge, itemgetter, sub
 
 import numpy as np
 
+from planner._arrays import sorted_distinct
 from planner.schedules._ir import KIND_CODE, Action, ActionKind, Schedule
 
 __all__ = ["InflightProfile", "inflight_profile", "peak_by_order", "peak_from_profile"]
@@ -103,7 +104,7 @@ def _profile_of_columns(schedule: Schedule) -> InflightProfile:
     if not tracked.any():
         return profile
     # Slots: the stages each device tracks, in stage order.
-    held = np.unique(device[tracked] * num_stages + stage[tracked])
+    held = sorted_distinct(device[tracked] * num_stages + stage[tracked])
     held_device = held // num_stages
     first_slot = np.searchsorted(held_device, np.arange(p))
     width = int(np.bincount(held_device, minlength=p).max())
@@ -167,7 +168,7 @@ def _distinct_rows(device: np.ndarray, counts: np.ndarray) -> np.ndarray:
     key = device.copy()
     for column in counts.T:
         key = key * radix + (column - low)
-    key = np.unique(key)
+    key = sorted_distinct(key)
     rows = np.empty((len(key), counts.shape[1] + 1), dtype=np.int64)
     for i in range(counts.shape[1], 0, -1):
         key, rows[:, i] = np.divmod(key, radix)
