@@ -31,11 +31,11 @@ from planner.schedules import (  # noqa: E402
     SCHEDULE_NAMES,
     PassTimes,
     _vadaptive,  # noqa: E402
+    _vframe,  # noqa: E402
     generate,
     schedule_family,
     validate,
 )
-from planner.schedules._vframe import dependencies  # noqa: E402
 
 TABLE_5 = PassTimes(12.96, 13.22, 9.76)
 DEVICES, MICROBATCHES = 64, 512
@@ -83,6 +83,16 @@ def generation(repeats: int, names: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def _empty_search_caches() -> None:
+    """Cold: every cache the search fills (its blocks, their peaks and orders, the blocks
+    screened so far, its choice per allowed stage activations, the pass dependencies) is
+    emptied, whichever caches the V modules hold now."""
+    for module in (_vadaptive, _vframe):
+        for value in vars(module).values():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
+
+
 def search(repeats: int) -> str:
     lines = [
         "| memory limit | search p50 (min-max) s | search CPU p50 s | blocks within | built |",
@@ -91,10 +101,7 @@ def search(repeats: int) -> str:
     for limit in (0.5, 0.6, 0.8, 1.0):
         runs, cpu = [], []
         for _ in range(repeats):
-            # Cold: every cache the search fills (its blocks, their peaks, its choice per
-            # allowed stage activations and the pass dependencies) is emptied first.
-            for cache in (_vadaptive._space, _vadaptive._peaks, _vadaptive._choose, dependencies):
-                cache.cache_clear()
+            _empty_search_caches()
             started, started_cpu = _clocks()
             choice = _vadaptive.v_adaptive_choice(32, 128, limit, TABLE_5)
             done, done_cpu = _clocks()
