@@ -7,8 +7,6 @@ WEIGHT_VERSION); communication is implied by the stage order and made explicit b
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -34,7 +32,6 @@ __all__ = [
     "interleaved_columns",
     "one_f_one_b",
     "one_f_one_b_columns",
-    "one_f_one_b_order",
     "one_f_one_b_orders",
     "optimizer_step",
     "require",
@@ -78,32 +75,18 @@ def gpipe(num_devices: int, num_microbatches: int) -> Schedule:
     return Schedule("gpipe", num_devices, m, tuple(range(num_devices)), tuple(rows))
 
 
-def one_f_one_b_order(stage: int, num_stages: int, microbatches: Iterable[int]) -> list[Action]:
-    """1F1B order of one stage: warm-up forwards, steady F/B pairs, cool-down backwards."""
-    mbs = list(microbatches)
-    warmup = min(num_stages - stage - 1, len(mbs))
-    steady = len(mbs) - warmup
-    forwards = passes(F, stage, mbs)
-    backwards = passes(BW, stage, mbs)
-    order = forwards[:warmup]
-    order += chain.from_iterable(zip(forwards[warmup:], backwards[:steady], strict=True))
-    order += backwards[steady:]
-    return order
-
-
 def one_f_one_b(num_devices: int, num_microbatches: int) -> Schedule:
     """1F1B with a flush (PipeDream-Flush / Megatron's default): stage s runs
     min(p - s - 1, m) warm-up forwards, then alternates forward and backward.
 
     Stage s holds at most min(p - s, m) micro-batches (BPipe paper, Eq. 2)."""
-    check_counts("1f1b", num_devices, num_microbatches)
-    m = num_microbatches
-    rows = []
-    for s in range(num_devices):
-        row = one_f_one_b_order(s, num_devices, range(m))
-        row.append(optimizer_step(s, m - 1))
-        rows.append(tuple(row))
-    return Schedule("1f1b", num_devices, m, tuple(range(num_devices)), tuple(rows))
+    return Schedule.from_columns(
+        "1f1b",
+        num_devices,
+        num_microbatches,
+        tuple(range(num_devices)),
+        one_f_one_b_columns(num_devices, num_microbatches),
+    )
 
 
 def interleaved(num_devices: int, num_microbatches: int, num_chunks: int = 2) -> Schedule:
@@ -136,17 +119,24 @@ def interleaved_columns(num_devices: int, num_microbatches: int, num_chunks: int
 
 
 def one_f_one_b_columns(num_devices: int, num_microbatches: int) -> Columns:
-    """The columns of :func:`one_f_one_b` (its checks included): what
-    :func:`one_f_one_b_order` lists on every device, then the optimizer step."""
-    p, m = num_devices, num_microbatches
-    check_counts("1f1b", p, m)
-    return _looped_columns(p, m, 1, [min(p - r - 1, m) for r in range(p)])
+    """The columns of :func:`one_f_one_b` (its checks included): on every device its
+    1F1B order (:func:`one_f_one_b_orders`), then the optimizer step."""
+    check_counts("1f1b", num_devices, num_microbatches)
+    return _looped_columns(
+        num_devices, num_microbatches, 1, _one_f_one_b_warmups(num_devices, num_microbatches)
+    )
 
 
 def one_f_one_b_orders(num_devices: int, microbatches: int) -> Columns:
-    """:func:`one_f_one_b_order` of every stage, one stage per device, as columns (no step)."""
-    p = num_devices
-    return _looped_columns(p, microbatches, 1, [min(p - r - 1, microbatches) for r in range(p)], 0)
+    """The 1F1B order of every stage, one stage a device, as columns (no step): stage s
+    runs min(p - s - 1, m) warm-up forwards, then alternates forward and backward, then
+    runs the remaining backwards."""
+    warmups = _one_f_one_b_warmups(num_devices, microbatches)
+    return _looped_columns(num_devices, microbatches, 1, warmups, steps=0)
+
+
+def _one_f_one_b_warmups(p: int, m: int) -> list[int]:
+    return [min(p - r - 1, m) for r in range(p)]
 
 
 def _looped_columns(p: int, m: int, v: int, warmups: list[int], steps: int = 1) -> Columns:

@@ -31,7 +31,6 @@ __all__ = ["InflightProfile", "inflight_profile", "peak_by_order", "peak_from_pr
 
 K = ActionKind
 
-_TRANSFERS = frozenset({K.EVICT, K.LOAD})
 _COMPUTE = frozenset(k for k in K if k.is_compute)
 # saved_peak's steps, per compute kind (and None before the first): a forward adds one, the
 # compute action after a W or fused BW frees one.
@@ -46,17 +45,9 @@ InflightProfile = list[list[dict[int, int]]]
 def inflight_profile(schedule: Schedule) -> InflightProfile:
     """Per device, the Pareto-maximal per-stage counts of saved micro-batches of a valid
     schedule: each device's moments in decreasing order (of the counts as tuples by stage),
-    a moment's stages in increasing order, stages it holds none of left out."""
-    one_stage_each = schedule.num_stages == schedule.num_devices
-    if one_stage_each and _TRANSFERS.isdisjoint(
-        map(itemgetter(0), chain.from_iterable(schedule.actions))
-    ):
-        # One stage per device (a valid schedule gives every device one) and no transfers:
-        # a device's peak is one count, read off its list without per-stage bookkeeping.
-        stage_of = {device: stage for stage, device in enumerate(schedule.stage_devices)}
-        return [
-            [{stage_of[device]: saved_peak(row)}] for device, row in enumerate(schedule.actions)
-        ]
+    a moment's stages in increasing order, stages it holds none of left out. Read off the
+    schedule's columns, every device at once (a schedule made from columns makes no
+    action for it)."""
     return _profile_of_columns(schedule)
 
 

@@ -13,7 +13,6 @@ from planner.schedules._basic import (
     Insertion,
     insert_actions,
     one_f_one_b_columns,
-    one_f_one_b_order,
     optimizer_step,
 )
 from planner.schedules._ir import _columns
@@ -146,13 +145,28 @@ def test_2bw_memory_is_1f1b_memory_for_activations():
     ]
 
 
+def one_f_one_b_order(stage: int, num_stages: int, microbatches: range) -> list[Action]:
+    """1F1B order of one stage by the letter: min(p - s - 1, m) warm-up forwards, steady
+    F/B pairs, cool-down backwards (the oracle of the generators' columns)."""
+    mbs = list(microbatches)
+    warmup = min(num_stages - stage - 1, len(mbs))
+    forwards = [Action(ActionKind.F, stage, k) for k in mbs]
+    backwards = [Action(ActionKind.BW, stage, k) for k in mbs]
+    order = forwards[:warmup]
+    for forward, backward in zip(forwards[warmup:], backwards, strict=False):
+        order += [forward, backward]
+    return order + backwards[len(mbs) - warmup :]
+
+
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 7, 8])
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 13])
-def test_1f1b_columns_are_the_columns_of_its_action_lists(p, m):
-    """BPipe builds on one_f_one_b_columns; 1f1b itself lists its actions stage by stage."""
-    built, listed = one_f_one_b_columns(p, m), generate("1f1b", p, m).columns
+def test_1f1b_is_each_stages_1f1b_order_then_the_step(p, m):
+    """1f1b (and BPipe, built on its columns) against each stage's order by the letter."""
+    listed = [(*one_f_one_b_order(s, p, range(m)), optimizer_step(s, m - 1)) for s in range(p)]
+    assert generate("1f1b", p, m).actions == tuple(listed)
+    built = Schedule("1f1b", p, m, tuple(range(p)), tuple(listed)).columns
     for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
-        assert np.array_equal(getattr(built, field), getattr(listed, field)), field
+        assert np.array_equal(getattr(one_f_one_b_columns(p, m), field), getattr(built, field))
 
 
 @pytest.mark.parametrize("seed", range(20))
