@@ -14,12 +14,10 @@ import numpy as np
 from planner.errors import ScheduleConfigError
 from planner.schedules._ir import (
     KIND_CODE,
-    Action,
     ActionKind,
     Columns,
     Schedule,
     looped_placement,
-    passes,
 )
 from planner.schedules._registry import NUM_CHUNKS, ScheduleFamily, register
 
@@ -33,7 +31,7 @@ __all__ = [
     "one_f_one_b",
     "one_f_one_b_columns",
     "one_f_one_b_orders",
-    "optimizer_step",
+    "one_f_one_b_positions",
     "require",
 ]
 
@@ -56,23 +54,12 @@ def check_counts(name: str, num_devices: int, num_microbatches: int) -> None:
     )
 
 
-def optimizer_step(
-    stage: int, microbatch: int, chunk: int = 0, version: int | None = None
-) -> Action:
-    return Action(ActionKind.OPTIMIZER_STEP, stage, microbatch, chunk, version=version)
-
-
 def gpipe(num_devices: int, num_microbatches: int) -> Schedule:
-    """GPipe: all forwards, then all backwards, then the optimizer step (one stage a device)."""
-    check_counts("gpipe", num_devices, num_microbatches)
-    m = num_microbatches
-    rows = []
-    for s in range(num_devices):
-        row = passes(F, s, range(m))
-        row += passes(BW, s, range(m))
-        row.append(optimizer_step(s, m - 1))
-        rows.append(tuple(row))
-    return Schedule("gpipe", num_devices, m, tuple(range(num_devices)), tuple(rows))
+    """GPipe: all forwards, then all backwards, then the optimizer step (one stage a device):
+    the looped schedule whose warm-up runs every forward."""
+    p, m = num_devices, num_microbatches
+    check_counts("gpipe", p, m)
+    return Schedule.from_columns("gpipe", p, m, tuple(range(p)), _looped_columns(p, m, 1, [m] * p))
 
 
 def one_f_one_b(num_devices: int, num_microbatches: int) -> Schedule:
@@ -139,6 +126,17 @@ def _one_f_one_b_warmups(p: int, m: int) -> list[int]:
     return [min(p - r - 1, m) for r in range(p)]
 
 
+def one_f_one_b_positions(
+    warmup: np.ndarray, k: np.ndarray, total: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where the k-th forward and the k-th backward sit in a list of ``total`` of each that
+    runs ``warmup`` forwards, then forward warmup + i and backward i alternately, then the
+    remaining backwards (1F1B's order; GPipe's when every forward is in the warm-up)."""
+    at_f = np.where(k < warmup, k, 2 * k - warmup)
+    at_b = np.where(k < total - warmup, warmup + 2 * k + 1, total + k)
+    return at_f, at_b
+
+
 def _looped_columns(p: int, m: int, v: int, warmups: list[int], steps: int = 1) -> Columns:
     """1F1B over ``v`` chunks per device placed in a loop (stage ``c * p + r`` on device r),
     device r warming up with ``warmups[r]`` forwards, as columns: micro-batches run in
@@ -156,11 +154,7 @@ def _looped_columns(p: int, m: int, v: int, warmups: list[int], steps: int = 1) 
     kind = np.empty((p, size), np.int64)
     chunk = np.empty((p, size), np.int64)
     mb = np.empty((p, size), np.int64)
-    # Per device (rows): warm-up forwards, then forward k = warmup + i and backward i
-    # alternate, then the remaining backwards.
-    warmup = np.asarray(warmups, dtype=np.int64)[:, None]
-    at_f = np.where(k < warmup, k, 2 * k - warmup)
-    at_b = np.where(k < total - warmup, warmup + 2 * k + 1, total + k)
+    at_f, at_b = one_f_one_b_positions(np.asarray(warmups, dtype=np.int64)[:, None], k, total)
     row = np.arange(p)[:, None]
     kind[row, at_f], chunk[row, at_f], mb[row, at_f] = code_f, chunk_f, microbatch
     kind[row, at_b], chunk[row, at_b], mb[row, at_b] = code_b, chunk_b, microbatch

@@ -46,7 +46,6 @@ __all__ = [
     "Columns",
     "Schedule",
     "actions_from_columns",
-    "passes",
 ]
 
 SCHEDULE_FORMAT = "stagewright.schedule/1"
@@ -412,26 +411,6 @@ def _columns(schedule: Schedule) -> Columns:
 
 _KINDS = tuple(ActionKind)  # kind of each code of Columns.kind
 _new_action = partial(tuple.__new__, Action)  # Action(*fields) without a Python-level call
-
-
-def passes(kind: ActionKind, stage: int, microbatches: Iterable[int]) -> list[Action]:
-    """``Action(kind, stage, k)`` for every k of ``microbatches``, in order (chunk 0, no
-    peer or version): the actions are made in one C-level pass, about twice as fast as one
-    ``Action(...)`` call each, which is what generators of large schedules spend their time on."""
-    return list(
-        map(
-            _new_action,
-            zip(
-                repeat(kind),
-                repeat(stage),
-                microbatches,
-                repeat(0),
-                repeat(None),
-                repeat(None),
-                strict=False,  # the repeats end with the micro-batches
-            ),
-        )
-    )
 
 
 def actions_from_columns(columns: Columns) -> tuple[tuple[Action, ...], ...]:

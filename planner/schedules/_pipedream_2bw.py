@@ -10,6 +10,7 @@ from planner.schedules._basic import (
     check_counts,
     insert_actions,
     one_f_one_b_orders,
+    one_f_one_b_positions,
     require,
 )
 from planner.schedules._ir import KIND_CODE, ActionKind, Schedule
@@ -68,10 +69,9 @@ def _markers(p: int, m: int, num_batches: int) -> Insertion:
     warmup = np.minimum(p - 1 - stage, total)
     batch = np.arange(num_batches, dtype=np.int64)[None, :]
     last = batch * m + m - 1  # each batch's last micro-batch
-    # After the backward of ``last``: the 1F1B position of that backward, plus one.
-    after = np.where(last < total - warmup, warmup + 2 * last + 1, total + last) + 1
+    after = one_f_one_b_positions(warmup, last, total)[1] + 1  # right after its backward
     switch = np.arange(2, num_batches, dtype=np.int64)[None, :] * m  # first micro-batches
-    before = np.where(switch < warmup, switch, 2 * switch - warmup)  # their forwards
+    before = one_f_one_b_positions(warmup, switch, total)[0]  # their forwards
     shape = (p, num_batches + max(num_batches - 2, 0))
     position = np.concatenate((after, before), axis=1)
     rank = np.concatenate((np.zeros_like(after), np.ones_like(before)), axis=1)

@@ -13,7 +13,6 @@ from planner.schedules._basic import (
     Insertion,
     insert_actions,
     one_f_one_b_columns,
-    optimizer_step,
 )
 from planner.schedules._ir import _columns
 from planner.simulate import Durations, simulate
@@ -145,6 +144,10 @@ def test_2bw_memory_is_1f1b_memory_for_activations():
     ]
 
 
+def optimizer_step(stage: int, microbatch: int, version: int | None = None) -> Action:
+    return Action(ActionKind.OPTIMIZER_STEP, stage, microbatch, version=version)
+
+
 def one_f_one_b_order(stage: int, num_stages: int, microbatches: range) -> list[Action]:
     """1F1B order of one stage by the letter: min(p - s - 1, m) warm-up forwards, steady
     F/B pairs, cool-down backwards (the oracle of the generators' columns)."""
@@ -167,6 +170,21 @@ def test_1f1b_is_each_stages_1f1b_order_then_the_step(p, m):
     built = Schedule("1f1b", p, m, tuple(range(p)), tuple(listed)).columns
     for field in ("device", "kind", "stage", "microbatch", "chunk", "peer", "version", "offsets"):
         assert np.array_equal(getattr(one_f_one_b_columns(p, m), field), getattr(built, field))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 8])
+@pytest.mark.parametrize("m", [1, 2, 5, 13])
+def test_gpipe_is_every_forward_then_every_backward_then_the_step(p, m):
+    """GPipe, made by the looped builder with every forward in the warm-up, by the letter."""
+    listed = tuple(
+        (
+            *(Action(ActionKind.F, s, k) for k in range(m)),
+            *(Action(ActionKind.BW, s, k) for k in range(m)),
+            optimizer_step(s, m - 1),
+        )
+        for s in range(p)
+    )
+    assert generate("gpipe", p, m).actions == listed
 
 
 @pytest.mark.parametrize("seed", range(20))
