@@ -36,7 +36,6 @@ from planner.schedules._basic import (
     require,
 )
 from planner.schedules._engine import compile_schedule, run_timing
-from planner.schedules._inflight import saved_peak
 from planner.schedules._ir import KIND_CODE, Action, ActionKind, Columns, Schedule, looped_placement
 from planner.schedules._registry import NUM_CHUNKS, Parameter, ScheduleFamily, register
 
@@ -61,15 +60,18 @@ def plan_transfers(
     just before ``compute[i]`` (overlapping it). Returns the transfers and the peak number of
     saved micro-batches the device then holds (loads and evictions in flight counted)."""
     n = len(compute)
-    plain_peak = saved_peak(compute)  # counts every forward, whatever its stage
+    kinds = list(map(itemgetter(0), compute))
+    is_f = [kind is F for kind in kinds]
+    frees = [kind is BW or kind is W for kind in kinds]
+    # Every forward counted, whatever its stage.
+    plain_peak = int(_saved_peaks(np.array(is_f, bool), np.array(frees, bool), np.array([0, n]))[0])
     if plain_peak <= capacity:
         # Never over capacity without transfers: the loop below would plan none (a device
         # in the acceptor half, or a short run), so skip it.
         return [[] for _ in range(n)], plain_peak
-    kinds = list(map(itemgetter(0), compute))
     return _belady(
-        [kind is F for kind in kinds],
-        [kind is BW or kind is W for kind in kinds],
+        is_f,
+        frees,
         [kind is BW or kind is B for kind in kinds],
         list(zip(map(itemgetter(1), compute), map(itemgetter(2), compute), strict=True)),
         capacity,
@@ -203,7 +205,7 @@ def _plan_evictions(base: Columns, capacity: int) -> tuple[Insertion | None, lis
     # Per transfer: evictor, position in its list, kind, stage, micro-batch.
     entries: list[tuple[int, int, int, int, int]] = []
     pairs: list[list[int]] = []
-    for r in np.flatnonzero(_saved_peaks(is_f, bounds) > capacity).tolist():
+    for r in np.flatnonzero(_saved_peaks(is_f, ~is_f, bounds) > capacity).tolist():
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         forward = is_f[lo:hi].tolist()
         backward = [not f for f in forward]  # fused backwards: end and want the activation
@@ -234,14 +236,15 @@ def _plan_evictions(base: Columns, capacity: int) -> tuple[Insertion | None, lis
     return Insertion(evictor, position, fields), pairs
 
 
-def _saved_peaks(is_f: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Per device, :func:`saved_peak` of its forwards and fused backwards (``is_f`` of
-    each, devices in order, device d's from ``bounds[d]`` to ``bounds[d + 1]``): the
-    running sum of +1 at a forward and -1 after a backward, at its highest (at least 0)."""
+def _saved_peaks(is_f: np.ndarray, frees: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Per device, the peak of its saved micro-batches over its compute actions (devices in
+    order, device d's from ``bounds[d]`` to ``bounds[d + 1]``; ``is_f``: a forward,
+    ``frees``: a W or fused backward, which ends an activation): the running sum of +1 at
+    a forward and -1 at the action after a free, at its highest (at least 0)."""
     starts = bounds[:-1]
     first = np.zeros(len(is_f) + 1, bool)
     first[starts] = True
-    freed = np.concatenate(([False], ~is_f[:-1])) & ~first[:-1]  # the action before ended one
+    freed = np.concatenate(([False], frees[:-1])) & ~first[:-1]  # the action before ended one
     level = np.cumsum(is_f.astype(np.int64) - freed)
     before = np.concatenate(([0], level))[starts]  # the sum before each device's first
     peaks = np.zeros(len(starts), np.int64)

@@ -19,27 +19,24 @@ activation sizes is a small maximum of dot products.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import accumulate, chain
-from operator import ge, itemgetter, sub
+from operator import ge
 
 import numpy as np
 
 from planner._arrays import sorted_distinct
-from planner.schedules._ir import KIND_CODE, Action, ActionKind, Schedule
+from planner.schedules._ir import KIND_CODE, ActionKind, Schedule
 
 __all__ = ["InflightProfile", "inflight_profile", "peak_by_order", "peak_from_profile"]
 
 K = ActionKind
 
-_COMPUTE = frozenset(k for k in K if k.is_compute)
-# saved_peak's steps, per compute kind (and None before the first): a forward adds one, the
-# compute action after a W or fused BW frees one.
-_RISE = {k: int(k is K.F) for k in _COMPUTE}
-_FREE: dict[ActionKind | None, int] = {k: int(k in (K.W, K.BW)) for k in _COMPUTE}
-_FREE[None] = 0
-
 InflightProfile = list[list[dict[int, int]]]
 """Per device: candidate peak moments, each {stage: saved micro-batches of that stage}."""
+
+
+_F, _W, _BW = KIND_CODE[K.F], KIND_CODE[K.W], KIND_CODE[K.BW]
+_EVICT, _LOAD = KIND_CODE[K.EVICT], KIND_CODE[K.LOAD]
+_IS_COMPUTE = np.array([kind.is_compute for kind in K])  # by kind code
 
 
 def inflight_profile(schedule: Schedule) -> InflightProfile:
@@ -47,29 +44,7 @@ def inflight_profile(schedule: Schedule) -> InflightProfile:
     schedule: each device's moments in decreasing order (of the counts as tuples by stage),
     a moment's stages in increasing order, stages it holds none of left out. Read off the
     schedule's columns, every device at once (a schedule made from columns makes no
-    action for it)."""
-    return _profile_of_columns(schedule)
-
-
-def saved_peak(row: Sequence[Action]) -> int:
-    """Peak saved micro-batches of an action list without transfers, every forward counted
-    alike (one stage's, or all stages' as one): forwards minus finished frees.
-
-    The level only rises at a forward, so its peak is the running sum's maximum over the
-    compute actions (each adds one if a forward, less one if the one before was a W or BW),
-    summed in C."""
-    kinds = list(filter(_COMPUTE.__contains__, map(itemgetter(0), row)))
-    steps = map(sub, map(_RISE.__getitem__, kinds), map(_FREE.__getitem__, chain((None,), kinds)))
-    return max(0, max(accumulate(steps), default=0))
-
-
-_F, _W, _BW = KIND_CODE[K.F], KIND_CODE[K.W], KIND_CODE[K.BW]
-_EVICT, _LOAD = KIND_CODE[K.EVICT], KIND_CODE[K.LOAD]
-_IS_COMPUTE = np.array([kind in _COMPUTE for kind in K])  # by kind code
-
-
-def _profile_of_columns(schedule: Schedule) -> InflightProfile:
-    """:func:`inflight_profile` of every device at once, from the schedule's columns.
+    action for it).
 
     A device's saved micro-batches per stage while an action runs are a running sum of
     events, each placed at the action where it takes effect:

@@ -354,8 +354,9 @@ def _screen_orders(num_devices: int, num_microbatches: int) -> dict[int, np.ndar
 @lru_cache(maxsize=512)
 def _block_orders(num_devices: int, index: int, num_microbatches: int) -> np.ndarray:
     """Block ``index``'s finished orders (repeated, warm-up and cool-down reordered) for m
-    micro-batches, one row a device; shared by every search that screens or finishes the
-    block. Kept as a read-only array: a list of Python ints would take about ten times the
+    micro-batches, one row a device; shared by every search that finishes the block (the
+    screened ones, at fewer micro-batches, are in :func:`_screen_orders`). Kept as a
+    read-only array: a list of Python ints would take about ten times the
     memory in a long-lived service."""
     cells = _space(num_devices).cells[index].tolist()
     orders = np.asarray(build_orders(cells, num_microbatches), dtype=np.int64)
