@@ -21,7 +21,7 @@ __all__ = ["to_schedule"]
 
 def to_schedule(
     name: str,
-    orders: Sequence[Sequence[int]],
+    orders: Sequence[Sequence[int]] | np.ndarray,
     num_microbatches: int,
     meta: dict[str, object],
     split_backward: bool = True,
@@ -45,7 +45,9 @@ _PASS_CODE = {  # kind code of each pass code, with the backward split (W apart)
 }
 
 
-def _columns_of(orders: Sequence[Sequence[int]], m: int, split_backward: bool) -> Columns:
+def _columns_of(
+    orders: Sequence[Sequence[int]] | np.ndarray, m: int, split_backward: bool
+) -> Columns:
     """:class:`Columns` of the schedule :func:`to_schedule` makes, from the pass ids."""
     d = len(orders)
     passes = [np.asarray(order, dtype=np.int64) for order in orders]

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,10 +31,12 @@ from planner.errors import ScheduleConfigError
 __all__ = [
     "PASSES",
     "REPEAT_INTERVAL",
+    "BuildStages",
     "Slack",
     "VBlock",
     "build_orders",
     "build_orders_stack",
+    "build_stages",
     "dependencies",
     "finish_times",
     "order_peaks",
@@ -354,10 +357,38 @@ def build_orders(
 ) -> list[list[int]]:
     """Steps 2-4 of §2 for a collision-free block: repeat, squeeze (implicit: the orders are
     what squeezing keeps) and reorder the warm-up and cool-down (Appendix C)."""
-    ids = repeated_ids(cells, num_microbatches)
     if not reorder:
-        return ids.tolist()  # type: ignore[no-any-return]
-    return _reorder_cooldown(_fill_warmup(ids, num_microbatches, cells), num_microbatches)
+        return repeated_ids(cells, num_microbatches).tolist()  # type: ignore[no-any-return]
+    return build_stages(cells, num_microbatches).orders.tolist()  # type: ignore[no-any-return]
+
+
+class BuildStages(NamedTuple):
+    """What :func:`build_orders` makes on its way to the orders, for a caller that reasons
+    about how they came about (:mod:`planner.schedules._vperiod`). Every array but
+    ``squeezed`` is (devices, 6 m), a row a device."""
+
+    repeated: np.ndarray
+    """Step 2's orders (:func:`repeated_ids`)."""
+    filled: np.ndarray
+    """The orders after the warm-up fill (:func:`_fill_warmup`)."""
+    dropped: np.ndarray
+    """Per pass of ``filled``: a W the cool-down drops (:func:`_cooldown_dropped`)."""
+    squeezed: np.ndarray
+    """The cool-down's squeeze of the kept passes: the cell of every pass id, -1 for the
+    dropped ones."""
+    orders: np.ndarray
+    """The result: the dropped Ws placed (:func:`_place_dropped`)."""
+
+
+def build_stages(cells: list[list[int]], num_microbatches: int) -> BuildStages:
+    """:func:`build_orders` with reordering, keeping what each step made."""
+    m = num_microbatches
+    repeated = repeated_ids(cells, m)
+    filled = _fill_warmup(repeated, m, cells)
+    dropped, squeezed = _cooldown_squeeze(filled, m)
+    return BuildStages(
+        repeated, filled, dropped, squeezed, _place_dropped(filled, dropped, squeezed)
+    )
 
 
 def build_orders_stack(cells: np.ndarray, num_microbatches: int) -> np.ndarray:
@@ -732,12 +763,19 @@ def _reorder_cooldown(ids: np.ndarray, m: int) -> list[list[int]]:
 
     ``ids``: the orders, one row a device (every device runs 6 m passes). The oracle of
     :func:`_reorder_cooldown_stack`, which does the same for a stack of blocks."""
+    dropped, cell = _cooldown_squeeze(ids, m)
+    return _place_dropped(ids, dropped, cell).tolist()  # type: ignore[no-any-return]
+
+
+def _cooldown_squeeze(ids: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first two steps of :func:`_reorder_cooldown`: which passes of ``ids`` it drops
+    (:func:`_cooldown_dropped`) and the cell of every pass id once the others are squeezed
+    (-1 for the dropped Ws)."""
     dropped = _cooldown_dropped(ids)
     kept_ids = ids[~dropped].tolist()  # by device, in order
     bounds = np.concatenate([[0], np.cumsum(ids.shape[1] - dropped.sum(axis=1))]).tolist()
     start = squeeze([kept_ids[begin:end] for begin, end in pairwise(bounds)], m)
-    cell = np.asarray(start, dtype=np.int64)  # -1 for the dropped Ws
-    return _place_dropped(ids, dropped, cell).tolist()  # type: ignore[no-any-return]
+    return dropped, np.asarray(start, dtype=np.int64)
 
 
 def _reorder_cooldown_stack(ids: np.ndarray, m: int) -> np.ndarray:

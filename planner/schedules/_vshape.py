@@ -29,7 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import product
+
+import numpy as np
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
@@ -44,8 +47,16 @@ from planner.schedules._vframe import (
     build_orders,
     require_block,
 )
+from planner.schedules._vperiod import PeriodicOrders, periodic_orders
 
-__all__ = ["VSHAPE_NAMES", "BlockOffsets", "block_offsets", "building_block", "vshape"]
+__all__ = [
+    "VSHAPE_NAMES",
+    "BlockOffsets",
+    "block_offsets",
+    "building_block",
+    "periodic_from",
+    "vshape",
+]
 
 VSHAPE_NAMES = ("v-min", "v-half", "v-zb")
 _DELTAS = {"v-min": (1, 1), "v-half": (2, 1), "v-zb": (4, 2)}
@@ -111,7 +122,11 @@ def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = T
     require(m >= 1, f"{name}: the number of micro-batches must be at least 1, got {m}")
     offsets = block_offsets(name, d)
     cells = require_block(offsets.block(d), name)
-    orders = build_orders(cells, m, reorder=reorder)
+    periodic = _periodic(name, d) if reorder and m >= periodic_from(name, d) else None
+    if periodic is not None:
+        orders: list[list[int]] | np.ndarray = periodic.orders(m)
+    else:
+        orders = build_orders(cells, m, reorder=reorder)
     lifespan = max(row[w] - row[f] + 1 for row in cells for f, w in ((0, 4), (1, 5)))
     meta = {
         "offsets": {
@@ -126,6 +141,35 @@ def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = T
         "max_stage_lifespan_cells": lifespan,
     }
     return to_schedule(name, orders, m, meta)
+
+
+# Micro-batches from which a build shows where its orders repeat (its warm-up is done and
+# its cool-down not begun), so that longer runs insert periods into it (:mod:`._vperiod`).
+# Like ``inflight_saturation``, established by building: the smallest count at which
+# ``periodic_orders`` finds a cut, for every p from 2 to 40, 48 and 64 (the tests check the
+# inserted orders against full builds). A run check makes every insertion safe; these only
+# decide which build is tried, and where it fails the runs are built in full.
+_PERIODIC_FROM: dict[str, Callable[[int], int]] = {
+    "v-min": lambda p: max(4, -(-(2 * p + 4) // 3)),
+    "v-half": lambda p: p + 2 - p % 2,
+    "v-zb": lambda p: 2 * p,
+}
+
+
+def periodic_from(name: str, num_devices: int) -> int:
+    """The micro-batches of the build that longer runs of ``name`` on p devices are made from
+    by inserting periods (see ``_PERIODIC_FROM``)."""
+    return _PERIODIC_FROM[name](num_devices)
+
+
+@lru_cache(maxsize=32)
+def _periodic(name: str, num_devices: int) -> PeriodicOrders | None:
+    """The build at ``periodic_from`` micro-batches with where to insert periods into it,
+    shared by every longer run of (name, p); None if the build does not show it (then
+    every run is built in full)."""
+    d = num_devices
+    cells = require_block(block_offsets(name, d).block(d), name)
+    return periodic_orders(cells, periodic_from(name, d))
 
 
 def _register(
@@ -158,8 +202,13 @@ def _register(
 
 
 # Idle time relative to 1F1B's: Table 1 (V-Min 4d/6d, V-Half 3d/6d, V-ZB about 0, counted
-# here as one stage time in six). In-flight profiles fill after p + 1 micro-batches (V-Min,
-# V-Half) or 2p (V-ZB).
-_register("v-min", "V-Min", 4 / 6, lambda p: p + 1, "about 1/3 of 1F1B's peak (Table 1)", 50)
+# here as one stage time in six). In-flight profiles stop changing after 2p // 3 + 1
+# micro-batches (V-Min), p + 1 (V-Half) or 2p (V-ZB), found by building each with more:
+# V-Min's holds for every p from 2 to 33 and at 40, 48 and 64 (p + 1 before, loose by a
+# third); at p = 2-10, 12, 13, 16, 20, 24 and 32 V-Min's and V-Half's are the least that
+# hold and V-ZB's one above it (tests/unit/test_inflight_caps.py checks each cap).
+_register(
+    "v-min", "V-Min", 4 / 6, lambda p: 2 * p // 3 + 1, "about 1/3 of 1F1B's peak (Table 1)", 50
+)
 _register("v-half", "V-Half", 3 / 6, lambda p: p + 1, "about 1/2 of 1F1B's peak (Table 1)", 60)
 _register("v-zb", "V-ZB", 1 / 6, lambda p: 2 * p, "1F1B's peak, about zero bubble (Table 1)", 70)
