@@ -69,17 +69,11 @@ def memory_rejection(ctx: PlanContext, est: Estimate) -> Rejected:
     """The plan's entry for a candidate over the device's memory: why, in numbers of its
     worst device, and what the fast estimate predicts for it (MFU 0: not simulated)."""
     hardware = ctx.hardware
-    totals = [m.total for m in est.memory]  # both the reason and the prediction read them
     return Rejected(
         config=est.config,
-        reason=_memory_reason(ctx.request, est, totals, hardware.name, hardware.usable_memory_gib),
+        reason=_memory_reason(ctx.request, est, hardware.name, hardware.usable_memory_gib),
         predicted=_predicted(
-            ctx,
-            est,
-            est.iteration_time_s,
-            0.0,
-            max(0.0, 1 - est.busy_s / est.iteration_time_s),
-            totals,
+            ctx, est, est.iteration_time_s, 0.0, max(0.0, 1 - est.busy_s / est.iteration_time_s)
         ),
     )
 
@@ -90,15 +84,11 @@ def _predicted(
     iteration_time_s: float,
     mfu: float,
     bubble_fraction: float,
-    totals: list[float] | None = None,
 ) -> Predicted:
-    """Throughput from ``iteration_time_s``, memory from ``est`` (``totals``: its devices'
-    totals, when the caller has them already), provenance of the times."""
+    """Throughput from ``iteration_time_s``, memory from ``est``, provenance of the times."""
     request = ctx.request
     samples = request.training.global_batch_size / iteration_time_s
-    if totals is None:
-        totals = [m.total for m in est.memory]
-    memory = [round(total / GIB, 3) for total in totals]
+    memory = [round(total / GIB, 3) for total in est.device_totals]
     source, error = time_provenance(est.costs.layer, ctx.hardware)
     return Predicted(
         iteration_time_s=iteration_time_s,
@@ -113,10 +103,9 @@ def _predicted(
     )
 
 
-def _memory_reason(
-    request: PlanRequest, est: Estimate, totals: list[float], gpu: str, usable_gib: float
-) -> str:
-    worst = totals.index(max(totals))  # the first device of the largest total
+def _memory_reason(request: PlanRequest, est: Estimate, gpu: str, usable_gib: float) -> str:
+    totals = est.device_totals
+    worst = totals.index(est.peak_memory)  # the first device of the largest total
     parts = est.memory[worst]
     static = (
         f"parameters {parts.parameters / GIB:.1f}, gradients {parts.gradients / GIB:.1f}, "

@@ -115,8 +115,7 @@ def _rank_key(pr: Priced) -> tuple[float, bool, float]:
     only in what does not run, such as a schedule on a one-stage pipeline, tie up to
     rounding), synchronous training before stale weights, then the lower peak memory."""
     stale = schedule_family(pr.estimate.config.schedule).semantics != "synchronous"
-    peak = max(m.total for m in pr.estimate.memory)
-    return round(pr.iteration_time_s, 9), stale, peak
+    return round(pr.iteration_time_s, 9), stale, pr.estimate.peak_memory
 
 
 class _Pricing:

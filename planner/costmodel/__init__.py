@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from planner.costmodel.evaluate import (
+    DeviceMemories,
     DeviceMemory,
     Estimate,
     PlanContext,
@@ -16,6 +17,7 @@ from planner.costmodel.evaluate import (
 )
 
 __all__ = [
+    "DeviceMemories",
     "DeviceMemory",
     "Estimate",
     "PlanContext",

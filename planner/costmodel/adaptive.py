@@ -11,6 +11,7 @@ candidate's own pass times when it is simulated.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 
 from planner.costmodel.shapes import Shape, bound_shape, stages_by_device
@@ -40,9 +41,9 @@ def limit_units(schedule: str, p: int, memory_limit: float) -> int:
 
 def memory_limit_for(
     config: CandidateConfig,
-    parameters: list[float],
-    activation_bytes: list[float],
-    working_bytes: list[float],
+    parameters: Sequence[float],
+    activation_bytes: Sequence[float],
+    working_bytes: Sequence[float],
     *,
     capacity: float,
     workspace: float,
@@ -90,9 +91,9 @@ def _searched(
 
 def searched_schedule(
     config: CandidateConfig,
-    forward: list[float],
-    backward: list[float],
-    weight: list[float],
+    forward: Sequence[float],
+    backward: Sequence[float],
+    weight: Sequence[float],
     comm: float,
     num_microbatches: int,
 ) -> Schedule:

@@ -19,10 +19,10 @@ context that places the candidate differently is a bug :func:`price` refuses.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from typing import NamedTuple
+from functools import cached_property, lru_cache
+from typing import NamedTuple, overload
 
 from planner.costmodel.adaptive import (
     bounded_shape,
@@ -53,6 +53,7 @@ from planner.costmodel.stages import (
     split_layers,
     stage_costs,
 )
+from planner.placement import Placement
 from planner.profiles import HardwareProfile
 from planner.schedules import generate, schedule_family
 from planner.schedules._engine import CompiledSchedule, compile_schedule
@@ -61,6 +62,7 @@ from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import CandidateConfig
 
 __all__ = [
+    "DeviceMemories",
     "DeviceMemory",
     "Estimate",
     "PlanContext",
@@ -85,8 +87,7 @@ __all__ = [
 
 
 class DeviceMemory(NamedTuple):
-    """Bytes on one pipeline device. A named tuple: a search makes one per device of every
-    candidate (tens of thousands), and these are the cheapest immutable records to create."""
+    """Bytes on one pipeline device (made on demand by :class:`DeviceMemories`)."""
 
     parameters: float
     gradients: float
@@ -98,6 +99,86 @@ class DeviceMemory(NamedTuple):
     @property
     def total(self) -> float:
         return self.parameters + self.gradients + self.optimizer + self.activations + self.allowance
+
+
+class DeviceMemories(Sequence[DeviceMemory]):
+    """Bytes on every pipeline device of a candidate: a sequence of :class:`DeviceMemory`,
+    kept as the columns the records are made of, with each device's total.
+
+    A search estimates thousands of candidates and reads only the totals of most of them
+    (the fit check, an over-memory rejection's prediction, the landscape): a device's record
+    is made when it is asked for (by index or by iterating), from the same products its
+    total was added from, so ``self[d].total == self.totals[d]`` exactly."""
+
+    __slots__ = ("_activations", "_allowance", "_bytes", "_held", "_in_flight", "totals")
+
+    def __init__(
+        self,
+        held: Sequence[float],
+        activations: Sequence[float],
+        in_flight: Sequence[float],
+        bytes_per_parameter: tuple[float, float, float],
+        workspace: float,
+        fragmentation: float,
+    ) -> None:
+        """``held``: parameters of each device; ``bytes_per_parameter``: the bytes its
+        weights, gradients and optimizer states store per parameter; every device adds
+        ``workspace`` bytes and ``fragmentation`` x its tensors (:func:`memory_allowance`)."""
+        weight_b, grad_b, opt_b = bytes_per_parameter
+        per_param = weight_b + grad_b + opt_b
+        allowance = [
+            workspace + fragmentation * (h * per_param + a)
+            for h, a in zip(held, activations, strict=True)
+        ]
+        self._held, self._activations, self._in_flight = held, activations, in_flight
+        self._bytes, self._allowance = bytes_per_parameter, allowance
+        # Added as DeviceMemory.total adds them: parameters, gradients, optimizer,
+        # activations, allowance.
+        self.totals: tuple[float, ...] = tuple(
+            [
+                h * weight_b + h * grad_b + h * opt_b + a + extra
+                for h, a, extra in zip(held, activations, allowance, strict=True)
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.totals)
+
+    @overload
+    def __getitem__(self, index: int) -> DeviceMemory: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[DeviceMemory]: ...
+
+    def __getitem__(self, index: int | slice) -> DeviceMemory | list[DeviceMemory]:
+        if isinstance(index, slice):
+            return [self._record(d) for d in range(len(self))[index]]
+        return self._record(index)
+
+    def __iter__(self) -> Iterator[DeviceMemory]:
+        return map(self._record, range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DeviceMemories):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, like a list
+
+    def __repr__(self) -> str:
+        return f"DeviceMemories({list(self)!r})"
+
+    def _record(self, device: int) -> DeviceMemory:
+        held = self._held[device]
+        weight_b, grad_b, opt_b = self._bytes
+        return DeviceMemory(
+            held * weight_b,
+            held * grad_b,
+            held * opt_b,
+            self._activations[device],
+            self._allowance[device],
+            self._in_flight[device],
+        )
 
 
 def memory_allowance(hw: HardwareProfile) -> tuple[float, float]:
@@ -127,7 +208,7 @@ def device_memory(
     *,
     capacity: float = math.inf,
     shape: Shape | None = None,
-) -> tuple[list[DeviceMemory], bool]:
+) -> tuple[DeviceMemories, bool]:
     """Bytes per pipeline device (the worst tensor/data-parallel rank is identical), and
     whether activations were counted. When the weights, gradients and optimizer states of
     some device already exceed ``capacity`` the schedule is not built: activations are left
@@ -147,14 +228,14 @@ def _device_memory(
     params: list[float],
     capacity: float,
     shape: Shape | None,
-) -> tuple[list[DeviceMemory], bool]:
+) -> tuple[DeviceMemories, bool]:
     """:func:`device_memory` given each device's parameters (``params``), which
     :func:`estimate` needs too."""
-    weight_b, grad_b, opt_b = stored_bytes_per_parameter(
+    stored = stored_bytes_per_parameter(
         ctx.request.training, config.weight_replicas, config.schedule
     )
-    per_param = weight_b + grad_b + opt_b
-    static = max(params) * per_param
+    weight_b, grad_b, opt_b = stored
+    static = max(params) * (weight_b + grad_b + opt_b)
     workspace, fragmentation = memory_allowance(ctx.hardware)
     counted = static * (1 + fragmentation) + workspace <= capacity
     if counted:
@@ -166,18 +247,8 @@ def _device_memory(
         in_flight: Sequence[float] = shape.in_flight
     else:
         activations = in_flight = [0.0] * config.p
-    out = [
-        DeviceMemory(
-            held * weight_b,
-            held * grad_b,
-            held * opt_b,
-            active,
-            workspace + fragmentation * (held * per_param + active),
-            flight,
-        )
-        for held, active, flight in zip(params, activations, in_flight, strict=True)
-    ]
-    return out, counted
+    memory = DeviceMemories(params, activations, in_flight, stored, workspace, fragmentation)
+    return memory, counted
 
 
 def adaptive_limit(ctx: PlanContext, config: CandidateConfig, costs: StageCosts) -> float:
@@ -199,7 +270,7 @@ def adaptive_limit(ctx: PlanContext, config: CandidateConfig, costs: StageCosts)
     )
 
 
-def _device_sums(values: list[float], by_device: tuple[tuple[int, ...], ...]) -> list[float]:
+def _device_sums(values: Sequence[float], by_device: tuple[tuple[int, ...], ...]) -> list[float]:
     """Per device, the sum of its stages' values, added in stage order from 0.0 (plain
     Python: called several times per candidate, on a few dozen devices)."""
     if len(by_device) == len(values):  # every device holds a stage, so each exactly one
@@ -213,7 +284,7 @@ def _device_sums(values: list[float], by_device: tuple[tuple[int, ...], ...]) ->
     return out
 
 
-def _device_maxima(values: list[float], by_device: tuple[tuple[int, ...], ...]) -> list[float]:
+def _device_maxima(values: Sequence[float], by_device: tuple[tuple[int, ...], ...]) -> list[float]:
     """Per device, the largest of its stages' values."""
     if len(by_device) == len(values):  # one stage a device, as in :func:`_device_sums`
         return [values[stage] for (stage,) in by_device]
@@ -221,17 +292,17 @@ def _device_maxima(values: list[float], by_device: tuple[tuple[int, ...], ...]) 
 
 
 def _data_parallel_seconds(
-    ctx: PlanContext, config: CandidateConfig, params_per_device: float
+    ctx: PlanContext, config: CandidateConfig, placement: Placement, params_per_device: float
 ) -> float:
     """Gradient synchronisation once per step: with the distributed optimizer a
     reduce-scatter of the fp32 gradients and an all-gather of the updated 16-bit weights,
     otherwise an all-reduce; ring volume (d - 1) / d of the buffer each way. With context
-    parallelism the ring spans the d x cp ranks that hold the same weights."""
+    parallelism the ring spans the d x cp ranks that hold the same weights. ``placement``
+    is the candidate's (its stage costs were priced with it)."""
     d = config.weight_replicas
     if d == 1:
         return 0.0
     r = ctx.request
-    placement = placement_for(config, r.cluster.gpus_per_node, ctx.placements)
     link = (
         ctx.hardware.intra_node if placement.data_groups_within_nodes else ctx.hardware.inter_node
     )
@@ -258,7 +329,7 @@ def _optimizer_seconds(ctx: PlanContext, config: CandidateConfig, params: float)
 class Estimate:
     config: CandidateConfig
     costs: StageCosts
-    memory: list[DeviceMemory]
+    memory: DeviceMemories
     iteration_time_s: float
     busy_s: float
     activations_counted: bool = True
@@ -266,8 +337,15 @@ class Estimate:
     optimizer_s: float = 0.0  # the optimizer step
 
     @property
+    def device_totals(self) -> tuple[float, ...]:
+        """Each device's total bytes (its :attr:`DeviceMemory.total`)."""
+        return self.memory.totals
+
+    @cached_property
     def peak_memory(self) -> float:
-        return max(m.total for m in self.memory)
+        # Cached: the fit check, the ranking and the landscape all read it. (An estimate is
+        # frozen; dataclasses.replace makes a new one, with its own.)
+        return max(self.memory.totals)
 
     @property
     def lower_bound_s(self) -> float:
@@ -281,13 +359,7 @@ class Estimate:
         family = schedule_family(config.schedule)
         m = config.num_microbatches
         by_device = stages_by_device(config.schedule, config.p)
-        work = _device_sums(
-            [
-                f + b + w
-                for f, b, w in zip(costs.forward, costs.backward, costs.weight, strict=True)
-            ],
-            by_device,
-        )
+        work = _device_sums(costs.work, by_device)
         if not family.flush_per_batch:
             return m * max(work) + self.data_parallel_s + self.optimizer_s
         placement = family.stage_devices(config.p)
@@ -316,10 +388,7 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
     by_device = stages_by_device(config.schedule, config.p)
     device_params = _device_sums(costs.parameters, by_device)
     memory, counted = _device_memory(ctx, config, costs, by_device, device_params, capacity, None)
-    compute = [
-        f + b + w for f, b, w in zip(costs.forward, costs.backward, costs.weight, strict=True)
-    ]
-    per_device = _device_sums(compute, by_device)
+    per_device = _device_sums(costs.work, by_device)
     busy = m * max(per_device)
     stage_time = sum(per_device) / config.p
     idle = (
@@ -328,7 +397,7 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
         * (stage_time + 2 * costs.p2p_s)
     )
     params = max(device_params)
-    dp = _data_parallel_seconds(ctx, config, params)
+    dp = _data_parallel_seconds(ctx, config, costs.placement, params)
     opt = _optimizer_seconds(ctx, config, params)
     return Estimate(config, costs, memory, busy + idle + dp + opt, busy, counted, dp, opt)
 

@@ -180,19 +180,21 @@ def _cached(cache: dict[K, V], key: K, compute: Callable[[], V]) -> V:
 
 @dataclass(frozen=True)
 class StageCosts:
-    """Per stage, per micro-batch, on one tensor-parallel rank."""
+    """Per stage, per micro-batch, on one tensor-parallel rank. The per-stage values are
+    tuples: candidates with the same stages share them."""
 
-    forward: list[float]
-    backward: list[float]
-    weight: list[float]
-    activation_bytes: list[float]
-    parameters: list[float]
-    tp_comm: list[float]  # tensor-parallel collectives inside forward + backward
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    weight: tuple[float, ...]
+    activation_bytes: tuple[float, ...]
+    parameters: tuple[float, ...]
+    tp_comm: tuple[float, ...]  # tensor-parallel collectives inside forward + backward
     p2p_s: float  # one activation/gradient hop between stages (slowest link in the pipeline)
     transfer_s: float  # one BPipe EVICT or LOAD of one stage's micro-batch
-    working_bytes: list[float]  # per stage: transient bytes of a recomputed layer in its backward
+    working_bytes: tuple[float, ...]  # per stage: transient bytes of a recomputed layer in B
     layer: LayerTimes
     placement: Placement  # the placement the hops and the BPipe pair link were priced with
+    work: tuple[float, ...]  # per stage: forward + backward + weight, added in that order
 
 
 def placement_for(
@@ -225,14 +227,15 @@ class _StageRows:
     stages' included), and the layer probed for the candidate's recompute mode. Schedules
     with the same number of stages share them at every search point."""
 
-    forward: list[float]
-    backward: list[float]
-    weight: list[float]
-    activation: list[float]
-    parameters: list[float]
-    tp_comm: list[float]
-    working: list[float]
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    weight: tuple[float, ...]
+    activation: tuple[float, ...]
+    parameters: tuple[float, ...]
+    tp_comm: tuple[float, ...]
+    working: tuple[float, ...]
     layer: LayerTimes
+    work: tuple[float, ...]  # F + B + W of each stage, which every estimate and lower bound reads
 
 
 def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
@@ -265,19 +268,20 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     if schedule_family(config.schedule).transfers and devices >= 2:
         pair_link = _link(hw, placement.same_node(0, devices - 1))
         transfer = pair_link.seconds(max(activation[: max(1, devices // 2)]))
-    # Copies: the rows are shared by every candidate of the same stages.
+    # The rows are shared by every candidate of the same stages, as they are: immutable.
     return StageCosts(
-        rows.forward.copy(),
-        rows.backward.copy(),
-        rows.weight.copy(),
-        activation.copy(),
-        rows.parameters.copy(),
-        rows.tp_comm.copy(),
+        rows.forward,
+        rows.backward,
+        rows.weight,
+        activation,
+        rows.parameters,
+        rows.tp_comm,
         worst,
         transfer,
-        rows.working.copy(),
+        rows.working,
         rows.layer,
         placement,
+        rows.work,
     )
 
 
@@ -353,7 +357,18 @@ def _stage_rows(ctx: PlanContext, config: CandidateConfig) -> _StageRows:
     # The output layer: its own matrix, or a copy of the tied word embedding unless the last
     # stage is also the first; plus the final norm.
     params[-1] += output_parameters(model, count) / t
-    return _StageRows(forward, backward, weight, activation, params, tp_comm, working, probe)
+    stage_work = [f + b + w for f, b, w in zip(forward, backward, weight, strict=True)]
+    return _StageRows(
+        tuple(forward),
+        tuple(backward),
+        tuple(weight),
+        tuple(activation),
+        tuple(params),
+        tuple(tp_comm),
+        tuple(working),
+        probe,
+        tuple(stage_work),
+    )
 
 
 @lru_cache(maxsize=1024)

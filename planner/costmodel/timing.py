@@ -21,6 +21,7 @@ from planner.costmodel.flops import layer_pass_flops
 from planner.costmodel.kernels import DeviceRates
 from planner.costmodel.layer_ops import (
     CollectiveCost,
+    Op,
     embedding_ops,
     layer_ops,
     output_ops,
@@ -237,13 +238,14 @@ def _model_seconds(
 ) -> tuple[float, float, float]:
     """(F, B, W) seconds of one layer by the shape-aware model."""
     rates = device_rates(hw, training.precision)
-    return _layer_seconds(
+    ops = _layer_ops(
         rates, collective_cost(hw), model, training, micro_batch, t, recompute, cp, ring
     )
+    return phase_seconds(ops)
 
 
 @lru_cache(maxsize=4096)
-def _layer_seconds(
+def _layer_ops(
     rates: DeviceRates,
     collectives: CollectiveCost,
     model: ModelSpec,
@@ -253,9 +255,10 @@ def _layer_seconds(
     recompute: Recompute,
     cp: int,
     ring: Link | None,
-) -> tuple[float, float, float]:
-    ops = layer_ops(rates, model, training, micro_batch, t, recompute, collectives, cp, ring)
-    return phase_seconds(ops)
+) -> tuple[Op, ...]:
+    """:func:`layer_ops`, memoized (the kernels are immutable): a layer's F, B, W and the
+    collectives inside them are read from the same kernels, for every candidate of a search."""
+    return layer_ops(rates, model, training, micro_batch, t, recompute, collectives, cp, ring)
 
 
 def modelled_layer_times(
@@ -315,8 +318,8 @@ def layer_collective_seconds(
     """Tensor-parallel collectives inside one layer's F + B (recomputation included), and
     the context-parallel ring's exposed transfers."""
     rates = device_rates(hw, training.precision)
-    ops = layer_ops(
-        rates, model, training, micro_batch, t, recompute, collective_cost(hw), cp, ring
+    ops = _layer_ops(
+        rates, collective_cost(hw), model, training, micro_batch, t, recompute, cp, ring
     )
     return sum(op.seconds for op in ops if op.kind == "collective")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from planner.errors import ScheduleConfigError
@@ -193,8 +194,9 @@ class ScheduleFamily:
     the service contract come first, in its order (10 to 80)."""
 
     # ------------------------------------------------------------------ questions
-    @property
+    @cached_property
     def parameter_names(self) -> tuple[str, ...]:
+        # Cached (entries are frozen): every candidate of a search asks :meth:`has_parameter`.
         return tuple(p.name for p in self.parameters)
 
     def has_parameter(self, name: str) -> bool:

@@ -19,10 +19,11 @@ to rank is :mod:`planner.plan`'s business.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from planner.assemble import memory_rejection
+from planner.costmodel.adaptive import built_for_a_limit
 from planner.costmodel.evaluate import (
     Estimate,
     PlanContext,
@@ -33,7 +34,7 @@ from planner.costmodel.evaluate import (
     stage_costs,
 )
 from planner.launch.runtimes import runtime_limits
-from planner.schedules import MEMORY_LIMIT, RUNTIMES, schedule_family
+from planner.schedules import RUNTIMES, schedule_family
 from planner.specs import DEFAULT_MICRO_BATCH_SIZES, CandidateConfig, PlanRequest, Rejected
 
 __all__ = [
@@ -282,16 +283,18 @@ def enumerate_space(ctx: PlanContext, capacity: float) -> SearchSpace:
     evaluated = 0
     layers_total = request.model.num_layers
     wanted = request.search.runtime
+    # What each schedule's family says, asked once per search rather than per candidate.
+    schedules = [
+        (name, _fallback_base(name, request.search.schedules), built_for_a_limit(name))
+        for name in request.search.schedules
+    ]
     for point, m in search_points(request):
         # (schedule, recompute) at this point: a base schedule estimated for the fallback
         # check of its memory-saving variant is the same candidate the loop reaches.
         estimated: dict[tuple[str, str], Estimate] = {}
-        for schedule in request.search.schedules:
+        for schedule, base, takes_limit in schedules:
             problem = schedule_problem(schedule, point, m, layers_total)
             layers = split_layers(layers_total, num_stages(schedule, point.p)) or []
-            base = schedule_family(schedule).memory_fallback_for
-            if base not in request.search.schedules:
-                base = None  # asked for on its own: priced as asked
             for recompute in request.search.recompute:
                 config = _config(point, m, recompute, schedule, layers)
                 evaluated += 1
@@ -300,7 +303,7 @@ def enumerate_space(ctx: PlanContext, capacity: float) -> SearchSpace:
                     refused = runtime_problem(request, config, wanted)
                 if refused is None and base is not None:
                     refused = _fallback_problem(ctx, config, base, capacity, estimated)
-                if refused is None and schedule_family(schedule).has_parameter(MEMORY_LIMIT.name):
+                if refused is None and takes_limit:
                     config, refused = _with_memory_limit(ctx, config)
                 if refused is not None:
                     rejected.append(Rejected(config=config, reason=refused))
@@ -315,6 +318,15 @@ def enumerate_space(ctx: PlanContext, capacity: float) -> SearchSpace:
                 feasible.append(est)
     feasible.sort(key=lambda e: e.iteration_time_s)
     return SearchSpace(feasible, over_memory, rejected, evaluated)
+
+
+def _fallback_base(schedule: str, searched: Sequence[str]) -> str | None:
+    """The base schedule whose out-of-memory configurations alone ``schedule`` (a
+    memory-saving variant such as BPipe) is searched at, when ``searched`` has it too; None
+    when ``schedule`` is no such variant or its base is not searched (it is then priced as
+    asked, everywhere)."""
+    base = schedule_family(schedule).memory_fallback_for
+    return base if base in searched else None
 
 
 def _fallback_problem(

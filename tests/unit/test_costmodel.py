@@ -465,6 +465,69 @@ def test_gpt3_13b_1f1b_memory_by_hand():
     assert est.peak_memory == pytest.approx(max(m.total for m in memory))
 
 
+def test_device_memories_make_each_devices_record_from_its_columns():
+    from planner.costmodel import DeviceMemories, DeviceMemory
+
+    held, active, flight = [1e9, 3e9, 2e9], [5e9, 0.0, 7.5e9], [4.0, 0.0, 2.5]
+    memory = DeviceMemories(held, active, flight, (2.0, 4.0, 12.0), 2.5 * GIB, 0.1)
+    by_hand = [
+        DeviceMemory(h * 2.0, h * 4.0, h * 12.0, a, 2.5 * GIB + 0.1 * (h * 18.0 + a), f)
+        for h, a, f in zip(held, active, flight, strict=True)
+    ]
+    assert len(memory) == 3
+    assert list(memory) == by_hand
+    assert [memory[d] for d in range(3)] == by_hand
+    assert memory[-1] == by_hand[-1] and memory[1:] == by_hand[1:]
+    assert memory.totals == tuple(m.total for m in by_hand)  # exactly: the same additions
+    assert memory == DeviceMemories(held, active, flight, (2.0, 4.0, 12.0), 2.5 * GIB, 0.1)
+    assert memory != DeviceMemories(held, active, flight, (2.0, 4.0, 12.0), 2.5 * GIB, 0.2)
+    with pytest.raises(IndexError):
+        memory[3]
+
+
+def test_an_estimates_peak_is_its_largest_device_total():
+    from dataclasses import replace
+
+    from planner.costmodel import DeviceMemories
+
+    est = estimate(context(gpt3_13b_request()), config_13b("v-half", split_layers(L13, 16) or []))
+    totals = [m.total for m in est.memory]
+    assert est.device_totals == tuple(totals)
+    assert est.peak_memory == max(totals)
+    held = [m.parameters / 2 for m in est.memory]  # bf16 weights: 2 bytes a parameter
+    halved = DeviceMemories(
+        held, [m.activations / 2 for m in est.memory], [1.0] * 8, (2.0, 4.0, 2.0), 0.0, 0.0
+    )
+    smaller = replace(est, memory=halved)
+    assert smaller.peak_memory == max(m.total for m in halved) < est.peak_memory
+
+
+def test_a_stages_work_is_its_forward_backward_and_weight():
+    from planner.costmodel import stage_costs
+
+    ctx = context(gpt3_13b_request())
+    for config in (
+        config_13b("1f1b", [5] * 8),
+        config_13b("v-zb", split_layers(L13, 16) or [], recompute="selective"),
+    ):
+        costs = stage_costs(ctx, config)
+        assert costs.work == tuple(
+            f + b + w for f, b, w in zip(costs.forward, costs.backward, costs.weight, strict=True)
+        )
+
+
+def test_candidates_with_the_same_stages_share_their_immutable_rows():
+    from planner.costmodel import stage_costs
+
+    ctx = context(gpt3_13b_request())
+    one = stage_costs(ctx, config_13b("1f1b", [5] * 8))
+    other = stage_costs(ctx, config_13b("gpipe", [5] * 8))
+    assert one.forward is other.forward and one.activation_bytes is other.activation_bytes
+    assert isinstance(one.forward, tuple) and isinstance(one.work, tuple)
+    fewer = stage_costs(ctx, config_13b("1f1b", [10] * 4, p=4))
+    assert fewer.forward is not one.forward and len(fewer.forward) == 4
+
+
 def test_distributed_optimizer_shards_optimizer_states_over_d():
     ctx = context(gpt3_13b_request())
     cfg = config_13b("1f1b", [10] * 4, p=4, d=2, num_microbatches=16)

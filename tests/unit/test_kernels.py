@@ -99,6 +99,23 @@ def test_the_fastest_tile_shape_is_taken():
     assert expected == pytest.approx(tile_seconds(k))  # the smaller tile wins here
 
 
+def test_the_fastest_tiling_of_a_gemm_shape_is_found_once():
+    from planner.costmodel.kernels import _fastest_tiling
+
+    both = replace(PLAIN, tiles=((256, 128), (128, 128)), pipeline_k=7)
+    m, n, k = 384, 128 * 36, 2048  # one wave either way, as above: the smaller tile wins
+    first = _fastest_tiling(both, m, n, k, 1)
+    assert first == pytest.approx(tile_seconds(k, both))
+    before = _fastest_tiling.cache_info().hits
+    assert _fastest_tiling(both, m, n, k, 1) == first
+    assert _fastest_tiling.cache_info().hits == before + 1
+    # Another shape of the same rates is its own entry. m = 640: 3 x 36 = 108 256-row tiles
+    # (one wave) or 5 x 36 = 180 128-row tiles (two waves).
+    assert _fastest_tiling(both, 640, n, k, 1) == pytest.approx(
+        min(tile_seconds(k, both, m=256), 2 * tile_seconds(k, both))
+    )
+
+
 def test_a_gemm_is_never_faster_than_its_operands_from_hbm():
     # k = 8: 2 x (m k + k n) + 2 m n bytes dominate 2 m n k FLOPs.
     m = n = 8192

@@ -314,3 +314,16 @@ def test_the_embedding_on_the_first_stage():
 def test_phase_sums():
     f, b, w = phase_seconds(layer_ops(RATES, model(), training(), 1, 1, "none", NVLINK))
     assert f > 0 and b > f and w > 0
+
+
+def test_the_kernels_of_a_layer_shape_are_listed_once_and_shared():
+    """The layer times and the collectives inside them read one memo of the kernels."""
+    from planner.costmodel.timing import _layer_ops
+
+    m, tr = model(), training()
+    first = _layer_ops(RATES, NVLINK, m, tr, 2, T_DEG, "selective", 1, None)
+    assert first == layer_ops(RATES, m, tr, 2, T_DEG, "selective", NVLINK)
+    assert _layer_ops(RATES, NVLINK, m, tr, 2, T_DEG, "selective", 1, None) is first
+    assert _layer_ops(RATES, NVLINK, m, tr, 2, T_DEG, "full", 1, None) == layer_ops(
+        RATES, m, tr, 2, T_DEG, "full", NVLINK
+    )

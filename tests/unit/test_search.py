@@ -460,6 +460,34 @@ def test_bpipe_beside_its_base_is_searched_only_where_the_base_runs_out_of_memor
     assert len(alone.candidates) > len(balanced)
 
 
+def test_a_memory_saving_variant_falls_back_only_to_a_base_that_is_searched():
+    from planner.search.grid import _fallback_base
+
+    assert _fallback_base("bpipe", ["1f1b", "bpipe"]) == "1f1b"
+    assert _fallback_base("bpipe-interleaved", ["interleaved", "bpipe-interleaved"]) == (
+        "interleaved"
+    )
+    assert _fallback_base("bpipe", ["bpipe", "interleaved"]) is None  # priced as asked
+    assert _fallback_base("1f1b", ["1f1b", "bpipe"]) is None  # no variant
+
+
+def test_the_pricing_work_of_a_shape_is_building_and_simulating_its_timing_runs():
+    from planner.schedules import generation_work, schedule_actions
+    from planner.search.cost import _pricing_work
+
+    def work(schedule: str, m: int, **parameters: float) -> int:
+        built = generation_work(schedule, 4, m, **parameters)
+        return built + schedule_actions(schedule, 4, m, **parameters)
+
+    # 40 micro-batches on 4 devices: 3p + 2 = 14 simulated, and 10 for the slope.
+    assert _pricing_work("1f1b", 4, 40) == work("1f1b", 14) + work("1f1b", 10)
+    assert _pricing_work("1f1b", 4, 9) == work("1f1b", 9) + work("1f1b", 5)
+    # 2BW: two and three batches of the simulated micro-batches.
+    assert _pricing_work("2bw", 4, 40) == work("2bw", 14, num_batches=2) + work(
+        "2bw", 14, num_batches=3
+    )
+
+
 def _key(c: CandidateConfig) -> tuple[object, ...]:
     return (c.t, c.p, c.d, c.micro_batch_size, c.recompute)
 
