@@ -23,7 +23,7 @@ from executor.reporting import REPORT_FILE
 from planner.errors import StagewrightError
 from planner.launch import RunReport
 
-__all__ = ["ExecutorError", "RunOutcome", "run", "torchrun_command"]
+__all__ = ["ExecutorError", "RunOutcome", "failure_reasons", "run", "torchrun_command"]
 
 
 class ExecutorError(StagewrightError):
@@ -63,6 +63,25 @@ def torchrun_command(nproc: int, *target: str) -> list[str]:
 
 
 _RANK_LINE = re.compile(r"^(?:rank \d+: .*|executor\.worker: error: .*)$", re.MULTILINE)
+# torchrun's own failure summary, one block per failed process: the rank and how it ended.
+# A rank killed by a signal prints nothing itself, and torchrun may stop the other ranks
+# before they report the lost peer, so this block can be the only place that names it.
+_TORCHRUN_FAILURE = re.compile(
+    r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(?:\((SIG\w+)\))?\s*$",
+    re.MULTILINE,
+)
+
+
+def failure_reasons(stderr: str) -> list[str]:
+    """One line per reason a run failed, read from its stderr: first the ranks torchrun saw
+    fail (``rank 1 exited with code -9 (SIGKILL)``), then the ranks' own ``rank N: ...``
+    lines; the last three lines of stderr when neither is there."""
+    seen = [
+        f"rank {rank} exited with code {code}" + (f" ({signal})" if signal else "")
+        for rank, code, signal in _TORCHRUN_FAILURE.findall(stderr)
+    ]
+    reasons = list(dict.fromkeys(seen + _RANK_LINE.findall(stderr)))
+    return reasons or stderr.strip().splitlines()[-3:]
 
 
 def run(
@@ -127,7 +146,7 @@ def run(
     # the run completed (a failed --verify makes the ranks, and so torchrun, exit non-zero).
     report_path = out / REPORT_FILE
     if not report_path.exists():
-        reasons = _RANK_LINE.findall(done.stderr) or done.stderr.strip().splitlines()[-3:]
+        reasons = failure_reasons(done.stderr)
         raise ExecutorError(f"the run failed (exit {done.returncode}): " + " | ".join(reasons[:4]))
     report = RunReport.model_validate_json(report_path.read_text())
     return RunOutcome(report, out, done.stdout, done.stderr)
