@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from api.core.db import Database
 from api.store.models import PlanRecord
@@ -84,10 +84,26 @@ class DeletionFeed:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop listening (waits at most a heartbeat and a little for the thread)."""
+        """Stop listening. The listener is woken by a notice of its own, so that a shutdown
+        does not wait out its heartbeat; without the database, waits at most a heartbeat and
+        a little for the thread."""
         self._stopping.set()
         if self._thread is not None:
+            self._wake()
             self._thread.join(HEARTBEAT_S + 1.0)
+
+    def _wake(self) -> None:
+        """Send a probe nobody waits for: the listener checks for a stop after each notice
+        (other processes ignore probes that are not theirs)."""
+        try:
+            engine = self._database.engine
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(
+                    text("SELECT pg_notify(:channel, :payload)"),
+                    {"channel": CHANNEL, "payload": f"{_PROBE}stop"},
+                )
+        except Exception as exc:  # the database is gone: the listener stops at its heartbeat
+            log.debug("could not wake the plan-deletion listener (%s)", exc)
 
     def _listen(self) -> None:
         wait = _RETRY_S[0]
@@ -135,6 +151,8 @@ class DeletionFeed:
                 )
             sent[probe] = sent_at
             for notice in conn.notifies(timeout=HEARTBEAT_S):
+                if self._stopping.is_set():  # woken by close()
+                    return
                 payload = notice.payload
                 if payload in sent:
                     # Notices arrive in commit order: every deletion committed before this

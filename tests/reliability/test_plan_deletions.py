@@ -310,3 +310,19 @@ def test_a_silent_feed_is_not_trusted_after_a_bound(postgres_schema, monkeypatch
             assert wait_until(lambda: feed.live, 5.0)
     finally:
         proxy.down()
+
+
+def test_a_shutdown_wakes_the_listener_instead_of_waiting_out_its_heartbeat(
+    database_url, monkeypatch
+):
+    """close() wakes the listener with a notice: with a 30 s heartbeat a shutdown that waited
+    for it would take up to 31 s (the join's bound)."""
+    _postgres_only(database_url)
+    monkeypatch.setattr(plan_deletions, "HEARTBEAT_S", 30.0)
+    app = create_app(settings_for(database_url))
+    feed = app.state.stagewright.deletions
+    with TestClient(app, raise_server_exceptions=False):
+        assert wait_until(lambda: feed.live)
+        closing = time.monotonic()
+    assert time.monotonic() - closing < 5.0
+    assert not feed.live
