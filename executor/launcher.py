@@ -74,13 +74,13 @@ _TORCHRUN_FAILURE = re.compile(
 
 def failure_reasons(stderr: str) -> list[str]:
     """One line per reason a run failed, read from its stderr: first the ranks torchrun saw
-    fail (``rank 1 exited with code -9 (SIGKILL)``), then the ranks' own ``rank N: ...``
-    lines; the last three lines of stderr when neither is there."""
+    fail (``rank 1 exited with code -9 (SIGKILL)``), then the first four of the ranks' own
+    ``rank N: ...`` lines; the last three lines of stderr when neither is there."""
     seen = [
         f"rank {rank} exited with code {code}" + (f" ({signal})" if signal else "")
         for rank, code, signal in _TORCHRUN_FAILURE.findall(stderr)
     ]
-    reasons = list(dict.fromkeys(seen + _RANK_LINE.findall(stderr)))
+    reasons = list(dict.fromkeys(seen)) + list(dict.fromkeys(_RANK_LINE.findall(stderr)))[:4]
     return reasons or stderr.strip().splitlines()[-3:]
 
 
@@ -147,6 +147,6 @@ def run(
     report_path = out / REPORT_FILE
     if not report_path.exists():
         reasons = failure_reasons(done.stderr)
-        raise ExecutorError(f"the run failed (exit {done.returncode}): " + " | ".join(reasons[:4]))
+        raise ExecutorError(f"the run failed (exit {done.returncode}): " + " | ".join(reasons))
     report = RunReport.model_validate_json(report_path.read_text())
     return RunOutcome(report, out, done.stdout, done.stderr)

@@ -65,3 +65,10 @@ def test_torchrun_failures_come_before_the_ranks_own_lines_without_repeats():
 
 def test_without_either_the_last_lines_of_stderr_are_the_reason():
     assert failure_reasons("a\nb\nc\nd\n") == ["b", "c", "d"]
+
+
+def test_the_ranks_own_lines_are_cut_at_four_after_every_torchrun_failure():
+    own = [f"rank {r}: stopped: reason {r}" for r in range(6)]
+    blocks = [_torchrun_block(i, r, 1, "", "<N/A>") for i, r in enumerate(range(6))]
+    reasons = failure_reasons("\n".join(own + blocks))
+    assert reasons == [f"rank {r} exited with code 1" for r in range(6)] + own[:4]
