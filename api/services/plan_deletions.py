@@ -84,12 +84,14 @@ class DeletionFeed:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop listening. The listener is woken by a notice of its own, so that a shutdown
-        does not wait out its heartbeat; without the database, waits at most a heartbeat and
-        a little for the thread."""
+        """Stop listening. A live listener is woken by a notice of its own, so that a
+        shutdown does not wait out its heartbeat; otherwise (the database unreachable or
+        silent: no round trip is tried) waits at most a heartbeat and a little for the
+        thread."""
         self._stopping.set()
         if self._thread is not None:
-            self._wake()
+            if self.live:
+                self._wake()
             self._thread.join(HEARTBEAT_S + 1.0)
 
     def _wake(self) -> None:
