@@ -8,6 +8,9 @@ times of one V-shape stage (half of a device's layers), so schedules with one st
 device get twice that per stage, interleaved (2 chunks) the same as V. Schedules without a
 B/W split run B+W as one backward. Micro-batches: 4 x devices (a multiple of d, as
 interleaved needs). Peak activation is in micro-batches of the whole model (1F1B = 1.0).
+The families built for a memory limit (v-adaptive, zb-adaptive) are built at
+``ADAPTIVE_LIMIT`` of 1F1B's peak for these times; their generation, a search, is timed by
+``benchmarks/schedule_speed.py`` rather than in the speed table here.
 """
 
 from __future__ import annotations
@@ -19,10 +22,41 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.schedules import SCHEDULE_NAMES, generate, schedule_family  # noqa: E402
+from planner.schedules import (  # noqa: E402
+    MEMORY_LIMIT,
+    SCHEDULE_NAMES,
+    PassTimes,
+    Schedule,
+    generate,
+    schedule_family,
+)
 from planner.simulate import Durations, simulate  # noqa: E402
 
 F_MS, B_MS, W_MS = 12.96, 13.22, 9.76  # Table 5, 9.6B, micro-batch 4
+ADAPTIVE_LIMIT = 0.5  # of 1F1B's peak: V-Half's memory, for the families built for a limit
+
+
+def built_for_a_limit(name: str) -> bool:
+    return schedule_family(name).has_parameter(MEMORY_LIMIT.name)
+
+
+def build(name: str, devices: int, microbatches: int) -> Schedule:
+    """``name`` with its defaults; a family built for a memory limit at ``ADAPTIVE_LIMIT``,
+    searched under Table 5's times."""
+    if not built_for_a_limit(name):
+        return generate(name, devices, microbatches, check=False)
+    return generate(
+        name,
+        devices,
+        microbatches,
+        check=False,
+        times=PassTimes(F_MS, B_MS, W_MS),
+        **{MEMORY_LIMIT.name: ADAPTIVE_LIMIT},
+    )
+
+
+def label(name: str) -> str:
+    return f"{name} (limit {ADAPTIVE_LIMIT})" if built_for_a_limit(name) else name
 
 
 def durations_for(name: str) -> Durations:
@@ -42,9 +76,9 @@ def table() -> str:
     for name in SCHEDULE_NAMES:
         cells = []
         for d in (4, 8, 16, 32):
-            result = simulate(generate(name, d, 4 * d, check=False), durations_for(name))
+            result = simulate(build(name, d, 4 * d), durations_for(name))
             cells += [f"{result.bubble_fraction:.3f}", f"{max(result.peak_activation):.3f}"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(name)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -54,6 +88,8 @@ def speed(devices: int = 64, microbatches: int = 512, repeats: int = 3) -> str:
         "|---|---|---|---|",
     ]
     for name in SCHEDULE_NAMES:
+        if built_for_a_limit(name):
+            continue  # a search per limit: benchmarks/schedule_speed.py times it
         started = time.perf_counter()
         schedule = generate(name, devices, microbatches, check=False)
         generated = time.perf_counter() - started
