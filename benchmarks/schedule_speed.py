@@ -9,8 +9,7 @@ rebuild of a chosen schedule (what the planner and a plan's launch artefacts do 
 search; the block or the limit is fixed). Every generation is cold: the V modules' caches
 (the short builds long V runs insert periods into, the pass dependencies) are emptied before
 each. The search is timed separately, cold too (its per-pipeline caches cleared before each
-run), with Table 5's pass times (9.6B, micro-batch
-4) and limits 0.5, 0.6, 0.8 and 1.
+run), with Table 5's pass times (9.6B, micro-batch 4) and limits 0.5, 0.6, 0.8 and 1.
 
 Each time is shown as wall clock and, beside it, this process's CPU time
 (``time.process_time``): on a shared machine the wall clock also counts time other processes

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from planner.costmodel.adaptive import built_for_a_limit  # noqa: E402
 from planner.schedules import (  # noqa: E402
     MEMORY_LIMIT,
     SCHEDULE_NAMES,
@@ -34,10 +35,6 @@ from planner.simulate import Durations, simulate  # noqa: E402
 
 F_MS, B_MS, W_MS = 12.96, 13.22, 9.76  # Table 5, 9.6B, micro-batch 4
 ADAPTIVE_LIMIT = 0.5  # of 1F1B's peak: V-Half's memory, for the families built for a limit
-
-
-def built_for_a_limit(name: str) -> bool:
-    return schedule_family(name).has_parameter(MEMORY_LIMIT.name)
 
 
 def build(name: str, devices: int, microbatches: int) -> Schedule:

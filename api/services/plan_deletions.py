@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import Connection, select, text
 
 from api.core.db import Database
 from api.store.models import PlanRecord
@@ -98,8 +98,7 @@ class DeletionFeed:
         """Send a probe nobody waits for: the listener checks for a stop after each notice
         (other processes ignore probes that are not theirs)."""
         try:
-            engine = self._database.engine
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            with _outside_a_transaction(self._database) as conn:
                 conn.execute(
                     text("SELECT pg_notify(:channel, :payload)"),
                     {"channel": CHANNEL, "payload": f"{_PROBE}stop"},
@@ -173,7 +172,13 @@ def plan_exists(database: Database, plan_id: str) -> bool:
     transaction (autocommit): one round trip instead of BEGIN, SELECT and ROLLBACK."""
     statement = select(PlanRecord.id).where(PlanRecord.id == plan_id)
     if database.dialect == "postgresql":
-        with database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        with _outside_a_transaction(database) as conn:
             return conn.execute(statement).first() is not None
     with database.session() as session:
         return session.execute(statement).first() is not None
+
+
+def _outside_a_transaction(database: Database) -> Connection:
+    """A pooled connection in autocommit (PostgreSQL): one statement is one round trip,
+    without BEGIN and ROLLBACK around it."""
+    return database.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
