@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import select
 
 from api.core.db import Database
 from api.store.models import PlanRecord
@@ -50,6 +50,7 @@ _LISTEN = f"LISTEN {CHANNEL}"
 _PROBE = "probe:"  # a probe's payload starts so; a deleted plan's is its id (hex)
 _EVERY_PLAN = "*"  # TRUNCATE plans
 HEARTBEAT_S = 1.0
+_STOP_CHECK_S = 0.1  # longest a shutdown waits for a listener that is waiting for notices
 # Not live when no probe sent within this long has come back: longer than the pauses a
 # loaded server shows (up to 1.4 s seen on this project's load benchmark), short enough that
 # a stalled feed is not trusted for long.
@@ -84,27 +85,12 @@ class DeletionFeed:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop listening. A live listener is woken by a notice of its own, so that a
-        shutdown does not wait out its heartbeat; otherwise (the database unreachable or
-        silent: no round trip is tried) waits at most a heartbeat and a little for the
-        thread."""
+        """Stop listening: the listener sees the stop within :data:`_STOP_CHECK_S` while it
+        waits for notices; waits at most a heartbeat and a little for the thread (one held
+        up by an unresponsive database)."""
         self._stopping.set()
         if self._thread is not None:
-            if self.live:
-                self._wake()
             self._thread.join(HEARTBEAT_S + 1.0)
-
-    def _wake(self) -> None:
-        """Send a probe nobody waits for: the listener checks for a stop after each notice
-        (other processes ignore probes that are not theirs)."""
-        try:
-            with _outside_a_transaction(self._database) as conn:
-                conn.execute(
-                    text("SELECT pg_notify(:channel, :payload)"),
-                    {"channel": CHANNEL, "payload": f"{_PROBE}stop"},
-                )
-        except Exception as exc:  # the database is gone: the listener stops at its heartbeat
-            log.debug("could not wake the plan-deletion listener (%s)", exc)
 
     def _listen(self) -> None:
         wait = _RETRY_S[0]
@@ -151,20 +137,26 @@ class DeletionFeed:
                     "direct connection to PostgreSQL"
                 )
             sent[probe] = sent_at
-            for notice in conn.notifies(timeout=HEARTBEAT_S):
-                if self._stopping.is_set():  # woken by close()
-                    return
-                payload = notice.payload
-                if payload in sent:
-                    # Notices arrive in commit order: every deletion committed before this
-                    # probe was sent has been applied (a late probe counts as well).
-                    self._heard_at = max(self._heard_at or 0.0, sent.pop(payload))
-                elif payload == _EVERY_PLAN:
-                    self._forget(None)
-                elif not payload.startswith(_PROBE):  # another process's probe: ignored
-                    self._forget(payload)
+            # Until the next heartbeat, in slices short enough that a shutdown is not kept
+            # waiting (notices arriving between slices wait in the socket for the next).
+            next_probe = sent_at + HEARTBEAT_S
+            while not self._stopping.is_set() and (left := next_probe - time.monotonic()) > 0:
+                for notice in conn.notifies(timeout=min(left, _STOP_CHECK_S)):
+                    self._apply(notice.payload, sent)
             stale = time.monotonic() - SILENT_AFTER_S
             sent = {p: at for p, at in sent.items() if at >= stale}
+
+    def _apply(self, payload: str, sent: dict[str, float]) -> None:
+        """One notice: a probe of ours back (``sent`` holds those not back yet), every plan
+        deleted, one plan deleted, or another process's probe."""
+        if payload in sent:
+            # Notices arrive in commit order: every deletion committed before this probe
+            # was sent has been applied (a late probe counts as well).
+            self._heard_at = max(self._heard_at or 0.0, sent.pop(payload))
+        elif payload == _EVERY_PLAN:
+            self._forget(None)
+        elif not payload.startswith(_PROBE):  # another process's probe: ignored
+            self._forget(payload)
 
 
 def plan_exists(database: Database, plan_id: str) -> bool:
@@ -172,13 +164,7 @@ def plan_exists(database: Database, plan_id: str) -> bool:
     transaction (autocommit): one round trip instead of BEGIN, SELECT and ROLLBACK."""
     statement = select(PlanRecord.id).where(PlanRecord.id == plan_id)
     if database.dialect == "postgresql":
-        with _outside_a_transaction(database) as conn:
+        with database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             return conn.execute(statement).first() is not None
     with database.session() as session:
         return session.execute(statement).first() is not None
-
-
-def _outside_a_transaction(database: Database) -> Connection:
-    """A pooled connection in autocommit (PostgreSQL): one statement is one round trip,
-    without BEGIN and ROLLBACK around it."""
-    return database.engine.connect().execution_options(isolation_level="AUTOCOMMIT")

@@ -312,11 +312,9 @@ def test_a_silent_feed_is_not_trusted_after_a_bound(postgres_schema, monkeypatch
         proxy.down()
 
 
-def test_a_shutdown_wakes_the_listener_instead_of_waiting_out_its_heartbeat(
-    database_url, monkeypatch
-):
-    """close() wakes the listener with a notice: with a 30 s heartbeat a shutdown that waited
-    for it would take up to 31 s (the join's bound)."""
+def test_a_shutdown_does_not_wait_out_the_listeners_heartbeat(database_url, monkeypatch):
+    """The listener waits for notices in short slices and sees the stop between them: with
+    a 30 s heartbeat a shutdown that waited for it would take up to 31 s (the join's bound)."""
     _postgres_only(database_url)
     monkeypatch.setattr(plan_deletions, "HEARTBEAT_S", 30.0)
     app = create_app(settings_for(database_url))
