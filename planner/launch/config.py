@@ -103,7 +103,8 @@ class Parallel(_Spec):
 
 
 class StageSpec(_Spec):
-    """One pipeline stage: a contiguous run of layers and how many use each recompute mode."""
+    """One pipeline stage: a contiguous run of layers and how many use each recompute mode.
+    The first and the last stage may hold none (only the embedding, only the output layer)."""
 
     first_layer: int = Field(ge=0, description="Index of the stage's first transformer layer.")
     recompute: RecomputeSplit = Field(
@@ -111,15 +112,6 @@ class StageSpec(_Spec):
         "recomputed layers come first, then the selective ones, then those that keep "
         "everything (Megatron-LM's 'block' method recomputes the first layers of a stage)."
     )
-
-    @model_validator(mode="after")
-    def _has_layers(self) -> StageSpec:
-        if self.recompute.total < 1:
-            raise ValueError(
-                "a stage needs at least one layer (a stage of only the embedding or the "
-                "output layer cannot be run)"
-            )
-        return self
 
     @property
     def num_layers(self) -> int:
@@ -368,6 +360,11 @@ def _problems(config: ExecutorConfig, trusted: bool) -> list[str]:
         out.append(f"{len(config.stages)} stages listed for the schedule's {stages}")
     layer = 0
     for index, stage in enumerate(config.stages):
+        if stage.num_layers == 0 and 0 < index < len(config.stages) - 1:
+            out.append(
+                f"stage {index} holds no layer: only the first stage (the embedding) and the "
+                f"last (the output layer) may have none; move a layer into it"
+            )
         if stage.first_layer != layer:
             out.append(
                 f"stage {index} starts at layer {stage.first_layer}; stages must cover the "

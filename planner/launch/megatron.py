@@ -194,7 +194,9 @@ def _layout_args(config: CandidateConfig) -> list[str]:
     chunks = len(layers) // config.p
     if len(set(layers)) == 1:
         return [f"--num-layers-per-virtual-pipeline-stage {layers[0]}"] if chunks > 1 else []
-    if chunks == 1 and len(set(layers[1:-1])) <= 1:
+    # Megatron-LM wants at least one layer in a first or last stage it is given a count for;
+    # a stage of only the embedding or the loss takes the layout (``E|...|L``).
+    if chunks == 1 and len(set(layers[1:-1])) <= 1 and min(layers[0], layers[-1]) > 0:
         return [
             f"--decoder-first-pipeline-num-layers {layers[0]}",
             f"--decoder-last-pipeline-num-layers {layers[-1]}",

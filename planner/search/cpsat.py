@@ -183,13 +183,15 @@ class _Builder:
         self.x = [self.model.new_int_var(0, L, f"x_s{s}") for s in range(data.stages)]
 
     def layer_counts(self) -> None:
-        """Each stage's layers split over modes; all layers placed; every stage holds at least
-        one layer (a stage of only the embedding or only the output layer cannot be launched:
-        Megatron-LM's layer flags and the executor both need a layer in every stage)."""
+        """Each stage's layers split over modes; all layers placed; every stage but the first
+        and the last holds at least one layer (those two may hold only the embedding or only
+        the output layer, as the V-shape paper lays out its models, §4.1: a middle stage
+        without a layer would only pass its input on)."""
         d = self.data
         for s in range(d.stages):
             self.model.add(self.x[s] == sum(self.y[s].values()))
-            self.model.add(self.x[s] >= 1)
+            if 0 < s < d.stages - 1:
+                self.model.add(self.x[s] >= 1)
         self.model.add(sum(self.x) == d.num_layers)
 
     def memory(self) -> None:

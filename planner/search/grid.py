@@ -202,12 +202,11 @@ def schedule_problem(schedule: str, point: SearchPoint, m: int, layers: int) -> 
     if problem is not None:
         return problem
     stages = num_stages(schedule, p)
-    split = split_layers(layers, stages)
-    if split is None or min(split) == 0:
+    if split_layers(layers, stages) is None:
         return (
-            f"{layers} layers cannot fill {stages} stages of {schedule}: every stage needs at "
-            f"least one layer (a stage of only the embedding or the output layer cannot be "
-            f"launched); use fewer pipeline devices"
+            f"{layers} layers cannot fill {stages} stages of {schedule}: every stage but the "
+            f"first and the last needs at least one layer (those two may hold only the "
+            f"embedding or only the output layer); use fewer pipeline devices"
         )
     return None
 

@@ -32,28 +32,31 @@ MODEL = {
     "seq_length": 32,
     "vocab_size": 128,
 }
-# (schedule, recompute, nodes, through the launch script with --verify): every schedule once,
-# each recompute mode on at least two schedules; a covering set, not the 24-run cross product
-# (each run is a 4-rank job).
+# (schedule, recompute, nodes, through the launch script with --verify, model layers): every
+# schedule once, each recompute mode on at least two schedules; a covering set, not the 24-run
+# cross product (each run is a 4-rank job).
 CASES = [
-    ("gpipe", "none", 1, False),
-    ("1f1b", "selective", 1, True),
-    ("interleaved", "full", 1, False),
-    ("bpipe", "selective", 2, True),
-    ("v-min", "full", 1, False),
-    ("v-half", "none", 1, True),
-    ("v-zb", "selective", 1, False),
-    ("2bw", "full", 2, True),
-    ("1f1b-v", "none", 1, False),
-    ("bpipe-interleaved", "selective", 1, True),
+    ("gpipe", "none", 1, False, 8),
+    ("1f1b", "selective", 1, True, 8),
+    ("interleaved", "full", 1, False, 8),
+    ("bpipe", "selective", 2, True, 8),
+    ("v-min", "full", 1, False, 8),
+    ("v-half", "none", 1, True, 8),
+    ("v-zb", "selective", 1, False, 8),
+    ("2bw", "full", 2, True, 8),
+    ("1f1b-v", "none", 1, False, 8),
+    ("bpipe-interleaved", "selective", 1, True, 8),
+    # 6 layers over V-ZB's 8 stages: the end stages hold only the embedding and the output
+    # layer (the V-shape paper's layout, §4.1), both on rank 0.
+    ("v-zb", "none", 1, True, 6),
 ]
 STEPS = 3  # what the worker runs when the line does not say
 LATER_REL = 1e-3
 
 
-def _request(schedule: str, recompute: str, nodes: int) -> dict[str, object]:
+def _request(schedule: str, recompute: str, nodes: int, layers: int) -> dict[str, object]:
     return {
-        "model": MODEL,
+        "model": {**MODEL, "num_layers": layers},
         "cluster": {"gpu": "cpu", "num_nodes": nodes, "gpus_per_node": 4 // nodes},
         "training": {
             "global_batch_size": 8,
@@ -101,12 +104,16 @@ def _run_nodes(folder: Path, commands: list[str]) -> list[subprocess.CompletedPr
     return done
 
 
-@pytest.mark.parametrize("schedule, recompute, nodes, script", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "schedule, recompute, nodes, script, layers",
+    CASES,
+    ids=[c[0] if c[4] == MODEL["num_layers"] else f"{c[0]}-{c[4]}-layers" for c in CASES],
+)
 def test_the_emitted_torchrun_line_runs_and_trains_like_one_process(
-    tmp_path, capsys, schedule, recompute, nodes, script
+    tmp_path, capsys, schedule, recompute, nodes, script, layers
 ):
     request_file = tmp_path / "request.json"
-    request_file.write_text(json.dumps(_request(schedule, recompute, nodes)))
+    request_file.write_text(json.dumps(_request(schedule, recompute, nodes, layers)))
     emitted = tmp_path / "launch"
     assert main(["plan", str(request_file), "--emit", str(emitted)]) == 0
     capsys.readouterr()
@@ -116,6 +123,8 @@ def test_the_emitted_torchrun_line_runs_and_trains_like_one_process(
         if (lambda c: (c["t"], c["p"], c["d"]) == (1, 4, 1))(json.loads(path.read_text())["config"])
     )
     candidate = json.loads((folder / "candidate.json").read_text())
+    split = candidate["config"]["layers_per_stage"]
+    assert sum(split) == layers and (min(split) == 0) == (layers < len(split)), split
     lines = candidate["launch"]["torchrun"]
     assert len(lines) == nodes
     if script:  # the script holds the very line; extra arguments go to the executor

@@ -117,6 +117,34 @@ def test_refinement_rescues_a_configuration_the_uniform_grid_rejects():
     assert early.none <= late.none
 
 
+def test_an_output_layer_heavier_than_a_layer_gets_the_last_stage_to_itself():
+    """Two layers on two stages, and an output layer (vocabulary 8,192 at hidden 64) that
+    costs several layers: the last stage is the bottleneck with any layer on it, so the
+    solver moves both layers to the first stage ([2, 0]: the slowest stage is the output
+    layer alone, against a layer plus it for [1, 1]). A middle stage never goes empty, but
+    an end stage may (the V-shape paper's and Llama 3's layout)."""
+    request = PlanRequest.model_validate(
+        {
+            "model": {"name": "tiny", "num_layers": 2, "hidden_size": 64,
+                      "num_attention_heads": 4, "seq_length": 32, "vocab_size": 8192},
+            "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 2},
+            "training": {"global_batch_size": 8, "precision": "fp32"},
+        }
+    )  # fmt: skip
+    store = default_store()
+    hardware = store.hardware("cpu")
+    ctx = PlanContext(request, hardware, list(store.layer_points(hardware.name)))
+    coarse = CandidateConfig(
+        t=1, p=2, d=1, micro_batch_size=1, num_microbatches=8, recompute="none",
+        schedule="1f1b", layers_per_stage=[1, 1],
+    )  # fmt: skip
+    result = refine(ctx, coarse, ("none",), 1000 * GIB, RefineOptions(time_limit_s=5))
+    assert result.config is not None and result.config.layers_per_stage == [2, 0]
+    assert price(ctx, estimate(ctx, result.config)).iteration_time_s < (
+        price(ctx, estimate(ctx, coarse)).iteration_time_s
+    )
+
+
 def test_an_impossible_memory_budget_is_an_infeasible_result_not_an_exception():
     ctx = _context("gpt3-96b-32xa100.json")
     result = refine(

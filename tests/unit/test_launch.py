@@ -212,7 +212,6 @@ def _document(**changes: Any) -> dict[str, Any]:
     [
         ({"format": "stagewright.executor-config/1"}, "plan again with this version"),
         ({"stages__1__first_layer": 5}, "should start at"),
-        ({"stages__1__recompute": {"none": 0}}, "a stage needs at least one layer"),
         ({"parallel__p": 4}, "parallel.p is 4"),
         ({"num_microbatches": 3}, "micro-batches per batch"),
         ({"training__global_batch_size": 5}, "global_batch_size is 5"),
@@ -222,6 +221,25 @@ def _document(**changes: Any) -> dict[str, Any]:
 def test_a_bad_executor_config_says_what_to_change(changes, message):
     with pytest.raises(ValidationError, match=re.escape(message)):
         ExecutorConfig.model_validate(_document(**changes))
+
+
+def test_only_the_end_stages_of_an_executor_config_may_hold_no_layer():
+    """The first stage may hold only the embedding and the last only the output layer (the
+    V-shape paper's layout); a middle stage without a layer is refused, naming it."""
+    data = json.loads(json.dumps(candidates(schedule="1f1b", p=4)[0].launch.executor_config))
+    assert [s["recompute"]["none"] for s in data["stages"]] == [2, 2, 2, 2]
+
+    def with_layers(counts: list[int]) -> dict[str, Any]:
+        changed = json.loads(json.dumps(data))
+        first = 0
+        for stage, n in zip(changed["stages"], counts, strict=True):
+            stage["first_layer"], stage["recompute"] = first, {"none": n}
+            first += n
+        return changed
+
+    assert ExecutorConfig.model_validate(with_layers([0, 4, 4, 0])).stages[0].num_layers == 0
+    with pytest.raises(ValidationError, match=re.escape("stage 2 holds no layer")):
+        ExecutorConfig.model_validate(with_layers([3, 3, 0, 2]))
 
 
 def test_a_plan_request_given_as_an_executor_config_says_to_plan_it():
@@ -493,6 +511,11 @@ def megatron_layers(args: str, p: int) -> list[int]:
         ("interleaved", 16, 4, [2] * 8),
         ("1f1b", 14, 6, [2, 2, 3, 3, 2, 2]),  # uneven middle: the layout says it
         ("interleaved", 10, 4, [1, 1, 1, 2, 2, 1, 1, 1]),  # uneven virtual stages
+        # More stages than layers: the end stages hold only the embedding and the output
+        # layer (the V-shape paper's layout, §4.1), which Megatron-LM takes as a layout.
+        ("1f1b", 2, 4, [0, 1, 1, 0]),
+        ("1f1b", 3, 4, [0, 1, 1, 1]),
+        ("interleaved", 6, 4, [0, 1, 1, 1, 1, 1, 1, 0]),
     ],
 )
 def test_megatron_args_rebuild_the_candidates_layer_split(
@@ -514,11 +537,17 @@ def test_megatron_args_rebuild_the_candidates_layer_split(
     assert megatron_layers(found[0].launch.megatron_args or "", gpus) == expected_split
 
 
-def test_a_stage_without_layers_is_refused_at_planning_time():
-    result = plan(request(num_layers=6, schedules=("v-half",), recompute=("none",)))
+def test_a_middle_stage_without_layers_is_refused_at_planning_time():
+    """5 layers over v-half's 8 stages on 4 devices would leave a middle stage empty; 6
+    leave only the end stages without a layer, which is planned."""
+    result = plan(request(num_layers=5, schedules=("v-half",), recompute=("none",)))
     reasons = [r.reason for r in result.rejected if r.config.p == 4]
-    assert reasons and all("every stage needs at least one layer" in r for r in reasons)
-    assert all(min(c.config.layers_per_stage) >= 1 for c in result.candidates)
+    assert reasons and all("every stage but the first and the last needs" in r for r in reasons)
+    assert all(min(c.config.layers_per_stage[1:-1]) >= 1 for c in result.candidates)
+    six = plan(request(num_layers=6, schedules=("v-half",), recompute=("none",)))
+    assert [c.config.layers_per_stage for c in six.candidates if c.config.p == 4][0] == [
+        0, 1, 1, 1, 1, 1, 1, 0
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------- runtimes

@@ -422,7 +422,8 @@ def test_the_executor_refuses_a_llama_layer_it_does_not_build():
 
 def test_the_405b_example_is_answered():
     found = plan(example("llama3-405b-16384xh100.json"))
-    assert found.best is not None and found.best.runtimes == ["megatron"]
+    # The request asks for what Megatron-LM runs (search.runtime "megatron").
+    assert found.best is not None and "megatron" in found.best.runtimes
     assert found.best.config.world_size == 16384
 
 
