@@ -54,6 +54,7 @@ class Row:
     mfu: float | None  # None: does not fit (reason in ``why``)
     bubble: float = 0.0
     activations_gib: float = 0.0
+    layers_per_stage: tuple[int, ...] = ()
     why: str = ""
 
 
@@ -97,6 +98,7 @@ def rows_at_the_papers_layout(req: PlanRequest) -> list[Row]:
                 candidate.predicted.mfu,
                 candidate.predicted.bubble_fraction,
                 max(device.activations_gib for device in candidate.breakdown),
+                tuple(candidate.config.layers_per_stage),
             )
         )
     return rows

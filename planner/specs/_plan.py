@@ -134,9 +134,11 @@ class CandidateConfig(Spec):
         return self.t * self.cp * self.p * self.d
 
     def stage_modes(self) -> list[dict[Recompute, int]]:
-        """Per stage: layers per recompute mode (all ``recompute`` when no split is given)."""
+        """Per stage: layers per recompute mode (all ``recompute`` when no split is given),
+        modes without layers left out, as :meth:`RecomputeSplit.as_dict` leaves them: a stage
+        of only the embedding or the output layer has none."""
         if self.recompute_per_stage is None:
-            return [{self.recompute: n} for n in self.layers_per_stage]
+            return [{self.recompute: n} if n else {} for n in self.layers_per_stage]
         return [entry.as_dict() for entry in self.recompute_per_stage]
 
 

@@ -46,9 +46,11 @@ CASES = [
     ("2bw", "full", 2, True, 8),
     ("1f1b-v", "none", 1, False, 8),
     ("bpipe-interleaved", "selective", 1, True, 8),
-    # 6 layers over V-ZB's 8 stages: the end stages hold only the embedding and the output
-    # layer (the V-shape paper's layout, §4.1), both on rank 0.
+    # Stages that hold no layer: 6 layers over V-ZB's 8 stages leave the embedding and the
+    # output layer alone on rank 0 (the V-shape paper's layout, §4.1); 3 over 1F1B's 4 leave
+    # rank 0 only the embedding, with the other ranks' layers recomputed.
     ("v-zb", "none", 1, True, 6),
+    ("1f1b", "full", 1, False, 3),
 ]
 STEPS = 3  # what the worker runs when the line does not say
 LATER_REL = 1e-3

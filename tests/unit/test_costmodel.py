@@ -28,7 +28,7 @@ from planner.costmodel.memory import (
 )
 from planner.costmodel.timing import layer_times, modelled_layer_times, time_provenance
 from planner.profiles import CalibrationRecord, HardwareProfile, LayerPoint, default_store
-from planner.specs import CandidateConfig, ModelSpec, PlanRequest, Recompute
+from planner.specs import CandidateConfig, ModelSpec, PlanRequest, Recompute, RecomputeSplit
 from tests.unit.helpers import model_spec, training
 
 GIB = 2**30
@@ -463,6 +463,26 @@ def test_gpt3_13b_1f1b_memory_by_hand():
         assert memory[s].activations == pytest.approx((8 - s) * 5 * LAYER_ACT_13B, rel=1e-12)
         assert memory[s].parameters == pytest.approx(2 * 5 * LAYER_PARAMS_13B, rel=1e-12)
     assert est.peak_memory == pytest.approx(max(m.total for m in memory))
+
+
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_a_stage_of_only_the_embedding_keeps_only_the_embeddings_activations(recompute):
+    """A first stage without a layer saves the embedding's tensors for its 8 micro-batches in
+    flight and recomputes nothing, so it needs no recompute working set; said with or without
+    a per-stage split, the same layout costs the same."""
+    layers = [0, 6, 6, 6, 6, 6, 6, 4]
+    uniform = config_13b("1f1b", layers, recompute=recompute)
+    split = config_13b(
+        "1f1b",
+        layers,
+        recompute=recompute,
+        recompute_per_stage=[RecomputeSplit(**{recompute: n}) for n in layers],
+    )
+    ctx = context(gpt3_13b_request())
+    first = estimate(ctx, uniform).memory[0]
+    assert first.in_flight == pytest.approx(8)
+    assert first.activations == pytest.approx(8 * EMBEDDING_ACT_13B, rel=1e-12)
+    assert list(estimate(ctx, split).memory) == list(estimate(ctx, uniform).memory)
 
 
 def test_device_memories_make_each_devices_record_from_its_columns():

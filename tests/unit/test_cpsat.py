@@ -121,8 +121,8 @@ def test_an_output_layer_heavier_than_a_layer_gets_the_last_stage_to_itself():
     """Two layers on two stages, and an output layer (vocabulary 8,192 at hidden 64) that
     costs several layers: the last stage is the bottleneck with any layer on it, so the
     solver moves both layers to the first stage ([2, 0]: the slowest stage is the output
-    layer alone, against a layer plus it for [1, 1]). A middle stage never goes empty, but
-    an end stage may (the V-shape paper's and Llama 3's layout)."""
+    layer alone, against a layer plus it for [1, 1]). An end stage may hold no layer (the
+    V-shape paper's and Llama 3's layout); a middle one may not (the solution test above)."""
     request = PlanRequest.model_validate(
         {
             "model": {"name": "tiny", "num_layers": 2, "hidden_size": 64,

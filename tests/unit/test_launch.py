@@ -490,7 +490,11 @@ def megatron_layers(args: str, p: int) -> list[int]:
     layers = int(flags["--num-layers"] or 0)
     layout = flags.get("--pipeline-model-parallel-layout")
     if layout is not None:
-        return [stage.count("t") for stage in layout.split("|")]
+        stages = layout.split("|")
+        # The embedding opens the first stage and the loss closes the last, nowhere else.
+        assert stages[0].startswith("E") and stages[-1].endswith("L"), layout
+        assert "E" not in "".join(stages)[1:] and "L" not in "".join(stages)[:-1], layout
+        return [stage.count("t") for stage in stages]
     per_chunk = flags.get("--num-layers-per-virtual-pipeline-stage")
     if per_chunk is not None:
         return [int(per_chunk)] * (layers // int(per_chunk))
@@ -516,6 +520,7 @@ def megatron_layers(args: str, p: int) -> list[int]:
         ("1f1b", 2, 4, [0, 1, 1, 0]),
         ("1f1b", 3, 4, [0, 1, 1, 1]),
         ("interleaved", 6, 4, [0, 1, 1, 1, 1, 1, 1, 0]),
+        ("interleaved", 7, 4, [0, 1, 1, 1, 1, 1, 1, 1]),  # not a palindrome: the order shows
     ],
 )
 def test_megatron_args_rebuild_the_candidates_layer_split(
@@ -543,7 +548,7 @@ def test_a_middle_stage_without_layers_is_refused_at_planning_time():
     result = plan(request(num_layers=5, schedules=("v-half",), recompute=("none",)))
     reasons = [r.reason for r in result.rejected if r.config.p == 4]
     assert reasons and all("every stage but the first and the last needs" in r for r in reasons)
-    assert all(min(c.config.layers_per_stage[1:-1]) >= 1 for c in result.candidates)
+    assert all(min(c.config.layers_per_stage[1:-1], default=1) >= 1 for c in result.candidates)
     six = plan(request(num_layers=6, schedules=("v-half",), recompute=("none",)))
     assert [c.config.layers_per_stage for c in six.candidates if c.config.p == 4][0] == [
         0, 1, 1, 1, 1, 1, 1, 0

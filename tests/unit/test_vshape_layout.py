@@ -33,6 +33,8 @@ def test_the_papers_layout_is_planned_and_ranks_as_section_4_2_says():
     few, many = _planned(24), _planned(48)
     for rows in (few, many):
         assert {"1f1b", "v-min", "v-half", "v-zb"} <= set(rows)
+        for name in ("v-min", "v-half", "v-zb"):  # one layer per V stage, the ends none
+            assert rows[name].layers_per_stage == (0,) + (1,) * 30 + (0,)
         assert max(rows.values(), key=lambda r: r.mfu).schedule == "v-zb"
         full = rows["1f1b"].activations_gib
         v_min, v_half = rows["v-min"].activations_gib / full, rows["v-half"].activations_gib / full
@@ -43,4 +45,5 @@ def test_the_papers_layout_is_planned_and_ranks_as_section_4_2_says():
         assert rows["v-zb"].activations_gib / full < 1.2
     gap_few = few["v-min"].mfu - few["1f1b"].mfu
     gap_many = many["v-min"].mfu - many["1f1b"].mfu
+    # Comparable (within 2 points) with 1.5 micro-batches per device, behind with 3.
     assert abs(gap_few) < 0.02 and gap_many < gap_few - 0.01, (gap_few, gap_many)
