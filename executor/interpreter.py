@@ -103,7 +103,7 @@ class _Pass:
 class RankRunner:
     """One rank: its stages, their weights, and the interpreter of its action list."""
 
-    def __init__(self, config: ExecutorConfig, comm: Comm, *, keep_first_grads: bool) -> None:
+    def __init__(self, config: ExecutorConfig, comm: Comm, *, keep_grads: int) -> None:
         self.config = config
         self.comm = comm
         self.device = comm.device()
@@ -146,8 +146,9 @@ class RankRunner:
                 versioned=versioned,
             )
         self.scaler = LossScaler(config)
-        self.keep_first_grads = keep_first_grads
-        self.first_grads: dict[int, dict[str, Tensor]] = {}
+        # --verify: each stage's gradients of its first ``keep_grads`` optimizer steps.
+        self.keep_grads = keep_grads
+        self.kept_grads: dict[int, list[dict[str, Tensor]]] = {}
         self.first_losses: list[float] = []
         self.stage_bytes: dict[int, int] = {}
         self.ledger = Ledger([])
@@ -302,8 +303,9 @@ class RankRunner:
         s = action.stage
         weights = self.weights[s]
         finite = weights.reduce_gradients(self.scaler.scale)
-        if self.keep_first_grads and s not in self.first_grads:
-            self.first_grads[s] = weights.gradients_by_name()
+        kept = self.kept_grads.setdefault(s, [])
+        if len(kept) < self.keep_grads:
+            kept.append(weights.gradients_by_name())
         if self.scaler.enabled:
             run.deferred.append((s, action.version, finite))
             return

@@ -13,6 +13,7 @@ weights) instead of the initial weights holds exactly the slices that rank's par
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -48,9 +49,11 @@ _FIELDS = {
 }
 
 
-def _full_model(config: ExecutorConfig, weights: dict[str, Tensor]) -> Stage:
+def _full_model(config: ExecutorConfig, weights: dict[str, Tensor], exact: bool = False) -> Stage:
     shape = GPTShape.of(config.model)
     options = model_options(config)  # the run's, so that both compute alike
+    if exact:
+        options = replace(options, dtype=torch.float64)
     return build_stage(shape, weights, 0, shape.num_layers, embed=True, head=True, options=options)
 
 
@@ -70,26 +73,29 @@ def _weight_key(config: ExecutorConfig) -> dict[str, str]:
 
 
 def _gradients(
-    config: ExecutorConfig, weights: dict[str, Tensor], step: int, *, reverse: bool = False
+    config: ExecutorConfig,
+    weights: dict[str, Tensor],
+    step: int,
+    *,
+    exact: bool = False,
 ) -> tuple[list[float], dict[str, Tensor]]:
     """Per-micro-batch losses (replica-major) and full gradients of the step's mean loss;
-    ``reverse`` adds the micro-batches' gradients up in the opposite order (the same sum,
-    other fp32 rounding; the losses are then listed in that order too)."""
-    model = _full_model(config, weights)
+    ``exact`` computes and adds up in float64."""
+    model = _full_model(config, weights, exact)
     m, d = config.num_microbatches, config.parallel.d
     scale = LossScaler(config).scale
     params = dict(model.named_parameters())
-    total = {n: torch.zeros(p.shape) for n, p in params.items()}
+    accumulate = torch.float64 if exact else torch.float32
+    total = {n: torch.zeros(p.shape, dtype=accumulate) for n, p in params.items()}
     losses = []
-    order = [(dp, k) for dp in range(d) for k in range(m)]
-    for dp, k in reversed(order) if reverse else order:
+    for dp, k in ((dp, k) for dp in range(d) for k in range(m)):
         batch = MicroBatch(config, dp, step, k)
         loss = model(batch.inputs(), batch.key, batch.targets())
         losses.append(float(loss.detach()))
         (loss * (scale / m)).backward()
         for n, p in params.items():  # accumulate in fp32, as the run does
             if p.grad is not None:
-                total[n] += p.grad.float()
+                total[n] += p.grad.to(accumulate)
                 p.grad = None
     names = _weight_key(config)
     return losses, {names[n]: g / (d * scale) for n, g in total.items()}
@@ -103,14 +109,17 @@ def reference_gradients(
 
 
 def reference_weights(
-    config: ExecutorConfig, segments: Sequence[int], *, reverse: bool = False
+    config: ExecutorConfig, segments: Sequence[int], *, exact: bool = False
 ) -> dict[str, Tensor]:
     """Weights after the given runs (see :func:`reference_run`)."""
-    return reference_run(config, segments, reverse=reverse)[0]
+    return reference_run(config, segments, exact=exact)[0]
 
 
 def reference_run(
-    config: ExecutorConfig, segments: Sequence[int], *, reverse: bool = False
+    config: ExecutorConfig,
+    segments: Sequence[int],
+    *,
+    exact: bool = False,
 ) -> tuple[dict[str, Tensor], list[list[float]]]:
     """Weights after the given runs, from the initial weights, and every step's per
     micro-batch losses (replica-major). Within a run of n batches
@@ -120,12 +129,14 @@ def reference_run(
     (a flush between runs). ``segments`` lists the batches of each run, in order: runs of one
     batch are ordinary flushed steps, W(t+1) = W(t) - lr * grad(W(t)). The update is the
     run's optimizer (torch.optim) over the whole model. (fp16 steps the loss scaler skipped
-    are not replayed.) ``reverse``: every step's micro-batches added up in the opposite
-    order, a second reference that differs from the first by rounding alone."""
-    dtype = COMPUTE_DTYPE[config.training.precision]
+    are not replayed.) ``exact``: everything in float64 (master weights, compute, sums, the
+    optimizer; the loss is taken in fp32 as the model takes it), a reference that differs
+    from the first by the precision's rounding alone (returned in fp32)."""
+    dtype = torch.float64 if exact else COMPUTE_DTYPE[config.training.precision]
+    master = torch.float64 if exact else torch.float32
     # The master weights start from the compute-precision weights, as Megatron-LM's do.
     initial = init_full_weights(GPTShape.of(config.model), config.seed)
-    current = {name: value.to(dtype).float() for name, value in initial.items()}
+    current = {name: value.to(dtype).to(master) for name, value in initial.items()}
     names = list(current)
     flat = torch.nn.Parameter(torch.cat([current[n].reshape(-1) for n in names]))
     optimizer = make_optimizer(config, flat)
@@ -134,21 +145,19 @@ def reference_run(
     for batches in segments:
         versions = [dict(current)]
         for b in range(batches):
-            step_losses, grads = _gradients(
-                config, versions[max(b - 1, 0)], step + b, reverse=reverse
-            )
+            step_losses, grads = _gradients(config, versions[max(b - 1, 0)], step + b, exact=exact)
             losses.append(step_losses)
             flat.grad = torch.cat([grads[n].reshape(-1) for n in names])
             optimizer.step()
             # The run's forwards use the new master weights in its compute precision.
-            compute = flat.detach().to(dtype).float().clone()
+            compute = flat.detach().to(dtype).to(master).clone()
             versions.append(_unflatten(compute, current))
         current = versions[-1]
         step += batches
     # Each weight in a storage of its own: as views of one flat buffer, every one of them
     # would carry the whole buffer when pickled (rank 0 broadcasts these to every rank for
     # --verify: about 100 copies of the model, gigabytes for an 8-layer toy model).
-    return {name: value.clone() for name, value in current.items()}, losses
+    return {name: value.float().clone() for name, value in current.items()}, losses
 
 
 def _unflatten(flat: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -4,12 +4,16 @@ The reference (:mod:`executor.reference`) computes in the run's precision, as th
 (compute weights in bf16/fp16 from fp32 master weights, gradients accumulated in fp32, fp16's
 loss scale). Flushed schedules: the first step's gradients (reduced over replicas, the loss
 scale undone) and every micro-batch's loss. Stale-weight schedules (2BW) change what is
-computed: there the weights after the run are compared with the PipeDream-2BW update rule
-applied by the reference (:func:`executor.reference.reference_weights`), and reported as the
-weights of the newest version, not as gradients; each weight within the precision's tolerance
-or, if larger, ``ROUNDING_MARGIN`` times the difference between two references that differ
-only in the order micro-batches are added up (Adam turns that rounding into visible weight
-differences wherever a gradient is near zero).
+computed: batch b's gradient is taken at weight version max(b - 1, 0), so the first two
+batches' gradients are both taken at the initial weights; those two (a run that used fresh
+weights for batch 1 differs there) and the first batch's losses are compared, as a flushed
+step's are. Past them the weights have had Adam steps, which turn the rounding of near-zero
+gradients (the attention key's bias has an exactly zero one) into differences as large as
+the learning rate; the reference does not reproduce those bits, so later batches are not
+compared gradient by gradient. A resumed stale-weight run starts many steps in: its weights
+after the run are compared with the PipeDream-2BW rule applied by the reference
+(:func:`executor.reference.reference_weights`), each within the precision's tolerance or,
+if larger, ``ROUNDING_MARGIN`` times the reference's difference from itself in float64.
 
 An error is max |run - reference| over a tensor, divided by the largest |reference| value of
 that tensor (an error relative to the tensor's scale). Pipeline and data parallelism compute
@@ -28,7 +32,7 @@ sums over every token, move 3-5% between bf16 and fp32 themselves.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -44,9 +48,11 @@ __all__ = ["ROUNDING_MARGIN", "TOLERANCE", "verify_rank"]
 TOLERANCE = {"fp32": 1e-5, "bf16": 8 * 2.0**-8, "fp16": 8 * 2.0**-11}
 # Weights after several optimizer steps: Adam divides each gradient by its own running
 # magnitude, so where a gradient is near zero (the attention key's bias has an exactly zero
-# one) the order of fp32 additions decides the update. Two references that add the
-# micro-batches up in opposite orders measure that rounding; a run (another order) may
-# differ from the reference by a few times as much.
+# one) rounding decides the update: the order of the sums, a tensor-parallel split of the
+# matrix products. The reference against itself in float64 measures how far rounding moves
+# each weight; a run, rounding in its own way, may differ from the reference by a few times
+# as much. (Two references adding the micro-batches up in opposite orders measured it once;
+# with two micro-batches the sums are the same, a + b = b + a, and the measure was zero.)
 ROUNDING_MARGIN = 4.0
 _FLOOR = 1e-12
 T = TypeVar("T")
@@ -70,21 +76,26 @@ def _rounding_tolerance(tolerance: float, rounded: Tensor, expected: Tensor) -> 
     return max(tolerance, ROUNDING_MARGIN * _error(rounded, expected))
 
 
-def _flushed_references(
-    config: ExecutorConfig, step: int
-) -> tuple[list[float], dict[str, Tensor], dict[str, Tensor] | None]:
-    """The reference's losses and gradients of ``step``; with tensor parallelism in bf16 or
-    fp16 also its gradients computed in fp32 from the same weights (how far the precision's
+_References = tuple[list[float], dict[str, Tensor], dict[str, Tensor] | None]
+
+
+def _references(config: ExecutorConfig, steps: Sequence[int], at: int) -> list[_References]:
+    """For each of ``steps``: the reference's losses and gradients of that step's data, all
+    taken at the weights after ``at`` flushed steps; with tensor parallelism in bf16 or fp16
+    also the gradients computed in fp32 from the same weights (how far the precision's
     rounding moves each one), else None."""
-    weights = reference_weights(config, [1] * step)
-    losses, grads = reference_gradients(config, step, weights)
-    exact = None
+    weights = reference_weights(config, [1] * at)
+    in_fp32 = None
     if config.parallel.t > 1 and config.training.precision != "fp32":
         in_fp32 = config.model_copy(
             update={"training": config.training.model_copy(update={"precision": "fp32"})}
         )
-        exact = reference_gradients(in_fp32, step, weights)[1]
-    return losses, grads, exact
+    out: list[_References] = []
+    for step in steps:
+        losses, grads = reference_gradients(config, step, weights)
+        exact = None if in_fp32 is None else reference_gradients(in_fp32, step, weights)[1]
+        out.append((losses, grads, exact))
+    return out
 
 
 def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None) -> dict[str, Any]:
@@ -96,17 +107,19 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
     rank, tp = runner.comm.rank, runner.comm.tp
     errors: list[tuple[int, str, str, float, int | None]] = []
     tolerances: dict[tuple[int, str], float] = {}
-    if segments is not None:
-        full, reordered = _on_rank_zero(
+    if segments is not None and first_step > 0:
+        # A resumed stale-weight run: its first batches start from weights many optimizer
+        # steps in, which the reference reaches only up to rounding; compare the weights.
+        full, in_float64 = _on_rank_zero(
             lambda: (
                 reference_weights(config, segments),
-                reference_weights(config, segments, reverse=True),
+                reference_weights(config, segments, exact=True),
             )
         )
         version = segments[-1]  # the newest: one version per batch of the last run
         for s, weights in runner.weights.items():
             expected = local_view(config, full, s, tp)
-            rounding = local_view(config, reordered, s, tp)
+            rounding = local_view(config, in_float64, s, tp)
             for name, value in weights.newest().items():
                 errors.append((s, name, "weight", _error(value, expected[name]), version))
                 tolerances[(s, name)] = _rounding_tolerance(
@@ -115,21 +128,41 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
         compared = (
             "weights of the newest version after the run vs the PipeDream-2BW rule "
             "W(t+1) = W(t) - lr * grad(W(t-1)), each within at least "
-            f"{ROUNDING_MARGIN:g}x the rounding difference of two references"
+            f"{ROUNDING_MARGIN:g}x the reference's difference from itself in float64"
         )
     else:
-        losses, grads, exact = _on_rank_zero(lambda: _flushed_references(config, first_step))
+        # Flushed: the first step's gradients. Stale weights (2BW): the first two batches'
+        # gradients, both taken at the initial weights (version max(b - 1, 0) of batch b),
+        # where a run that used fresh weights for batch 1 shows; past them, Adam turns the
+        # rounding of near-zero gradients into weights the reference does not reproduce.
+        batches = 1 if segments is None else min(2, segments[0])
+        steps = [first_step + b for b in range(batches)]
+        references = _on_rank_zero(lambda: _references(config, steps, first_step))
+        exact_used = False
         for s in runner.weights:
-            expected = local_view(config, grads, s, tp)
-            unrounded = local_view(config, exact, s, tp) if exact is not None else None
-            for name, grad in runner.first_grads.get(s, {}).items():
-                errors.append((s, name, "gradient", _error(grad, expected[name]), None))
-                if unrounded is not None:
-                    tolerances[(s, name)] = _rounding_tolerance(
-                        tolerance, unrounded[name], expected[name]
-                    )
-        compared = f"gradients and losses of step {first_step}"
-        if exact is not None:
+            for batch, (kept, (_, grads, exact)) in enumerate(
+                zip(runner.kept_grads.get(s, []), references, strict=False)
+            ):
+                expected = local_view(config, grads, s, tp)
+                unrounded = local_view(config, exact, s, tp) if exact is not None else None
+                exact_used = exact_used or unrounded is not None
+                at = None if segments is None else 0  # the weight version it was taken at
+                for name, grad in kept.items():
+                    label = name if segments is None else f"{name} (batch {batch})"
+                    errors.append((s, label, "gradient", _error(grad, expected[name]), at))
+                    if unrounded is not None:
+                        tolerances[(s, label)] = _rounding_tolerance(
+                            tolerance, unrounded[name], expected[name]
+                        )
+        if segments is None:
+            compared = f"gradients and losses of step {first_step}"
+        else:
+            compared = (
+                f"gradients of the first {'two batches' if batches == 2 else 'batch'}, taken "
+                "at the initial weights as PipeDream-2BW's rule W(t+1) = W(t) - lr * "
+                "grad(W(t-1)) takes them, and the first batch's losses"
+            )
+        if exact_used:
             compared += (
                 f", each gradient within at least {ROUNDING_MARGIN:g}x what "
                 f"{config.training.precision} rounding moves it (tensor parallelism)"
@@ -137,6 +170,7 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
         if runner.last_stage in runner.weights:
             m = config.num_microbatches
             mine = runner.first_losses
+            losses = references[0][0]
             ref = losses[runner.comm.dp * m : (runner.comm.dp + 1) * m]
             for k, (a, b) in enumerate(zip(mine, ref, strict=True)):
                 error = abs(a - b) / max(abs(b), _FLOOR)

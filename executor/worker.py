@@ -212,7 +212,10 @@ def _segments(config: ExecutorConfig, start: int, steps: int, every: int) -> lis
 
 def _run(config: ExecutorConfig, rank: int, args: argparse.Namespace, out: Path) -> bool:
     comm = Comm(config, rank, args.timeout)
-    runner = RankRunner(config, comm, keep_first_grads=args.verify)
+    # --verify checks the first step's gradients; a schedule that runs batches without a
+    # flush, the first two batches' (both taken at the initial weights, PipeDream-2BW §3.1).
+    checked = (2 if config.ir.num_batches > 1 else 1) if args.verify else 0
+    runner = RankRunner(config, comm, keep_grads=checked)
     if config.ir.count(ActionKind.EVICT):
         runner.measure_stage_bytes()
     start = 0

@@ -82,6 +82,19 @@ RUNS = {
         "distributed_optimizer": True,
     },
     "dp2-adam": {"schedule": "1f1b", "t": 1, "p": 2, "d": 2, "m": 4, "optimizer": "adam"},
+    # 2BW's weights after Adam steps, from two micro-batches (a + b = b + a: adding them up
+    # in the other order measures no rounding) of products split four ways: the tolerance
+    # must come from rounding the run really has (a randomized sweep found this false alarm).
+    "2bw-tp4-adam-two-microbatches": {
+        "schedule": "2bw",
+        "t": 4,
+        "p": 1,
+        "d": 1,
+        "m": 2,
+        "mb": 2,
+        "optimizer": "adam",
+        "lr": 1e-3,
+    },
     "pp4-bf16-selective": {
         "schedule": "1f1b",
         "t": 1,
@@ -228,11 +241,30 @@ def test_the_reference_weights_pickle_to_about_their_own_size():
     assert len(pickle.dumps(weights)) < 1.5 * own
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_2bw_gradient_check_tells_stale_weights_from_fresh_ones(precision):
+    """--verify compares a 2BW run's second batch's gradients with the reference's at the
+    initial weights (version max(1 - 1, 0) = 0). Had the run taken them at the weights after
+    the first update instead (no staleness), every tensor's gradient would differ by far
+    more than the precision's tolerance."""
+    from executor.reference import reference_gradients, reference_weights
+    from executor.verify import TOLERANCE
+
+    config = ExecutorConfig.model_validate(
+        make_config("2bw", 1, 2, 2, 2, optimizer="adam", lr=1e-3, precision=precision)
+    )
+    _, stale = reference_gradients(config, 1, reference_weights(config, []))
+    _, fresh = reference_gradients(config, 1, reference_weights(config, [1]))
+    for name, expected in stale.items():
+        difference = float((fresh[name] - expected).abs().max())
+        assert difference > 3 * TOLERANCE[precision] * float(expected.abs().max()), name
+
+
 def test_the_2bw_weight_check_allows_rounding_but_not_fresh_weights():
-    """With Adam, two references that add the micro-batches up in opposite orders differ by
-    rounding alone (far below the weights' scale); the tolerance --verify derives from that
-    difference still flags, on every tensor, weights updated without the one-step staleness
-    (flushed steps W(t+1) = W(t) - lr * grad(W(t)) instead of 2BW's grad(W(t-1)))."""
+    """With Adam, the reference and the same reference in float64 differ by rounding alone
+    (far below the weights' scale); the tolerance --verify derives from that difference still
+    flags, on every tensor, weights updated without the one-step staleness (flushed steps
+    W(t+1) = W(t) - lr * grad(W(t)) instead of 2BW's grad(W(t-1)))."""
     from executor.verify import ROUNDING_MARGIN, TOLERANCE
 
     config = ExecutorConfig.model_validate(
@@ -243,9 +275,9 @@ def test_the_2bw_weight_check_allows_rounding_but_not_fresh_weights():
         return float((run - reference).abs().max()) / float(reference.abs().max().clamp_min(1e-12))
 
     stale, _ = reference_run(config, [3])
-    reordered, _ = reference_run(config, [3], reverse=True)
+    exact, _ = reference_run(config, [3], exact=True)
     fresh, _ = reference_run(config, [1, 1, 1])
     for name, expected in stale.items():
-        noise = error(reordered[name], expected)
+        noise = error(exact[name], expected)
         assert noise < 1e-2, name
         assert error(fresh[name], expected) > max(TOLERANCE["fp32"], ROUNDING_MARGIN * noise), name
