@@ -33,6 +33,7 @@ sums over every token, move 3-5% between bf16 and fp32 themselves.)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -98,83 +99,109 @@ def _references(config: ExecutorConfig, steps: Sequence[int], at: int) -> list[_
     return out
 
 
-def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None) -> dict[str, Any]:
-    """This rank's comparison: tensors checked, largest error, mismatches (as dicts of
-    :class:`planner.launch.report.Mismatch`). ``segments``: the batches of each run of a
-    stale-weight schedule, None for a flushed one."""
-    config = runner.config
-    tolerance = TOLERANCE[config.training.precision]
-    rank, tp = runner.comm.rank, runner.comm.tp
-    errors: list[tuple[int, str, str, float, int | None]] = []
-    tolerances: dict[tuple[int, str], float] = {}
-    if segments is not None and first_step > 0:
-        # A resumed stale-weight run: its first batches start from weights many optimizer
-        # steps in, which the reference reaches only up to rounding; compare the weights.
-        full, in_float64 = _on_rank_zero(
-            lambda: (
-                reference_weights(config, segments),
-                reference_weights(config, segments, exact=True),
-            )
+_Error = tuple[int, str, str, float, int | None]  # stage, tensor, kind, error, weight version
+
+
+@dataclass
+class _Comparison:
+    """What one rank compared: each error, the tolerances that differ from the precision's,
+    and what was compared (in words)."""
+
+    errors: list[_Error] = field(default_factory=list)
+    tolerances: dict[tuple[int, str], float] = field(default_factory=dict)
+    compared: str = ""
+
+
+def _compare_weights(runner: RankRunner, segments: list[int], tolerance: float) -> _Comparison:
+    """A resumed stale-weight run: its first batches start from weights many optimizer steps
+    in, which the reference reaches only up to rounding, so the weights after the run are
+    compared with the PipeDream-2BW rule, each within what rounding moves it."""
+    config, tp = runner.config, runner.comm.tp
+    full, in_float64 = _on_rank_zero(
+        lambda: (
+            reference_weights(config, segments),
+            reference_weights(config, segments, exact=True),
         )
-        version = segments[-1]  # the newest: one version per batch of the last run
-        for s, weights in runner.weights.items():
-            expected = local_view(config, full, s, tp)
-            rounding = local_view(config, in_float64, s, tp)
-            for name, value in weights.newest().items():
-                errors.append((s, name, "weight", _error(value, expected[name]), version))
-                tolerances[(s, name)] = _rounding_tolerance(
-                    tolerance, rounding[name], expected[name]
-                )
-        compared = (
+    )
+    out = _Comparison(
+        compared=(
             "weights of the newest version after the run vs the PipeDream-2BW rule "
             "W(t+1) = W(t) - lr * grad(W(t-1)), each within at least "
             f"{ROUNDING_MARGIN:g}x the reference's difference from itself in float64"
         )
+    )
+    version = segments[-1]  # the newest: one version per batch of the last run
+    for s, weights in runner.weights.items():
+        expected = local_view(config, full, s, tp)
+        rounding = local_view(config, in_float64, s, tp)
+        for name, value in weights.newest().items():
+            out.errors.append((s, name, "weight", _error(value, expected[name]), version))
+            out.tolerances[(s, name)] = _rounding_tolerance(
+                tolerance, rounding[name], expected[name]
+            )
+    return out
+
+
+def _compare_gradients(
+    runner: RankRunner, first_step: int, stale: int | None, tolerance: float
+) -> _Comparison:
+    """Flushed (``stale`` None): the first step's gradients and losses. Stale weights
+    (``stale``: the batches of the first run, 2BW): the first two batches' gradients, both
+    taken at the initial weights (version max(b - 1, 0) of batch b), where a run that used
+    fresh weights for batch 1 shows, and the first batch's losses."""
+    config, tp = runner.config, runner.comm.tp
+    batches = 1 if stale is None else min(2, stale)
+    steps = [first_step + b for b in range(batches)]
+    references = _on_rank_zero(lambda: _references(config, steps, first_step))
+    if stale is None:
+        compared = f"gradients and losses of step {first_step}"
     else:
-        # Flushed: the first step's gradients. Stale weights (2BW): the first two batches'
-        # gradients, both taken at the initial weights (version max(b - 1, 0) of batch b),
-        # where a run that used fresh weights for batch 1 shows; past them, Adam turns the
-        # rounding of near-zero gradients into weights the reference does not reproduce.
-        batches = 1 if segments is None else min(2, segments[0])
-        steps = [first_step + b for b in range(batches)]
-        references = _on_rank_zero(lambda: _references(config, steps, first_step))
-        exact_used = False
-        for s in runner.weights:
-            for batch, (kept, (_, grads, exact)) in enumerate(
-                zip(runner.kept_grads.get(s, []), references, strict=False)
-            ):
-                expected = local_view(config, grads, s, tp)
-                unrounded = local_view(config, exact, s, tp) if exact is not None else None
-                exact_used = exact_used or unrounded is not None
-                at = None if segments is None else 0  # the weight version it was taken at
-                for name, grad in kept.items():
-                    label = name if segments is None else f"{name} (batch {batch})"
-                    errors.append((s, label, "gradient", _error(grad, expected[name]), at))
-                    if unrounded is not None:
-                        tolerances[(s, label)] = _rounding_tolerance(
-                            tolerance, unrounded[name], expected[name]
-                        )
-        if segments is None:
-            compared = f"gradients and losses of step {first_step}"
-        else:
-            compared = (
-                f"gradients of the first {'two batches' if batches == 2 else 'batch'}, taken "
-                "at the initial weights as PipeDream-2BW's rule W(t+1) = W(t) - lr * "
-                "grad(W(t-1)) takes them, and the first batch's losses"
-            )
-        if exact_used:
-            compared += (
-                f", each gradient within at least {ROUNDING_MARGIN:g}x what "
-                f"{config.training.precision} rounding moves it (tensor parallelism)"
-            )
-        if runner.last_stage in runner.weights:
-            m = config.num_microbatches
-            mine = runner.first_losses
-            losses = references[0][0]
-            ref = losses[runner.comm.dp * m : (runner.comm.dp + 1) * m]
-            for k, (a, b) in enumerate(zip(mine, ref, strict=True)):
-                error = abs(a - b) / max(abs(b), _FLOOR)
-                errors.append((runner.last_stage, f"loss of micro-batch {k}", "loss", error, None))
+        compared = (
+            f"gradients of the first {'two batches' if batches == 2 else 'batch'}, taken at "
+            "the initial weights as PipeDream-2BW's rule W(t+1) = W(t) - lr * grad(W(t-1)) "
+            "takes them, and the first batch's losses"
+        )
+    if references[0][2] is not None:
+        compared += (
+            f", each gradient within at least {ROUNDING_MARGIN:g}x what "
+            f"{config.training.precision} rounding moves it (tensor parallelism)"
+        )
+    out = _Comparison(compared=compared)
+    version = None if stale is None else 0  # the weight version the gradients were taken at
+    for s in runner.weights:
+        kept = runner.kept_grads.get(s, [])
+        for batch, (grads, (_, expected_all, exact_all)) in enumerate(
+            zip(kept, references, strict=False)
+        ):
+            expected = local_view(config, expected_all, s, tp)
+            unrounded = local_view(config, exact_all, s, tp) if exact_all is not None else None
+            for name, grad in grads.items():
+                label = name if stale is None else f"{name} (batch {batch})"
+                out.errors.append((s, label, "gradient", _error(grad, expected[name]), version))
+                if unrounded is not None:
+                    out.tolerances[(s, label)] = _rounding_tolerance(
+                        tolerance, unrounded[name], expected[name]
+                    )
+    if runner.last_stage in runner.weights:
+        m, dp = config.num_microbatches, runner.comm.dp
+        reference_losses = references[0][0][dp * m : (dp + 1) * m]
+        for k, (mine, ref) in enumerate(zip(runner.first_losses, reference_losses, strict=True)):
+            error = abs(mine - ref) / max(abs(ref), _FLOOR)
+            out.errors.append((runner.last_stage, f"loss of micro-batch {k}", "loss", error, None))
+    return out
+
+
+def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None) -> dict[str, Any]:
+    """This rank's comparison: tensors checked, largest error, mismatches (as dicts of
+    :class:`planner.launch.report.Mismatch`). ``segments``: the batches of each run of a
+    stale-weight schedule, None for a flushed one."""
+    tolerance = TOLERANCE[runner.config.training.precision]
+    if segments is not None and first_step > 0:
+        comparison = _compare_weights(runner, segments, tolerance)
+    else:
+        stale = None if segments is None else segments[0]
+        comparison = _compare_gradients(runner, first_step, stale, tolerance)
+    errors, tolerances, rank = comparison.errors, comparison.tolerances, runner.comm.rank
     allowed = [tolerances.get((s, name), tolerance) for s, name, *_ in errors]
     mismatches = [
         Mismatch(
@@ -196,6 +223,6 @@ def verify_rank(runner: RankRunner, first_step: int, segments: list[int] | None)
         # NaN compares false: a NaN error makes the share infinite (it is a mismatch too).
         "largest_share": max((x if x == x else float("inf") for x in shares), default=0.0),
         "mismatches": mismatches,
-        "compared": compared,
+        "compared": comparison.compared,
         "tolerance": tolerance,
     }
