@@ -46,10 +46,13 @@ browser:  ## Debian's chromium for the dashboard tests (installed with apt-get w
 
 test: lint typecheck browser unit  ## everything CI runs: lint, types, the whole test suite
 
-bench: $(STAMP)  ## schedules, simulator and planner speed, paper reproduction, cpsat, service load, executor (slow)
+bench: $(STAMP)  ## schedules, planner speed, the papers' figures, cpsat, service load, executor (slow)
 	$(BIN)/python benchmarks/schedules.py
 	$(BIN)/python benchmarks/planner_speed.py
 	$(BIN)/python benchmarks/paper_reproduction.py
+	$(BIN)/python benchmarks/vshape_table5.py
+	$(BIN)/python benchmarks/vshape_layout.py
+	$(BIN)/python benchmarks/megatron_fig16.py
 	$(BIN)/python benchmarks/cpsat_vs_grid.py
 	$(BIN)/python benchmarks/service_load.py
 	$(BIN)/python benchmarks/executor_vs_torch.py
