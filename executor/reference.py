@@ -13,7 +13,6 @@ weights) instead of the initial weights holds exactly the slices that rank's par
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -49,11 +48,9 @@ _FIELDS = {
 }
 
 
-def _full_model(config: ExecutorConfig, weights: dict[str, Tensor], exact: bool = False) -> Stage:
+def _full_model(config: ExecutorConfig, weights: dict[str, Tensor]) -> Stage:
     shape = GPTShape.of(config.model)
     options = model_options(config)  # the run's, so that both compute alike
-    if exact:
-        options = replace(options, dtype=torch.float64)
     return build_stage(shape, weights, 0, shape.num_layers, embed=True, head=True, options=options)
 
 
@@ -73,20 +70,14 @@ def _weight_key(config: ExecutorConfig) -> dict[str, str]:
 
 
 def _gradients(
-    config: ExecutorConfig,
-    weights: dict[str, Tensor],
-    step: int,
-    *,
-    exact: bool = False,
+    config: ExecutorConfig, weights: dict[str, Tensor], step: int
 ) -> tuple[list[float], dict[str, Tensor]]:
-    """Per-micro-batch losses (replica-major) and full gradients of the step's mean loss;
-    ``exact`` computes and adds up in float64."""
-    model = _full_model(config, weights, exact)
+    """Per-micro-batch losses (replica-major) and full gradients of the step's mean loss."""
+    model = _full_model(config, weights)
     m, d = config.num_microbatches, config.parallel.d
     scale = LossScaler(config).scale
     params = dict(model.named_parameters())
-    accumulate = torch.float64 if exact else torch.float32
-    total = {n: torch.zeros(p.shape, dtype=accumulate) for n, p in params.items()}
+    total = {n: torch.zeros(p.shape) for n, p in params.items()}
     losses = []
     for dp, k in ((dp, k) for dp in range(d) for k in range(m)):
         batch = MicroBatch(config, dp, step, k)
@@ -95,7 +86,7 @@ def _gradients(
         (loss * (scale / m)).backward()
         for n, p in params.items():  # accumulate in fp32, as the run does
             if p.grad is not None:
-                total[n] += p.grad.to(accumulate)
+                total[n] += p.grad.float()
                 p.grad = None
     names = _weight_key(config)
     return losses, {names[n]: g / (d * scale) for n, g in total.items()}
@@ -108,18 +99,13 @@ def reference_gradients(
     return _gradients(config, weights, step)
 
 
-def reference_weights(
-    config: ExecutorConfig, segments: Sequence[int], *, exact: bool = False
-) -> dict[str, Tensor]:
+def reference_weights(config: ExecutorConfig, segments: Sequence[int]) -> dict[str, Tensor]:
     """Weights after the given runs (see :func:`reference_run`)."""
-    return reference_run(config, segments, exact=exact)[0]
+    return reference_run(config, segments)[0]
 
 
 def reference_run(
-    config: ExecutorConfig,
-    segments: Sequence[int],
-    *,
-    exact: bool = False,
+    config: ExecutorConfig, segments: Sequence[int]
 ) -> tuple[dict[str, Tensor], list[list[float]]]:
     """Weights after the given runs, from the initial weights, and every step's per
     micro-batch losses (replica-major). Within a run of n batches
@@ -129,14 +115,11 @@ def reference_run(
     (a flush between runs). ``segments`` lists the batches of each run, in order: runs of one
     batch are ordinary flushed steps, W(t+1) = W(t) - lr * grad(W(t)). The update is the
     run's optimizer (torch.optim) over the whole model. (fp16 steps the loss scaler skipped
-    are not replayed.) ``exact``: everything in float64 (master weights, compute, sums, the
-    optimizer; the loss is taken in fp32 as the model takes it), a reference that differs
-    from the first by the precision's rounding alone (returned in fp32)."""
-    dtype = torch.float64 if exact else COMPUTE_DTYPE[config.training.precision]
-    master = torch.float64 if exact else torch.float32
+    are not replayed.)"""
+    dtype = COMPUTE_DTYPE[config.training.precision]
     # The master weights start from the compute-precision weights, as Megatron-LM's do.
     initial = init_full_weights(GPTShape.of(config.model), config.seed)
-    current = {name: value.to(dtype).to(master) for name, value in initial.items()}
+    current = {name: value.to(dtype).float() for name, value in initial.items()}
     names = list(current)
     flat = torch.nn.Parameter(torch.cat([current[n].reshape(-1) for n in names]))
     optimizer = make_optimizer(config, flat)
@@ -145,19 +128,19 @@ def reference_run(
     for batches in segments:
         versions = [dict(current)]
         for b in range(batches):
-            step_losses, grads = _gradients(config, versions[max(b - 1, 0)], step + b, exact=exact)
+            step_losses, grads = _gradients(config, versions[max(b - 1, 0)], step + b)
             losses.append(step_losses)
             flat.grad = torch.cat([grads[n].reshape(-1) for n in names])
             optimizer.step()
             # The run's forwards use the new master weights in its compute precision.
-            compute = flat.detach().to(dtype).to(master).clone()
+            compute = flat.detach().to(dtype).float().clone()
             versions.append(_unflatten(compute, current))
         current = versions[-1]
         step += batches
     # Each weight in a storage of its own: as views of one flat buffer, every one of them
     # would carry the whole buffer when pickled (rank 0 broadcasts these to every rank for
     # --verify: about 100 copies of the model, gigabytes for an 8-layer toy model).
-    return {name: value.float().clone() for name, value in current.items()}, losses
+    return {name: value.clone() for name, value in current.items()}, losses
 
 
 def _unflatten(flat: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -96,8 +96,9 @@ class Verification(_Spec):
     largest_share: float | None = Field(
         default=None,
         description="The largest error as a share of its own tensor's tolerance (at most 1 "
-        "when passed; tolerances of stale-weight runs are raised per weight to the rounding "
-        "noise, so this, not max_error against tolerance, says how close the run came).",
+        "when passed; with tensor parallelism in bf16 or fp16 each gradient's tolerance is "
+        "raised to what the precision's rounding moves it, so this, not max_error against "
+        "tolerance, says how close the run came).",
     )
     mismatches: list[Mismatch]
 
