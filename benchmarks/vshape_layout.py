@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.plan import plan  # noqa: E402
-from planner.specs import Candidate, PlanRequest  # noqa: E402
+from planner.specs import Candidate, CandidateConfig, PlanRequest  # noqa: E402
 
 # Table 2: (name, layers, heads, hidden, GPUs); micro-batch: Table 5's smallest for the model
 # (98.5B is not in Table 5: 1).
@@ -79,8 +79,8 @@ def rows_at_the_papers_layout(req: PlanRequest) -> list[Row]:
     gpus = req.cluster.num_nodes * req.cluster.gpus_per_node
     planned = plan(req)
 
-    def at_layout(config: object) -> bool:
-        return (config.t, config.p) == (1, gpus)  # type: ignore[attr-defined]
+    def at_layout(config: CandidateConfig) -> bool:
+        return (config.t, config.p) == (1, gpus)
 
     found: dict[str, Candidate] = {
         c.config.schedule: c for c in planned.candidates if at_layout(c.config)
@@ -108,9 +108,10 @@ def claims(rows: list[Row], fewer: list[Row] | None) -> list[str]:
     """§4.2's statements, checked on the planned rows (``fewer``: the same model with fewer
     micro-batches, for V-Min against 1F1B)."""
     by = {r.schedule: r for r in rows if r.mfu is not None}
+    mfu = {r.schedule: r.mfu for r in rows if r.mfu is not None}
     out = []
-    if by:
-        best = max(by.values(), key=lambda r: r.mfu or 0.0).schedule
+    if mfu:
+        best = max(mfu, key=lambda name: mfu[name])
         out.append(f"highest MFU: {best} ({'as' if best == 'v-zb' else 'not as'} the paper)")
     base = by.get("1f1b")
     if base is not None:
@@ -118,11 +119,11 @@ def claims(rows: list[Row], fewer: list[Row] | None) -> list[str]:
             if name in by:
                 ratio = by[name].activations_gib / base.activations_gib
                 out.append(f"{name} activations {ratio:.2f} of 1F1B's (paper: about {paper})")
-        if "v-min" in by and fewer is not None:
-            before = {r.schedule: r for r in fewer if r.mfu is not None}
+        if "v-min" in mfu and fewer is not None:
+            before = {r.schedule: r.mfu for r in fewer if r.mfu is not None}
             if "v-min" in before and "1f1b" in before:
-                gap_then = before["v-min"].mfu - before["1f1b"].mfu  # type: ignore[operator]
-                gap_now = by["v-min"].mfu - base.mfu  # type: ignore[operator]
+                gap_then = before["v-min"] - before["1f1b"]
+                gap_now = mfu["v-min"] - mfu["1f1b"]
                 out.append(
                     f"v-min - 1f1b MFU: {gap_then * 100:+.1f} points with fewer micro-batches, "
                     f"{gap_now * 100:+.1f} with more (paper: comparable, then behind)"

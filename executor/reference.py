@@ -12,6 +12,7 @@ weights) instead of the initial weights holds exactly the slices that rank's par
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -79,7 +80,7 @@ def _gradients(
     params = dict(model.named_parameters())
     total = {n: torch.zeros(p.shape) for n, p in params.items()}
     losses = []
-    for dp, k in ((dp, k) for dp in range(d) for k in range(m)):
+    for dp, k in itertools.product(range(d), range(m)):  # replica-major
         batch = MicroBatch(config, dp, step, k)
         loss = model(batch.inputs(), batch.key, batch.targets())
         losses.append(float(loss.detach()))

@@ -44,7 +44,7 @@ from executor.reference import local_view, reference_gradients, reference_weight
 from planner.launch import ExecutorConfig
 from planner.launch.report import Mismatch
 
-__all__ = ["ROUNDING_MARGIN", "TOLERANCE", "verify_rank"]
+__all__ = ["ROUNDING_MARGIN", "TOLERANCE", "gradients_checked", "verify_rank"]
 
 TOLERANCE = {"fp32": 1e-5, "bf16": 8 * 2.0**-8, "fp16": 8 * 2.0**-11}
 # Tensor parallelism in bf16 or fp16: a gradient may differ from the reference by a few
@@ -70,6 +70,13 @@ def _rounding_tolerance(tolerance: float, rounded: Tensor, expected: Tensor) -> 
     """A tensor's tolerance when rounding alone moves it: ``rounded`` is the reference
     computed with other rounding; at least the precision's ``tolerance``."""
     return max(tolerance, ROUNDING_MARGIN * _error(rounded, expected))
+
+
+def gradients_checked(config: ExecutorConfig) -> int:
+    """Optimizer steps per stage whose gradients --verify compares (a rank keeps that many):
+    the first step; for a schedule that runs batches without a flush, the first two batches,
+    both taken at the weights the run started from (PipeDream-2BW §3.1)."""
+    return 2 if config.ir.num_batches > 1 else 1
 
 
 _References = tuple[list[float], dict[str, Tensor], dict[str, Tensor] | None]
@@ -132,7 +139,7 @@ def _compare_gradients(
         compared = f"gradients and losses of step {first_step}"
     else:
         prior = _runs_before(segments, first_step)
-        batches = min(2, segments[len(prior)])
+        batches = min(gradients_checked(config), segments[len(prior)])
         start = "the initial weights" if first_step == 0 else f"the weights of step {first_step}"
         compared = (
             f"gradients of the first {'two batches' if batches == 2 else 'batch'}, taken at "

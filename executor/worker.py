@@ -39,7 +39,7 @@ from executor.comm import Comm
 from executor.inputs import BadInput, check_writable, read_config
 from executor.interpreter import RankRunner
 from executor.reporting import build_report, describe, write_report
-from executor.verify import verify_rank
+from executor.verify import gradients_checked, verify_rank
 from planner.errors import StagewrightError
 from planner.launch import ExecutorConfig
 from planner.schedules import ActionKind, Schedule, generate
@@ -212,10 +212,7 @@ def _segments(config: ExecutorConfig, start: int, steps: int, every: int) -> lis
 
 def _run(config: ExecutorConfig, rank: int, args: argparse.Namespace, out: Path) -> bool:
     comm = Comm(config, rank, args.timeout)
-    # --verify checks the first step's gradients; a schedule that runs batches without a
-    # flush, the first two batches' (both taken at the initial weights, PipeDream-2BW §3.1).
-    checked = (2 if config.ir.num_batches > 1 else 1) if args.verify else 0
-    runner = RankRunner(config, comm, keep_grads=checked)
+    runner = RankRunner(config, comm, keep_grads=gradients_checked(config) if args.verify else 0)
     if config.ir.count(ActionKind.EVICT):
         runner.measure_stage_bytes()
     start = 0

@@ -3,7 +3,11 @@ validator), and small model and training specs built from a test module's defaul
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections import Counter
+from pathlib import Path
+from types import ModuleType
 
 from planner.schedules import ActionKind, Schedule
 from planner.simulate import SimulationResult
@@ -89,3 +93,15 @@ def generate_any(
         assert family.largest_memory_limit is not None
         parameters[MEMORY_LIMIT.name] = family.largest_memory_limit(num_devices, num_microbatches)
     return generate(name, num_devices, num_microbatches, **parameters)
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package);
+    registered in ``sys.modules``, which its dataclasses need while they are defined."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

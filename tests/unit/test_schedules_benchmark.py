@@ -4,19 +4,13 @@ builds every registered family: a family whose parameters it cannot supply would
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from planner.schedules import SCHEDULE_NAMES
 from planner.simulate import simulate
+from tests.unit.helpers import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "schedules.py"
-_spec = importlib.util.spec_from_file_location("schedules_benchmark", _PATH)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_benchmark("schedules")
 
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)

@@ -8,16 +8,9 @@ micro-batches and behind it with more (its repeating bubble, §3.3). Through
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.unit.helpers import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "vshape_layout.py"
-_spec = importlib.util.spec_from_file_location("vshape_layout_benchmark", _PATH)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench  # its dataclass looks its module up while it is defined
-_spec.loader.exec_module(bench)
+bench = load_benchmark("vshape_layout")
 
 
 def _planned(microbatches: int) -> dict[str, object]:
