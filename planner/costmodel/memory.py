@@ -22,7 +22,10 @@ Sources:
   (``layer_ops.fused_softmax_available``), its fp32 fallback keeps the softmax output in
   fp32: 2 more bytes per score, 7as/h. Context parallelism splits s over cp ranks: every
   term is per token, so each divides by cp.
-- Output layer and loss on the last stage: 4sbh/t (1 + V/h) bytes (Korthikanti et al. §4.3).
+- Output layer and loss on the last stage: Korthikanti et al.'s 4sbh/t (1 + V/h) (§4.3, with
+  sequence parallelism and 16-bit activations), generalized term by term to replicated
+  inputs without sequence parallelism, fp32 training and the target ids in
+  :func:`output_activation_bytes`.
   Embedding on the first stage: its token ids (8sb) and its dropout mask (sbh, /t with
   sequence parallelism), which the per-layer counts leave out.
 - 2BW keeps a second (stashed) copy of the 16-bit weights (Narayanan et al. 2021a, §3.1).
@@ -212,7 +215,26 @@ def embedding_activation_bytes(
 def output_activation_bytes(
     model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, cp: int = 1
 ) -> float:
-    """Output layer and cross-entropy activations on the last stage: 4sbh/t (1 + V/h), with
-    s / cp tokens per rank under context parallelism (tied or untied alike)."""
-    sbh = model.seq_length // cp * micro_batch * model.hidden_size
-    return 4.0 * sbh / t * (1.0 + model.vocab_size / model.hidden_size)
+    """Final norm, output layer and cross-entropy activations on the last stage, for one
+    micro-batch on one rank (s / cp tokens per rank under context parallelism; tied or untied
+    alike).
+
+    Korthikanti et al. (§4.3) count 4sbh/t (1 + V/h) in 16-bit activations with sequence
+    parallelism: the final norm's input and the output layer's input, 2sbh/t each, and the
+    cross-entropy's fp32 logits, 4sbV/t. The same tensors in general:
+
+    - the norm's and the output layer's inputs, sbh each in the activation width (2 bytes, 4
+      in fp32): replicated under tensor parallelism, a 1/t shard with sequence parallelism
+      (the output layer gathers the sequence again in its backward, as Megatron-LM's does);
+    - the softmax over this rank's slice of the vocabulary, fp32 whatever the precision (the
+      logits are cast up first): 4sbV/t;
+    - the target ids, int64 (8sb), and with t > 1 which of them fall outside this rank's
+      slice of the vocabulary (1 byte each), as the embedding keeps its token ids.
+
+    The norm's per-token statistics are left out, as the per-layer count leaves out its
+    norms'."""
+    sb = model.seq_length // cp * micro_batch
+    width = 4.0 if training.precision == "fp32" else 2.0
+    shard = t if training.sequence_parallel and t > 1 else 1
+    ids = 8.0 * sb + (sb if t > 1 else 0.0)
+    return 2.0 * width * sb * model.hidden_size / shard + 4.0 * sb * model.vocab_size / t + ids

@@ -141,7 +141,7 @@ def test_each_run_matches_the_reference_and_the_predicted_memory(runs, name):
     for rank in run.ranks:
         assert rank.predicted_saved_activation_bytes is not None
         assert rank.peak_saved_activation_bytes == pytest.approx(
-            rank.predicted_saved_activation_bytes, rel=0.05
+            rank.predicted_saved_activation_bytes, rel=0.01
         ), (name, rank.rank)
 
 

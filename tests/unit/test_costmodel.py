@@ -162,11 +162,33 @@ def test_fp32_doubles_every_stored_tensor_but_the_one_byte_dropout_masks(recompu
     assert thirty_two == pytest.approx(2 * sixteen - masks)
 
 
-@pytest.mark.parametrize("t", [1, 2, 8])
-def test_output_layer_activations(t):
+@pytest.mark.parametrize("t", [2, 8])
+def test_output_layer_activations_are_korthikantis_with_sequence_parallelism(t):
+    """Korthikanti et al. §4.3: 4sbh/t (1 + V/h) in 16-bit activations with sequence
+    parallelism, plus the int64 target ids and their 1-byte outside-the-slice flags (9sb),
+    which the paper leaves out."""
     sbh = S * B * H
-    got = output_activation_bytes(model(), training(), B, t)
-    assert got == pytest.approx(4 * sbh / t * (1 + V / H))
+    got = output_activation_bytes(model(), training(sequence_parallel=True), B, t)
+    assert got == pytest.approx(4 * sbh / t * (1 + V / H) + 9 * S * B)
+
+
+@pytest.mark.parametrize(
+    "t, precision, expected",
+    [
+        # One rank: norm input and output-layer input (2 bytes x sbh each), the fp32 softmax
+        # (4sbV), the target ids (8sb).
+        (1, "bf16", 2 * 2 * S * B * H + 4 * S * B * V + 8 * S * B),
+        # Without sequence parallelism both inputs are whole on every tensor rank; only the
+        # softmax splits with the vocabulary. Plus 1 byte per token: outside this slice?
+        (8, "bf16", 2 * 2 * S * B * H + 4 * S * B * V / 8 + 9 * S * B),
+        # fp32 doubles the two inputs; the softmax was fp32 already.
+        (1, "fp32", 2 * 4 * S * B * H + 4 * S * B * V + 8 * S * B),
+        (8, "fp32", 2 * 4 * S * B * H + 4 * S * B * V / 8 + 9 * S * B),
+    ],
+)
+def test_output_layer_activations_without_sequence_parallelism(t, precision, expected):
+    tr = training(sequence_parallel=False, precision=precision)
+    assert output_activation_bytes(model(), tr, B, t) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -449,10 +471,11 @@ def test_gpt3_13b_1f1b_memory_by_hand():
     assert first.allowance == pytest.approx(allowance(tensors0), rel=1e-12)
     assert first.total == pytest.approx(tensors0 + allowance(tensors0), rel=1e-12)
 
-    # Stage 7: one micro-batch in flight, plus the output layer's 4sbh (1 + V/h).
+    # Stage 7: one micro-batch in flight, plus the output layer's 4sbh (1 + V/h) (t = 1) and
+    # the target ids (int64, 8sb).
     last = memory[7]
     assert last.in_flight == pytest.approx(1)
-    act7 = 1 * (5 * LAYER_ACT_13B + 4 * SBH_13B * (1 + V13 / H13))
+    act7 = 1 * (5 * LAYER_ACT_13B + 4 * SBH_13B * (1 + V13 / H13) + 8 * S13)
     assert last.activations == pytest.approx(act7, rel=1e-12)
     params7 = 5 * LAYER_PARAMS_13B + V13 * H13 + 2 * H13  # tied output layer + final norm
     assert last.parameters == pytest.approx(2 * params7, rel=1e-12)
