@@ -8,8 +8,10 @@ recompute mode, precision (fp32 or bf16), optimizer (Adam or SGD), with or witho
 distributed optimizer and sequence parallelism, and global batch 4-16, for stagewright's
 executor; emits the launch files; picks one ranked candidate at random; and runs its
 ``run-node0.sh --verify`` on 4 gloo ranks with only PATH, HOME and MASTER_ADDR set, as a
-person would. A run passes when it exits 0 and its verification passed. About 10 s a run on
-a 2-core machine. Exits 1 when any run failed, printing its request and output.
+person would. A run passes when it exits 0, its verification passed and every rank's peak
+saved activations are within 2% of the planner's prediction (the count leaves out only the
+norms' per-token statistics, well under 1% at these sizes). About 10 s a run on a 2-core
+machine. Exits 1 when any run failed, printing its request and output.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from planner.schedules import SCHEDULE_NAMES  # noqa: E402
 
 BIN = Path(sys.executable).parent  # the environment's stagewright and torchrun
+MEMORY_REL = 0.02
 
 
 def random_request(rng: random.Random) -> dict[str, Any]:
@@ -62,6 +65,16 @@ def random_request(rng: random.Random) -> dict[str, Any]:
     }
 
 
+def saved_activation_error(report: Path) -> float:
+    """The largest relative gap, over the run's ranks, between the peak saved activations the
+    executor measured and the planner's prediction."""
+    ranks = json.loads(report.read_text())["ranks"]
+    return max(
+        abs(r["peak_saved_activation_bytes"] / r["predicted_saved_activation_bytes"] - 1)
+        for r in ranks
+    )
+
+
 def run_one(rng: random.Random, folder: Path) -> tuple[bool, str, str]:
     """(passed, what ran, output to show on failure)."""
     request = random_request(rng)
@@ -88,16 +101,20 @@ def run_one(rng: random.Random, folder: Path) -> tuple[bool, str, str]:
     )
     env = {"PATH": f"{BIN}{os.pathsep}{os.defpath}", "MASTER_ADDR": "127.0.0.1"}
     env["HOME"] = os.environ.get("HOME", str(folder))
+    launch = folder / "launch" / f"candidate-{index + 1}"
     ran = subprocess.run(
         ["bash", "run-node0.sh", "--verify"],
-        cwd=folder / "launch" / f"candidate-{index + 1}",
+        cwd=launch,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    passed = ran.returncode == 0 and "verify: passed" in ran.stdout
-    return passed, what, f"{json.dumps(request)} candidate {index + 1}\n{ran.stdout[-2000:]}"
+    output = f"{json.dumps(request)} candidate {index + 1}\n{ran.stdout[-2000:]}"
+    if ran.returncode != 0 or "verify: passed" not in ran.stdout:
+        return False, what, output
+    gap = saved_activation_error(launch / "stagewright-run" / "run-report.json")
+    return gap <= MEMORY_REL, f"{what}  saved activations within {gap:.2%}", output
 
 
 def main() -> int:
