@@ -40,6 +40,7 @@ UNITS = {
     "cluster.gpus_per_node": "GPUs",
     "training.global_batch_size": "samples",
     "search.micro_batch_sizes": "samples",
+    "search.num_chunks": "stages per device",
     "search.time_limit_s": "seconds",
     "search.top_k": "candidates",
 }

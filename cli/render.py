@@ -9,7 +9,7 @@ from rich.console import Console
 from cli.render_timeline import reason_summary
 from cli.tables import Column, fitted_table
 from planner.assemble import no_fit_summary
-from planner.specs import CandidateConfig, Plan, Predicted, Rejected
+from planner.specs import DEFAULT_NUM_CHUNKS, CandidateConfig, Plan, Predicted, Rejected
 
 __all__ = ["BY_SCHEDULE_COLUMNS", "DEVICE_COLUMNS", "RANKED_COLUMNS", "render_plan"]
 
@@ -22,7 +22,12 @@ RANKED_COLUMNS = (
     ("mb", "Micro-batch size: samples per forward/backward pass."),
     ("m", "Micro-batches per pipeline per step: global batch / (mb x d)."),
     ("recompute", "Activation recomputation: none, selective (attention) or full (layers)."),
-    ("schedule", "Pipeline schedule (`GET /v1/schedules` lists them)."),
+    (
+        "schedule",
+        "Pipeline schedule (`GET /v1/schedules` lists them); `v=N` after an interleaved one "
+        "is its chunks per device, named when not the default 2 or when the request "
+        "searched other counts (search.num_chunks).",
+    ),
     ("step s", "Predicted time of one optimizer step, in seconds."),
     ("samples/s", "Global batch / step time."),
     ("MFU", "Model FLOPs utilization: the model's FLOPs per second / the GPUs' peak."),
@@ -65,9 +70,19 @@ BY_SCHEDULE_COLUMNS = (
 )
 
 
-def _config_text(c: CandidateConfig, cp: bool = False) -> tuple[str, ...]:
+def _schedule_text(c: CandidateConfig, chunks: bool) -> str:
+    """The schedule's name, with its chunks per device (``interleaved v=4``) where they are
+    not the default or, with ``chunks`` (the request searched other counts), wherever the
+    schedule has them."""
+    if chunks and c.num_chunks is not None:
+        return f"{c.schedule} v={c.num_chunks}"
+    return c.schedule_label
+
+
+def _config_text(c: CandidateConfig, cp: bool = False, chunks: bool = False) -> tuple[str, ...]:
     """The t, p, d, mb, m, recompute, schedule columns of a configuration (and cp after t
-    when the table shows context parallelism)."""
+    when the table shows context parallelism; the schedule with its chunks per device, see
+    :func:`_schedule_text`)."""
     return (
         str(c.t),
         *((str(c.cp),) if cp else ()),
@@ -76,12 +91,14 @@ def _config_text(c: CandidateConfig, cp: bool = False) -> tuple[str, ...]:
         str(c.micro_batch_size),
         str(c.num_microbatches),
         c.recompute,
-        c.schedule,
+        _schedule_text(c, chunks),
     )
 
 
 def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> None:
     request = plan.request
+    # Chunks per device are named wherever the request searched other counts than the default.
+    show_chunks = tuple(request.search.num_chunks) != DEFAULT_NUM_CHUNKS
     cluster = request.cluster
     console.print(
         f"[bold]{request.model.name}[/] on {cluster.num_nodes} x {cluster.gpus_per_node} "
@@ -104,7 +121,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
         )
         # No ranked row and no schedule with a best: the tables would only be empty frames.
         if show_rejected:
-            _print_rejected(console, plan.rejected)
+            _print_rejected(console, plan.rejected, show_chunks)
         return
     # The context-parallel degree gets a column only when some candidate uses it.
     show_cp = any(c.config.cp > 1 for c in plan.candidates)
@@ -114,7 +131,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
     ranked_rows = []
     for rank, candidate in enumerate(plan.candidates, start=1):
         pr = candidate.predicted
-        config_cells = list(_config_text(candidate.config, show_cp))
+        config_cells = list(_config_text(candidate.config, show_cp, show_chunks))
         if candidate.semantics == "stale":  # changes training: said where it is ranked
             config_cells[-1] += " (stale)"
         ranked_rows.append(
@@ -199,6 +216,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
                     (
                         f"{c.t}/{c.p}/{c.d}/{c.micro_batch_size}/{c.recompute}"
                         + (f", cp {c.cp}" if c.cp > 1 else "")
+                        + (f", v {c.num_chunks}" if show_chunks and c.num_chunks else "")
                     )
                     if c
                     else "-",
@@ -214,10 +232,10 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
             ("vs best 1f1b", "fit"),
         )
     if show_rejected:
-        _print_rejected(console, plan.rejected)
+        _print_rejected(console, plan.rejected, show_chunks)
 
 
-def _print_rejected(console: Console, rejected: Sequence[Rejected]) -> None:
+def _print_rejected(console: Console, rejected: Sequence[Rejected], chunks: bool = False) -> None:
     """The rejections counted by reason, then every one (nothing when there are none)."""
     if not rejected:
         return
@@ -233,7 +251,7 @@ def _print_rejected(console: Console, rejected: Sequence[Rejected]) -> None:
     rows = []
     for reject in rejected:
         peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
-        rows.append([*_config_text(reject.config, rejected_cp), peak, reject.reason])
+        rows.append([*_config_text(reject.config, rejected_cp, chunks), peak, reject.reason])
     _print_fitted(
         console,
         f"every rejected configuration ({len(rejected):,})",

@@ -227,7 +227,7 @@ def _label(config: CandidateConfig) -> str:
     cp = f" cp{config.cp}" if config.cp > 1 else ""
     return (
         f"t{config.t}{cp} p{config.p} d{config.d} mb{config.micro_batch_size} "
-        f"{config.recompute} {config.schedule}"
+        f"{config.recompute} {config.schedule_label}"
     )
 
 

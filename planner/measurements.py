@@ -26,7 +26,15 @@ import json
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from planner.costmodel.evaluate import num_stages, split_layers
 from planner.costmodel.flops import model_flops_per_step
@@ -34,7 +42,7 @@ from planner.errors import StagewrightError, validation_problems
 from planner.launch.config import ExecutorConfig
 from planner.launch.report import RunReport
 from planner.profiles import LayerPoint
-from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, schedule_family
+from planner.schedules import BASELINE_SCHEDULE, MEMORY_LIMIT, NUM_CHUNKS, schedule_family
 from planner.specs import (
     CandidateConfig,
     ClusterSpec,
@@ -93,6 +101,25 @@ class RunConfig(_Spec):
         description="For a schedule built for a memory limit (v-adaptive, zb-adaptive): the "
         "limit, as a fraction of 1F1B's peak, as in a plan candidate's config.",
     )
+    num_chunks: int | None = Field(
+        default=None,
+        ge=1,
+        description="For a schedule whose devices hold num_chunks stages each (interleaved, "
+        "bpipe-interleaved): that count, as in a plan candidate's config; null means the "
+        "family's default (2).",
+    )
+
+    # Written without a return annotation: pydantic would take one as the serialized
+    # schema and lose the fields' own.
+    @model_serializer(mode="wrap")
+    def _omit_default_chunks(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        """The JSON without num_chunks where it is null or the family's default: a run
+        stored before the field keeps its fingerprint, and one run is stored once."""
+        out = handler(self)
+        default = schedule_family(self.schedule).chunks_default
+        if self.num_chunks is None or self.num_chunks == default:
+            out.pop("num_chunks", None)
+        return out
 
 
 class StepMeasurement(_Spec):
@@ -191,7 +218,7 @@ class MeasuredRun(_Spec):
                 f"global_batch_size {batch} is not a multiple of micro_batch_size x d = "
                 f"{c.micro_batch_size * c.d}"
             )
-        stages = num_stages(c.schedule, c.p)
+        stages = num_stages(c.schedule, c.p, c.num_chunks)
         layers = c.layers_per_stage
         if layers is None and split_layers(self.model.num_layers, stages) is None:
             raise ValueError(
@@ -231,7 +258,8 @@ class MeasuredRun(_Spec):
 def candidate_config(run: MeasuredRun) -> CandidateConfig:
     """The plan candidate that ``run`` ran (the even layer split when none was given)."""
     c = run.config
-    layers = c.layers_per_stage or split_layers(run.model.num_layers, num_stages(c.schedule, c.p))
+    stages = num_stages(c.schedule, c.p, c.num_chunks)
+    layers = c.layers_per_stage or split_layers(run.model.num_layers, stages)
     assert layers is not None  # MeasuredRun checks the split exists
     return CandidateConfig(
         t=c.t,
@@ -244,17 +272,20 @@ def candidate_config(run: MeasuredRun) -> CandidateConfig:
         layers_per_stage=list(layers),
         recompute_per_stage=c.recompute_per_stage,
         memory_limit=c.memory_limit,
+        num_chunks=c.num_chunks,
     )
 
 
 def plan_request(run: MeasuredRun) -> PlanRequest:
     """The plan request whose candidate ``run`` is (searching only that configuration)."""
     c = run.config
+    chunks = {} if c.num_chunks is None else {"num_chunks": [c.num_chunks]}
     return PlanRequest(
         model=run.model,
         cluster=run.cluster,
         training=run.training,
         search=SearchSpec(
+            **chunks,
             schedules=[c.schedule],
             recompute=[c.recompute],
             micro_batch_sizes=[c.micro_batch_size],
@@ -345,6 +376,7 @@ def run_from_report(
         default="none",
     )
     limit = config.schedule.get("parameters", {}).get(MEMORY_LIMIT.name)
+    chunks = config.schedule.get("parameters", {}).get(NUM_CHUNKS.name)
     batch = summary.micro_batch_size * summary.num_microbatches * summary.d
     return MeasuredRun(
         model=config.model,
@@ -360,6 +392,7 @@ def run_from_report(
             layers_per_stage=[split.total for split in splits],
             recompute_per_stage=list(splits),
             memory_limit=limit,
+            num_chunks=None if chunks is None else int(chunks),
         ),
         measured=StepMeasurement(step_time_s=step_time),
         source=f"stagewright run on {hardware}: {summary.world_size} ranks, "

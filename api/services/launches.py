@@ -30,7 +30,9 @@ def candidate_launch(state: AppState, plan_id: str, candidate: int) -> bytes:
         result = record.result or {}
     chosen = Candidate.model_validate(ranked_candidate(record, candidate))
     config = chosen.config
-    actions = schedule_actions(config.schedule, config.p, config.num_microbatches)
+    actions = schedule_actions(
+        config.schedule, config.p, config.num_microbatches, **config.schedule_parameters
+    )
     limit = state.settings.max_launch_actions
     if actions > limit:
         raise problems.too_costly(
@@ -53,7 +55,9 @@ def plan_archive(state: AppState, plan_id: str) -> bytes:
         result = record.result or {}
     plan = Plan.model_validate(result)
     actions = sum(
-        schedule_actions(c.config.schedule, c.config.p, c.config.num_microbatches)
+        schedule_actions(
+            c.config.schedule, c.config.p, c.config.num_microbatches, **c.config.schedule_parameters
+        )
         for c in plan.candidates
     )
     limit = state.settings.max_launch_actions

@@ -306,6 +306,7 @@ _RUN_CONFIG_FIELDS = {
     "layers_per_stage",
     "recompute_per_stage",
     "memory_limit",
+    "num_chunks",
 }
 
 

@@ -55,7 +55,7 @@ def memory_limit_for(
     fragmentation) + workspace) in units of its largest stage activation, the fewest over
     the devices, as a fraction of 1F1B's peak (0 when nothing is left)."""
     per_param = bytes_per_parameter
-    by_device = stages_by_device(config.schedule, config.p)
+    by_device = stages_by_device(config.schedule, config.p, config.num_chunks)
     budget = (capacity - workspace) / (1 + fragmentation)
     units = math.inf
     for stages in by_device:

@@ -39,6 +39,7 @@ from planner.costmodel.memory import (
 from planner.costmodel.parameters import ALLOCATOR_FRAGMENTATION, WORKSPACE_GIB
 from planner.costmodel.shapes import (
     Shape,
+    chunk_parameters,
     inflight_microbatches,
     schedule_shape,
     shape_of,
@@ -68,6 +69,7 @@ __all__ = [
     "PlanContext",
     "Priced",
     "StageCosts",
+    "chunk_parameters",
     "counted_shape",
     "device_memory",
     "estimate",
@@ -82,8 +84,9 @@ __all__ = [
     "stage_costs",
 ]
 
-# Schedules are priced with their family's default parameters (interleaved: 2 chunks a
-# device; 2BW: the steady state of batches without a flush).
+# Schedules are priced with the candidate's own parameters (interleaved: its num_chunks, v
+# stages a device; an adaptive schedule: its memory limit) and otherwise their family's
+# defaults (2BW: the steady state of batches without a flush).
 
 
 class DeviceMemory(NamedTuple):
@@ -198,7 +201,7 @@ def counted_shape(config: CandidateConfig) -> Shape:
     times not known here) the limit itself on every device."""
     if built_for_a_limit(config.schedule):
         return bounded_shape(config)
-    return schedule_shape(config.schedule, config.p, config.num_microbatches)
+    return schedule_shape(config.schedule, config.p, config.num_microbatches, config.num_chunks)
 
 
 def device_memory(
@@ -215,7 +218,7 @@ def device_memory(
     at zero (the numbers are then a lower bound) and the flag is False. ``shape`` gives
     the in-flight counts of a schedule already built (else they come from the schedule's
     shape, or for one built for a memory limit from the limit itself)."""
-    by_device = stages_by_device(config.schedule, config.p)
+    by_device = stages_by_device(config.schedule, config.p, config.num_chunks)
     params = _device_sums(costs.parameters, by_device)
     return _device_memory(ctx, config, costs, by_device, params, capacity, shape)
 
@@ -358,11 +361,11 @@ class Estimate:
         config, costs = self.config, self.costs
         family = schedule_family(config.schedule)
         m = config.num_microbatches
-        by_device = stages_by_device(config.schedule, config.p)
+        by_device = stages_by_device(config.schedule, config.p, config.num_chunks)
         work = _device_sums(costs.work, by_device)
         if not family.flush_per_batch:
             return m * max(work) + self.data_parallel_s + self.optimizer_s
-        placement = family.stage_devices(config.p)
+        placement = family.stage_devices(config.p, chunk_parameters(config.num_chunks))
         head = tail = 0.0
         heads, tails = [0.0], [0.0]  # before stage s: forward chain, fused backward chain
         for s in range(len(placement) - 1):
@@ -385,14 +388,14 @@ def estimate(ctx: PlanContext, config: CandidateConfig, capacity: float = math.i
     activation count (``Estimate.activations_counted`` is then False)."""
     costs = stage_costs(ctx, config)
     m = config.num_microbatches
-    by_device = stages_by_device(config.schedule, config.p)
+    by_device = stages_by_device(config.schedule, config.p, config.num_chunks)
     device_params = _device_sums(costs.parameters, by_device)
     memory, counted = _device_memory(ctx, config, costs, by_device, device_params, capacity, None)
     per_device = _device_sums(costs.work, by_device)
     busy = m * max(per_device)
     stage_time = sum(per_device) / config.p
     idle = (
-        schedule_family(config.schedule).idle_estimate(config.memory_limit)
+        schedule_family(config.schedule).idle_estimate(config.memory_limit, config.num_chunks)
         * (config.p - 1)
         * (stage_time + 2 * costs.p2p_s)
     )
@@ -428,13 +431,17 @@ def _durations(costs: StageCosts) -> Durations:
 
 
 @lru_cache(maxsize=256)
-def _timing_schedule(schedule: str, p: int, m: int, batches: int | None = None) -> CompiledSchedule:
+def _timing_schedule(
+    schedule: str, p: int, m: int, batches: int | None = None, num_chunks: int | None = None
+) -> CompiledSchedule:
     """The schedule ``price`` simulates, compiled once: every candidate of the shape reuses it.
-    ``batches`` is given for families without a flush between batches (2BW)."""
+    ``batches`` is given for families without a flush between batches (2BW), ``num_chunks``
+    for those whose devices hold that many stages (interleaved)."""
+    parameters = chunk_parameters(num_chunks)
     if batches is None:
-        built = generate(schedule, p, m, check=False)
+        built = generate(schedule, p, m, check=False, **parameters)
     else:
-        built = generate(schedule, p, m, check=False, num_batches=batches)
+        built = generate(schedule, p, m, check=False, num_batches=batches, **parameters)
     # Cached: keep the columns the engine reads, not 10^5 action objects the collector
     # would walk (and the service would hold) for as long as the entry lives.
     return compile_schedule(built.columns_only())
@@ -471,6 +478,7 @@ def price(ctx: PlanContext, est: Estimate) -> Priced:
     simulated = timing_microbatches(config.schedule, config.p, m)
     family = schedule_family(config.schedule)
     batches = None if family.flush_per_batch else 2
+    chunks = config.num_chunks
     if family.uses_pass_times:
         # Searched under this candidate's own pass times; its memory is then counted from
         # the schedule it chose rather than from the limit.
@@ -481,12 +489,12 @@ def price(ctx: PlanContext, est: Estimate) -> Priced:
         est = replace(est, memory=memory)
         schedule = compile_schedule(built)
     else:
-        schedule = _timing_schedule(config.schedule, config.p, simulated, batches)
+        schedule = _timing_schedule(config.schedule, config.p, simulated, batches, chunks)
     result = simulate(schedule, durations, track_memory=False)
     makespan = result.makespan
     if batches is not None:
         # No flush between batches (2BW): one more batch costs makespan(3) - makespan(2).
-        three = _timing_schedule(config.schedule, config.p, simulated, batches + 1)
+        three = _timing_schedule(config.schedule, config.p, simulated, batches + 1, chunks)
         per_batch = simulate(three, durations, track_memory=False).makespan - makespan
         makespan = per_batch * m / simulated
     elif m > simulated:
@@ -495,7 +503,7 @@ def price(ctx: PlanContext, est: Estimate) -> Priced:
             choice = schedule.schedule.meta["choice"]
             shorter = compile_schedule(family.rebuild(choice, config.p, simulated - step))
         else:
-            shorter = _timing_schedule(config.schedule, config.p, simulated - step)
+            shorter = _timing_schedule(config.schedule, config.p, simulated - step, None, chunks)
         slope = (makespan - simulate(shorter, durations, track_memory=False).makespan) / step
         # Past the warm-up every micro-batch costs the busiest device its whole work; with
         # uneven stages the last p simulated micro-batches can still be filling bubbles and

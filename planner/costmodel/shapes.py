@@ -3,20 +3,23 @@
 The memory of a candidate multiplies each stage's saved bytes per micro-batch by how many
 micro-batches of that stage a device holds at its peak moments. Those counts come from the
 schedule itself (:mod:`planner.schedules._inflight`), never from a constant per schedule,
-and every candidate of one shape (schedule, p, m) shares them, so they are built once.
+and every candidate of one shape (schedule, p, m, and the chunks per device v of a family that
+takes them; None is the family's default) shares them, so they are built once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from planner.schedules import Schedule, generate, schedule_family
+from planner.schedules import NUM_CHUNKS, Schedule, generate, schedule_family
 from planner.schedules._inflight import InflightProfile, inflight_profile, peak_from_profile
 
 __all__ = [
     "Shape",
     "bound_shape",
+    "chunk_parameters",
     "inflight_microbatches",
     "schedule_shape",
     "shape_of",
@@ -25,14 +28,21 @@ __all__ = [
 ]
 
 
-def _stage_devices(schedule: str, p: int) -> tuple[int, ...]:
+def chunk_parameters(num_chunks: int | None) -> dict[str, Any]:
+    """The generator parameters that give a schedule ``num_chunks`` stages a device (none
+    for None: the family's default, or a family without the parameter); typed as
+    ``generate``'s keywords are, which also take ``check`` and ``times``."""
+    return {} if num_chunks is None else {NUM_CHUNKS.name: num_chunks}
+
+
+def _stage_devices(schedule: str, p: int, num_chunks: int | None = None) -> tuple[int, ...]:
     """Stage -> device of a schedule, by its family's placement rule."""
-    return schedule_family(schedule).stage_devices(p)
+    return schedule_family(schedule).stage_devices(p, chunk_parameters(num_chunks))
 
 
 @dataclass(frozen=True)
 class Shape:
-    """What every candidate of one (schedule, p, simulated micro-batches) shares."""
+    """What every candidate of one (schedule, p, simulated micro-batches, v) shares."""
 
     profile: InflightProfile
     in_flight: tuple[float, ...]  # peak saved micro-batches per device, per stage it holds
@@ -59,20 +69,21 @@ def bound_shape(schedule: str, p: int, units: int) -> Shape:
 
 
 @lru_cache(maxsize=256)
-def _built_shape(schedule: str, p: int, m: int) -> Shape:
+def _built_shape(schedule: str, p: int, m: int, num_chunks: int | None = None) -> Shape:
     """The in-flight profile of the schedule built with ``m`` micro-batches."""
-    return shape_of(generate(schedule, p, m, check=False))
+    return shape_of(generate(schedule, p, m, check=False, **chunk_parameters(num_chunks)))
 
 
-def schedule_shape(schedule: str, p: int, m: int) -> Shape:
-    """The in-flight profile of ``schedule`` on p devices with m micro-batches, shared by
-    every candidate of that shape: built with ``inflight_microbatches`` micro-batches, which
-    gives the same profile, and for GPipe scaled from one micro-batch to m (every device
-    holds all of them at its peak)."""
+def schedule_shape(schedule: str, p: int, m: int, num_chunks: int | None = None) -> Shape:
+    """The in-flight profile of ``schedule`` on p devices with m micro-batches (and
+    ``num_chunks`` stages a device, for a family that takes them), shared by every candidate
+    of that shape: built with ``inflight_microbatches`` micro-batches, which gives the same
+    profile, and for GPipe scaled from one micro-batch to m (every device holds all of them
+    at its peak)."""
     cap = inflight_microbatches(schedule, p, m)
     if schedule_family(schedule).inflight_grows_with_microbatches and cap != m:
         return _scaled_shape(schedule, p, cap, m)
-    return _built_shape(schedule, p, cap)
+    return _built_shape(schedule, p, cap, num_chunks)
 
 
 @lru_cache(maxsize=256)
@@ -95,20 +106,23 @@ def inflight_microbatches(schedule: str, p: int, m: int) -> int:
     Past its warm-up a schedule repeats one pattern, so its in-flight profile stops changing
     once m reaches a saturation point, which the family's registry entry gives
     (:attr:`ScheduleFamily.inflight_saturation`; the tests check each against building every
-    micro-batch, up to p = 32, BPipe up to 64). GPipe runs every forward before any backward,
-    so its peak grows with m: it is built with one micro-batch and scaled (``schedule_shape``)."""
+    micro-batch, up to p = 32, BPipe up to 64, interleaved's 2p for every v up to 8). GPipe
+    runs every forward before any backward, so its peak grows with m: it is built with one
+    micro-batch and scaled (``schedule_shape``)."""
     return schedule_family(schedule).inflight_microbatches(p, m)
 
 
 @lru_cache(maxsize=1024)
-def stages_by_device(schedule: str, p: int) -> tuple[tuple[int, ...], ...]:
+def stages_by_device(
+    schedule: str, p: int, num_chunks: int | None = None
+) -> tuple[tuple[int, ...], ...]:
     """Stages of each device, from the placement rule alone (no schedule needed)."""
     by_device: list[list[int]] = [[] for _ in range(p)]
-    for stage, device in enumerate(_stage_devices(schedule, p)):
+    for stage, device in enumerate(_stage_devices(schedule, p, num_chunks)):
         by_device[device].append(stage)
     return tuple(tuple(stages) for stages in by_device)
 
 
-def shape_profile(schedule: str, p: int, m: int) -> InflightProfile:
+def shape_profile(schedule: str, p: int, m: int, num_chunks: int | None = None) -> InflightProfile:
     """In-flight profile (per device, Pareto peak moments) of ``schedule`` with m micro-batches."""
-    return schedule_shape(schedule, p, m).profile
+    return schedule_shape(schedule, p, m, num_chunks).profile

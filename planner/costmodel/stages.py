@@ -20,6 +20,7 @@ from planner.costmodel.memory import (
     output_parameters,
     recompute_working_bytes,
 )
+from planner.costmodel.shapes import chunk_parameters
 from planner.costmodel.timing import (
     EndStageTimes,
     LayerTimes,
@@ -39,6 +40,7 @@ __all__ = [
     "StageCosts",
     "num_stages",
     "placement_for",
+    "placement_key",
     "split_layers",
     "stage_costs",
 ]
@@ -46,7 +48,10 @@ __all__ = [
 K = TypeVar("K")
 V = TypeVar("V")
 
-PlacementKey = tuple[int, int, int, str]  # (t, p, d, schedule): what a placement depends on
+# (t, p, d, schedule): what a placement depends on. Not the chunks per device: a looped
+# placement's hops are device r to r + 1 and p - 1 to 0 for every v >= 2, and BPipe's pairs
+# are devices, so one placement serves every v of a (t, p, d, schedule).
+PlacementKey = tuple[int, int, int, str]
 # (micro-batch size, t, cp, recompute, layers per stage, recompute split per stage or None):
 # what a candidate's per-stage times and sizes depend on (see ``_stage_rows``).
 _StagesKey = tuple[
@@ -54,9 +59,16 @@ _StagesKey = tuple[
 ]
 
 
-def num_stages(schedule: str, p: int) -> int:
-    """Pipeline stages of ``schedule`` on p devices (its registry entry's placement)."""
-    return schedule_family(schedule).num_stages(p)
+def num_stages(schedule: str, p: int, num_chunks: int | None = None) -> int:
+    """Pipeline stages of ``schedule`` on p devices (its registry entry's placement), with
+    ``num_chunks`` stages a device for a family that takes that parameter (None: its
+    default)."""
+    return schedule_family(schedule).num_stages(p, chunk_parameters(num_chunks))
+
+
+def placement_key(config: CandidateConfig) -> PlacementKey:
+    """What an optimized placement of ``config`` is kept under (see :func:`placement_for`)."""
+    return (config.t, config.p, config.d, config.schedule)
 
 
 def split_layers(num_layers: int, stages: int) -> list[int] | None:
@@ -208,7 +220,7 @@ def placement_for(
     (Megatron's order: tensor ranks, then context ranks, fastest), so it stays inside a node
     whenever t x cp divides the GPUs per node."""
     if overrides and config.cp == 1:
-        found = overrides.get((config.t, config.p, config.d, config.schedule))
+        found = overrides.get(placement_key(config))
         if found is not None:
             return found
     transfers = schedule_family(config.schedule).transfers
@@ -261,7 +273,7 @@ def stage_costs(ctx: PlanContext, config: CandidateConfig) -> StageCosts:
     placement = placement_for(config, r.cluster.gpus_per_node, ctx.placements)
     devices = config.p
     hop_bytes = p2p_bytes(r.model, r.training, mb, t, cp)
-    crosses = _crosses_nodes(placement, config.schedule)
+    crosses = _crosses_nodes(placement, config.schedule, config.num_chunks)
     hw = ctx.hardware
     worst = 0.0 if count == 1 else _link(hw, not crosses).seconds(hop_bytes)
     transfer = 0.0
@@ -372,10 +384,12 @@ def _stage_rows(ctx: PlanContext, config: CandidateConfig) -> _StageRows:
 
 
 @lru_cache(maxsize=1024)
-def _crosses_nodes(placement: Placement, schedule: str) -> bool:
+def _crosses_nodes(placement: Placement, schedule: str, num_chunks: int | None) -> bool:
     """Whether any hop between consecutive stages of the pipeline crosses a node boundary
     (the simulator takes one p2p time, so the slowest hop sets it)."""
-    stage_device = schedule_family(schedule).stage_devices(placement.p)
+    stage_device = schedule_family(schedule).stage_devices(
+        placement.p, chunk_parameters(num_chunks)
+    )
     return any(
         not placement.same_node(a, b)
         for a, b in zip(stage_device, stage_device[1:], strict=False)

@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 from planner.errors import StagewrightError
 from planner.placement import Assignment, Placement, place
 from planner.schedules import (
-    MEMORY_LIMIT,
     PassTimes,
     Schedule,
     schedule_family,
@@ -451,10 +450,11 @@ def placement_reference(placement: Placement) -> dict[str, Any]:
 def schedule_reference(
     config: CandidateConfig, choice: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The generator parameters of a candidate's schedule as the planner built it: what a plan
-    stores instead of its actions. A family that searches (the adaptive ones) also stores the
-    ``choice`` its search made."""
-    given = {} if config.memory_limit is None else {MEMORY_LIMIT.name: config.memory_limit}
+    """The generator parameters of a candidate's schedule as the planner built it (its chunks
+    per device, the memory limit an adaptive schedule was built for, defaults for the rest):
+    what a plan stores instead of its actions. A family that searches (the adaptive ones)
+    also stores the ``choice`` its search made."""
+    given = config.schedule_parameters
     reference: dict[str, Any] = {
         "format": SCHEDULE_REFERENCE_FORMAT,
         "name": config.schedule,

@@ -68,7 +68,7 @@ def prediction(hardware: str, priced: Priced) -> Prediction:
     config = est.config
     working = [
         max(est.costs.working_bytes[s] for s in stages)
-        for stages in stages_by_device(config.schedule, config.p)
+        for stages in stages_by_device(config.schedule, config.p, config.num_chunks)
     ]
     return Prediction(
         hardware=hardware,

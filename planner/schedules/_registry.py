@@ -254,11 +254,29 @@ class ScheduleFamily:
             return f"{self.name} needs at least p = {p} micro-batches per batch, got {m}"
         return None
 
-    def idle_estimate(self, memory_limit: float | None = None) -> float:
-        """Idle time relative to 1F1B's, for ranking candidates before simulating them."""
+    def idle_estimate(
+        self, memory_limit: float | None = None, num_chunks: int | None = None
+    ) -> float:
+        """Idle time relative to 1F1B's, for ranking candidates before simulating them. For
+        a family with ``num_chunks``, :attr:`idle_vs_1f1b` is the idle at the parameter's
+        default, and v chunks a device scale it by default / v: the bubble of interleaved
+        1F1B is (p - 1) / v stage times of 1F1B's (p - 1) (Narayanan et al. 2021, §2.2)."""
         if self.idle_at_limit is not None and memory_limit is not None:
             return self.idle_at_limit(memory_limit)
-        return self.idle_vs_1f1b
+        default = self.chunks_default
+        if num_chunks is None or default is None or num_chunks == default:
+            return self.idle_vs_1f1b
+        return self.idle_vs_1f1b * default / num_chunks
+
+    @cached_property
+    def chunks_default(self) -> int | None:
+        """The default of the family's ``num_chunks`` (stages per device), or None when it
+        takes no such parameter."""
+        for parameter in self.parameters:
+            if parameter.name == NUM_CHUNKS.name:
+                assert parameter.default is not None
+                return int(parameter.default)
+        return None
 
     def inflight_microbatches(self, num_devices: int, num_microbatches: int) -> int:
         """Micro-batches to build the schedule with to count the in-flight micro-batches of

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.costmodel.evaluate import (
+    chunk_parameters,
     inflight_microbatches,
     num_stages,
     timing_microbatches,
 )
 from planner.schedules import NUM_BATCHES, generation_work, schedule_actions, schedule_family
-from planner.search.grid import schedule_problem, search_points
+from planner.search.grid import schedule_chunks, schedule_problem, search_points
 from planner.specs import PlanRequest
 
 __all__ = ["SearchCost", "search_cost"]
@@ -67,19 +68,22 @@ class _Shape:
     m: int
     nodes: int
     blocks: int  # p x d
+    chunks: int | None = None  # stages a device, for a family that takes num_chunks
 
 
 @lru_cache(maxsize=4096)
-def _pricing_work(schedule: str, p: int, m: int) -> int:
+def _pricing_work(schedule: str, p: int, m: int, chunks: int | None = None) -> int:
     """Building and simulating the timing schedules of one configuration of ``schedule`` on
     p devices with m micro-batches, as ``price`` does: the run priced and, past the
     warm-up, one p micro-batches shorter; for a family without a flush between batches
-    (2BW), two and three batches. Memoized: a request's configurations share far fewer
+    (2BW), two and three batches; ``chunks`` stages a device where the family takes them.
+    Memoized: a request's configurations share far fewer
     (schedule, p, m) (243 among 576 in the 1,024-GPU example), and so do requests."""
     simulated = timing_microbatches(schedule, p, m)
     runs: list[tuple[int, dict[str, float]]]
+    given = chunk_parameters(chunks)
     if schedule_family(schedule).flush_per_batch:
-        runs = [(simulated, {}), (max(1, simulated - p), {})]
+        runs = [(simulated, given), (max(1, simulated - p), given)]
     else:
         runs = [(simulated, {NUM_BATCHES.name: 2}), (simulated, {NUM_BATCHES.name: 3})]
     work = 0
@@ -107,26 +111,36 @@ def search_cost(request: PlanRequest) -> SearchCost:
     cpsat = search.method == "cpsat"
     configurations = priceable = largest = 0
     shapes: list[tuple[_Shape, int]] = []  # priceable shapes with their stage count
+    searched = [
+        (schedule, chunks)
+        for schedule in search.schedules
+        for chunks in schedule_chunks(request, schedule)
+    ]
     for point, m in search_points(request):
-        for schedule in search.schedules:
+        for schedule, chunks in searched:
             configurations += recompute
-            if schedule_problem(schedule, point, m, layers) is not None:
+            if schedule_problem(schedule, point, m, layers, chunks) is not None:
                 continue
             priceable += recompute
             world = point.t * point.cp * point.p * point.d
-            shape = _Shape(schedule, point.p, m, max(1, world // per_node), point.p * point.d)
-            shapes.append((shape, num_stages(schedule, point.p)))
+            nodes = max(1, world // per_node)
+            shape = _Shape(schedule, point.p, m, nodes, point.p * point.d, chunks)
+            shapes.append((shape, num_stages(schedule, point.p, chunks)))
             largest = max(largest, point.p)
-    inflight = {(s.schedule, s.p, inflight_microbatches(s.schedule, s.p, s.m)) for s, _ in shapes}
+    inflight = {
+        (s.schedule, s.p, inflight_microbatches(s.schedule, s.p, s.m), s.chunks) for s, _ in shapes
+    }
     work = configurations * _ESTIMATE_WORK
-    work += sum(generation_work(name, p, m) for name, p, m in inflight)
-    priced = min(priceable, 2 * search.top_k + len(search.schedules))
+    work += sum(
+        generation_work(name, p, m, **chunk_parameters(chunks)) for name, p, m, chunks in inflight
+    )
+    priced = min(priceable, 2 * search.top_k + len(searched))
     if cpsat:
         priced += _REFINED_MODELS
     # Each shape stands for `recompute` configurations; the dearest ones bound the priced.
     pricing = heapq.nlargest(
         priced,
-        (w for s, _ in shapes for w in [_pricing_work(s.schedule, s.p, s.m)] * recompute),
+        (w for s, _ in shapes for w in [_pricing_work(s.schedule, s.p, s.m, s.chunks)] * recompute),
     )
     work += sum(pricing)
     ranked = min(priceable, search.top_k)

@@ -154,7 +154,7 @@ def _data(
         microbatches=coarse.num_microbatches,
         num_layers=r.model.num_layers,
         modes=modes,
-        stage_devices=stages_by_device(coarse.schedule, coarse.p),
+        stage_devices=stages_by_device(coarse.schedule, coarse.p, coarse.num_chunks),
         layer_time=layer_time,
         layer_act=layer_act,
         layer_static=layer_static,
@@ -329,7 +329,7 @@ def check(ctx: PlanContext, refinement: Refinement) -> tuple[list[float], list[f
     costs = stage_costs(ctx, config)
     memory, _ = device_memory(ctx, config, costs)
     times = []
-    for stages in stages_by_device(config.schedule, config.p):
+    for stages in stages_by_device(config.schedule, config.p, config.num_chunks):
         times.append(
             sum(
                 costs.forward[s] + costs.backward[s] + costs.weight[s] + 2 * costs.p2p_s

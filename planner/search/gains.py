@@ -49,6 +49,6 @@ def limit_note(
     gain = best.iteration_time_s / priced.iteration_time_s - 1
     return text + (
         f"; {priced.iteration_time_s:.4g} s per step vs {best.iteration_time_s:.4g} s for "
-        f"{best.estimate.config.schedule}, the best fixed schedule of this layout "
+        f"{best.estimate.config.schedule_label}, the best fixed schedule of this layout "
         f"({gain:+.2%} throughput)"
     )

@@ -3,7 +3,8 @@
 Constraints (BPipe §4.2, generalised): heads % t == 0 and key/value heads % t == 0; t divides
 the GPUs per node; t x cp x p x d == number of GPUs (cp the context-parallel degree, see
 :func:`context_degrees`); global batch % (mb x d) == 0; layers spread over the schedule's
-stages with no empty middle stage; interleaved needs m % p == 0 and p >= 2; 2BW needs m >= p;
+stages with no empty middle stage (interleaved schedules: p x v stages for every v of
+``search.num_chunks``); interleaved needs m % p == 0 and p >= 2; 2BW needs m >= p;
 BPipe and V-shape need p >= 2; the runtime the request asks for must run the candidate as
 planned; BPipe is searched only where its base schedule, searched too, runs out of memory.
 Every point that breaks one is listed as rejected with the reason, as is every candidate
@@ -44,6 +45,7 @@ __all__ = [
     "context_degrees",
     "enumerate_space",
     "runtime_problem",
+    "schedule_chunks",
     "schedule_problem",
     "search_points",
     "unsearched",
@@ -195,18 +197,38 @@ def unsearched(request: PlanRequest) -> list[str]:
     return notes
 
 
-def schedule_problem(schedule: str, point: SearchPoint, m: int, layers: int) -> str | None:
-    """Why ``schedule`` cannot run at this point (a readable reason), or None."""
+def schedule_chunks(request: PlanRequest, schedule: str) -> list[int | None]:
+    """The chunks per device searched for ``schedule``: every v of ``search.num_chunks`` for
+    a family whose devices hold num_chunks stages, else [None] (its placement fixes them)."""
+    if schedule_family(schedule).chunks_default is None:
+        return [None]
+    return list(request.search.num_chunks)
+
+
+def schedule_problem(
+    schedule: str, point: SearchPoint, m: int, layers: int, num_chunks: int | None = None
+) -> str | None:
+    """Why ``schedule`` (with ``num_chunks`` stages a device, for a family that takes them)
+    cannot run at this point (a readable reason), or None."""
     p = point.p
-    problem = schedule_family(schedule).problem(p, m)
+    family = schedule_family(schedule)
+    problem = family.problem(p, m)
     if problem is not None:
         return problem
-    stages = num_stages(schedule, p)
+    stages = num_stages(schedule, p, num_chunks)
     if split_layers(layers, stages) is None:
+        if num_chunks is None or num_chunks == family.chunks_default:
+            return (
+                f"{layers} layers cannot fill {stages} stages of {schedule}: every stage but "
+                f"the first and the last needs at least one layer (those two may hold only "
+                f"the embedding or only the output layer); use fewer pipeline devices"
+            )
         return (
-            f"{layers} layers cannot fill {stages} stages of {schedule}: every stage but the "
-            f"first and the last needs at least one layer (those two may hold only the "
-            f"embedding or only the output layer); use fewer pipeline devices"
+            f"{layers} layers cannot fill the {stages} stages of {schedule} with "
+            f"{num_chunks} chunks per device (p x v = {p} x {num_chunks}): every stage but "
+            f"the first and the last needs at least one layer (those two may hold only the "
+            f"embedding or only the output layer); use fewer chunks per device or fewer "
+            f"pipeline devices"
         )
     return None
 
@@ -227,9 +249,15 @@ def runtime_problem(request: PlanRequest, config: CandidateConfig, runtime: str)
 
 
 def _config(
-    point: SearchPoint, m: int, recompute: str, schedule: str, layers: list[int]
+    point: SearchPoint,
+    m: int,
+    recompute: str,
+    schedule: str,
+    layers: list[int],
+    num_chunks: int | None = None,
 ) -> CandidateConfig:
     return CandidateConfig(
+        num_chunks=num_chunks,
         t=point.t,
         p=point.p,
         d=point.d,
@@ -282,20 +310,22 @@ def enumerate_space(ctx: PlanContext, capacity: float) -> SearchSpace:
     evaluated = 0
     layers_total = request.model.num_layers
     wanted = request.search.runtime
-    # What each schedule's family says, asked once per search rather than per candidate.
+    # What each schedule's family says, asked once per search rather than per candidate;
+    # a family whose devices hold num_chunks stages once per v searched.
     schedules = [
-        (name, _fallback_base(name, request.search.schedules), built_for_a_limit(name))
+        (name, chunks, _fallback_base(name, request.search.schedules), built_for_a_limit(name))
         for name in request.search.schedules
+        for chunks in schedule_chunks(request, name)
     ]
     for point, m in search_points(request):
-        # (schedule, recompute) at this point: a base schedule estimated for the fallback
+        # (schedule, v, recompute) at this point: a base schedule estimated for the fallback
         # check of its memory-saving variant is the same candidate the loop reaches.
-        estimated: dict[tuple[str, str], Estimate] = {}
-        for schedule, base, takes_limit in schedules:
-            problem = schedule_problem(schedule, point, m, layers_total)
-            layers = split_layers(layers_total, num_stages(schedule, point.p)) or []
+        estimated: dict[tuple[str, int | None, str], Estimate] = {}
+        for schedule, chunks, base, takes_limit in schedules:
+            problem = schedule_problem(schedule, point, m, layers_total, chunks)
+            layers = split_layers(layers_total, num_stages(schedule, point.p, chunks)) or []
             for recompute in request.search.recompute:
-                config = _config(point, m, recompute, schedule, layers)
+                config = _config(point, m, recompute, schedule, layers, chunks)
                 evaluated += 1
                 refused = problem
                 if refused is None:
@@ -307,9 +337,9 @@ def enumerate_space(ctx: PlanContext, capacity: float) -> SearchSpace:
                 if refused is not None:
                     rejected.append(Rejected(config=config, reason=refused))
                     continue
-                est = estimated.get((schedule, recompute))
+                est = estimated.get((schedule, chunks, recompute))
                 if est is None or est.config != config:
-                    est = estimated[(schedule, recompute)] = estimate(ctx, config, capacity)
+                    est = estimated[(schedule, chunks, recompute)] = estimate(ctx, config, capacity)
                 if est.peak_memory > capacity:
                     over_memory.append(est)
                     rejected.append(memory_rejection(ctx, est))
@@ -333,15 +363,17 @@ def _fallback_problem(
     config: CandidateConfig,
     base: str,
     capacity: float,
-    estimated: dict[tuple[str, str], Estimate],
+    estimated: dict[tuple[str, int | None, str], Estimate],
 ) -> str | None:
     """Why a memory-saving variant (BPipe) is not searched here: its base schedule, searched
-    too, fits the same configuration, so the variant's transfers would only cost time.
-    ``estimated`` holds this point's estimates by (schedule, recompute); the base's is added."""
-    key = (base, config.recompute)
+    too, fits the same configuration (the same chunks per device, for interleaved BPipe), so
+    the variant's transfers would only cost time. ``estimated`` holds this point's estimates
+    by (schedule, v, recompute); the base's is added."""
+    key = (base, config.num_chunks, config.recompute)
     found = estimated.get(key)
     if found is None:
-        layers = split_layers(sum(config.layers_per_stage), num_stages(base, config.p)) or []
+        stages = num_stages(base, config.p, config.num_chunks)
+        layers = split_layers(sum(config.layers_per_stage), stages) or []
         base_config = config.model_copy(update={"schedule": base, "layers_per_stage": layers})
         found = estimated[key] = estimate(ctx, base_config, capacity)
     if found.peak_memory > capacity:

@@ -28,7 +28,8 @@ from planner.costmodel.evaluate import (
     stage_costs,
 )
 from planner.costmodel.memory import GIB, bytes_per_parameter
-from planner.costmodel.stages import PlacementKey
+from planner.costmodel.shapes import chunk_parameters
+from planner.costmodel.stages import PlacementKey, placement_key
 from planner.costmodel.timing import p2p_bytes
 from planner.placement import Placement
 from planner.schedules import ActionKind, generate, schedule_family
@@ -68,8 +69,15 @@ class PlanRefinement:
     estimates: dict[int, Estimate]  # by index in feasible: coarse ones under a new placement
 
 
-def _key(config: CandidateConfig) -> tuple[int, int, int, int, str]:
-    return (config.t, config.p, config.d, config.micro_batch_size, config.schedule)
+def _key(config: CandidateConfig) -> tuple[int, int, int, int, str, int | None]:
+    return (
+        config.t,
+        config.p,
+        config.d,
+        config.micro_batch_size,
+        config.schedule,
+        config.num_chunks,
+    )
 
 
 def _pick(
@@ -77,7 +85,7 @@ def _pick(
 ) -> list[tuple[int | None, Estimate]]:
     """The coarse candidates to refine, each with its index in ``feasible`` (None for the
     ones over memory)."""
-    chosen: dict[tuple[int, int, int, int, str], tuple[int | None, Estimate]] = {}
+    chosen: dict[tuple[int, int, int, int, str, int | None], tuple[int | None, Estimate]] = {}
     for index, est in enumerate(feasible):  # sorted by estimated time
         if len(chosen) >= _KEYS_FEASIBLE:
             break
@@ -103,7 +111,8 @@ def _placement_weights(ctx: PlanContext, config: CandidateConfig) -> PlacementWe
     if schedule_family(config.schedule).transfers:
         # Evictions per micro-batch are steady once the schedule runs 2p micro-batches.
         simulated = min(m, 2 * config.p)
-        shape = generate(config.schedule, config.p, simulated, check=False)
+        chunks = chunk_parameters(config.num_chunks)
+        shape = generate(config.schedule, config.p, simulated, check=False, **chunks)
         evictions = shape.count(ActionKind.EVICT) / max(1, len(shape.meta.get("pairs", [])))
         pair = 2 * evictions * (m / simulated) * max(costs.activation_bytes)
     weight_b, grad_b, _ = bytes_per_parameter(r.training, config.weight_replicas)
@@ -125,7 +134,7 @@ def keep_if_faster(ctx: PlanContext, est: Estimate, optimized: Placement) -> Kep
     more coarsely (one slow hop slows the whole pipeline, a ring is fast only if it stays in
     a node), so fewer bytes can still price slower."""
     config = est.config
-    key = (config.t, config.p, config.d, config.schedule)
+    key = placement_key(config)
     default = placement_for(config, ctx.request.cluster.gpus_per_node)
     assert est.costs.placement == default, "keep_if_faster compares with the default placement"
     trial = ctx.with_placements({key: optimized})
@@ -159,7 +168,7 @@ def refine_plan(
                 f"cpsat: time budget of {budget:g} s spent; {_describe(coarse)} not refined"
             )
             continue
-        key = (coarse.t, coarse.p, coarse.d, coarse.schedule)
+        key = placement_key(coarse)
         current = est  # the estimate under the placement its (t, p, d, schedule) uses
         if key not in placements and coarse.cp == 1:  # cp groups keep Megatron's order
             limit = min(1.0, remaining / 2)
@@ -222,7 +231,10 @@ def refine_plan(
 
 
 def _describe(config: CandidateConfig) -> str:
-    return f"t={config.t} p={config.p} d={config.d} mb={config.micro_batch_size} {config.schedule}"
+    return (
+        f"t={config.t} p={config.p} d={config.d} mb={config.micro_batch_size} "
+        f"{config.schedule_label}"
+    )
 
 
 def _info(

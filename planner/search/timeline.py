@@ -15,6 +15,7 @@ from planner.costmodel.evaluate import (
     Estimate,
     PlanContext,
     Priced,
+    chunk_parameters,
     estimate,
     price,
     stages_by_device,
@@ -57,11 +58,12 @@ def candidate_timeline(
     search, rebuilt for every micro-batch."""
     ctx = PlanContext.from_store(request, store or default_store())
     name, p, m = config.schedule, config.p, config.num_microbatches
-    num_actions = schedule_actions(name, p, m)
+    chunks = chunk_parameters(config.num_chunks)
+    num_actions = schedule_actions(name, p, m, **chunks)
     # Priced as the plan prices it: the step time to show beside what is drawn, and for a
     # searched schedule its choice and the memory counted from it.
     priced = price(ctx, estimate(ctx, config))
-    if generation_work(name, p, m) > max_work:
+    if generation_work(name, p, m, **chunks) > max_work:
         return _summary(priced, num_actions)
     est = priced.estimate
     costs = est.costs
@@ -112,7 +114,7 @@ def _whole_schedule(priced: Priced) -> Schedule:
     family = schedule_family(name)
     if family.rebuild is not None:
         return family.rebuild(priced.simulation.schedule.meta["choice"], p, m)
-    return generate(name, p, m, check=False)
+    return generate(name, p, m, check=False, **chunk_parameters(config.num_chunks))
 
 
 def memory_breakdown(
@@ -162,7 +164,7 @@ def _summary(priced: Priced, num_actions: int) -> dict[str, Any]:
     m = config.num_microbatches
     devices = []
     breakdown = _breakdown(priced.estimate)
-    for device, stages in enumerate(stages_by_device(config.schedule, config.p)):
+    for device, stages in enumerate(stages_by_device(config.schedule, config.p, config.num_chunks)):
         forward = m * sum(costs.forward[s] for s in stages)
         backward = m * sum(costs.backward[s] for s in stages)
         weight = m * sum(costs.weight[s] for s in stages)

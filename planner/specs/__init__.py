@@ -37,10 +37,17 @@ from planner.specs._plan import (
     ScheduleSummary,
     StageBreakdown,
 )
-from planner.specs._request import ClusterSpec, PlanRequest, SearchSpec, TrainingSpec
+from planner.specs._request import (
+    DEFAULT_NUM_CHUNKS,
+    ClusterSpec,
+    PlanRequest,
+    SearchSpec,
+    TrainingSpec,
+)
 
 __all__ = [
     "DEFAULT_MICRO_BATCH_SIZES",
+    "DEFAULT_NUM_CHUNKS",
     "SCHEDULES",
     "Candidate",
     "CandidateConfig",

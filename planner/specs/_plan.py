@@ -7,11 +7,15 @@ from typing import Any
 
 from pydantic import (
     Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
     model_validator,
 )
 
+from planner.errors import ScheduleConfigError
 from planner.schedules import (
     MEMORY_LIMIT,
+    NUM_CHUNKS,
     Runtime,
     Semantics,
     schedule_family,
@@ -96,12 +100,93 @@ class CandidateConfig(Spec):
         "its limit was known).",
     )
 
+    num_chunks: int | None = Field(
+        default=None,
+        ge=1,
+        description="For a schedule whose devices hold num_chunks stages each (interleaved, "
+        "bpipe-interleaved): that count, v; the pipeline has p x v stages. Filled with the "
+        "family's default (2) when absent, which is how a config written before this field "
+        "reads, and left out of the JSON when it is that default; null for the other "
+        "schedules.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_chunks(cls, data: Any) -> Any:
+        """An absent num_chunks of a family that takes one is its default: a candidate always
+        says how many stages its devices hold, and old plans load as they were planned."""
+        if not isinstance(data, dict) or data.get("num_chunks") is not None:
+            return data
+        name = data.get("schedule")
+        if not isinstance(name, str):
+            return data
+        try:
+            default = schedule_family(name).chunks_default
+        except ScheduleConfigError:  # the schedule field's own check says what to change
+            return data
+        return data if default is None else {**data, "num_chunks": default}
+
     @model_validator(mode="after")
     def _limit_where_the_schedule_takes_one(self) -> CandidateConfig:
         takes = schedule_family(self.schedule).has_parameter(MEMORY_LIMIT.name)
         if not takes and self.memory_limit is not None:
             raise ValueError(f"{self.schedule} takes no memory limit; leave memory_limit out")
         return self
+
+    @model_validator(mode="after")
+    def _chunks_where_the_schedule_takes_them(self) -> CandidateConfig:
+        family = schedule_family(self.schedule)
+        if self.num_chunks is None:
+            return self
+        if family.chunks_default is None:
+            held = family.stages_per_device()
+            raise ValueError(
+                f"{self.schedule} takes no num_chunks (its placement gives each device "
+                f"{held} stage{'s' if held > 1 else ''}); leave num_chunks out"
+            )
+        if self.num_chunks < 2:
+            raise ValueError(
+                f"{self.schedule} needs at least 2 chunks per device, got num_chunks "
+                f"{self.num_chunks}; one chunk a device is schedule 1f1b"
+            )
+        family.resolve({NUM_CHUNKS.name: self.num_chunks})  # the family's own minimum
+        return self
+
+    # Written without a return annotation: pydantic would take one as the serialized
+    # schema and lose the fields' own.
+    @model_serializer(mode="wrap")
+    def _omit_default_chunks(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        """The JSON without num_chunks where it is the family's default (or null): plans
+        and measurements written before the field stay byte-identical and read the same."""
+        out = handler(self)
+        if self.num_chunks is None or self.num_chunks == self.default_chunks:
+            out.pop("num_chunks", None)
+        return out
+
+    @property
+    def default_chunks(self) -> int | None:
+        """The default chunk count of the candidate's family (None: it takes none)."""
+        return schedule_family(self.schedule).chunks_default
+
+    @property
+    def schedule_parameters(self) -> dict[str, float]:
+        """The generator parameters of the candidate's schedule that the candidate sets
+        (``planner.schedules.generate(schedule, p, m, **these)``): its chunks per device
+        and the memory limit an adaptive schedule was built for."""
+        given: dict[str, float] = {}
+        if self.num_chunks is not None:
+            given[NUM_CHUNKS.name] = self.num_chunks
+        if self.memory_limit is not None:
+            given[MEMORY_LIMIT.name] = self.memory_limit
+        return given
+
+    @property
+    def schedule_label(self) -> str:
+        """The schedule's name, with its chunks per device where they are not the family's
+        default (``interleaved v=4``): how plan notes and tables name it."""
+        if self.num_chunks is None or self.num_chunks == self.default_chunks:
+            return self.schedule
+        return f"{self.schedule} v={self.num_chunks}"
 
     @model_validator(mode="after")
     def _split_matches_layers(self) -> CandidateConfig:

@@ -7,11 +7,15 @@ from typing import Any, Literal
 
 from pydantic import (
     Field,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from planner.schedules import (
+    NUM_CHUNKS,
+    families,
     schedule_family,
 )
 from planner.specs._common import (
@@ -25,7 +29,15 @@ from planner.specs._common import (
 )
 from planner.specs._model import ModelSpec
 
-__all__ = ["ClusterSpec", "PlanRequest", "SearchSpec", "TrainingSpec"]
+__all__ = ["DEFAULT_NUM_CHUNKS", "ClusterSpec", "PlanRequest", "SearchSpec", "TrainingSpec"]
+
+assert NUM_CHUNKS.default is not None
+DEFAULT_NUM_CHUNKS: tuple[int, ...] = (int(NUM_CHUNKS.default),)
+"""The chunks per device searched when a request names none: the families' default (2)."""
+
+
+def _chunked_families() -> list[str]:
+    return [f.name for f in families() if f.chunks_default is not None]
 
 
 class ClusterSpec(Spec):
@@ -104,6 +116,16 @@ class SearchSpec(Spec):
         "its flash/fused attention) and, with it, also every cp > 1 that keeps t x cp inside "
         "one node.",
     )
+    num_chunks: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_NUM_CHUNKS),
+        min_length=1,
+        description="Chunks (stages) per device, v, searched for the schedules whose devices "
+        "hold several (interleaved, bpipe-interleaved): every v listed whose p x v stages "
+        "each get a layer (the end stages may hold only the embedding or the output layer) "
+        "is planned, v = 4 meaning Megatron-LM's --num-layers-per-virtual-pipeline-stage of "
+        "layers / (4p). Each at least 2 (one chunk is 1f1b); naming it without searching "
+        "such a schedule is an error.",
+    )
     method: Literal["grid", "cpsat"] = Field(default="grid", description="Search method.")
     time_limit_s: float = Field(
         default=10.0,
@@ -135,6 +157,43 @@ class SearchSpec(Spec):
                     f"to true to search it, or leave it out of search.schedules"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _chunks_only_for_chunked_schedules(self) -> SearchSpec:
+        if "num_chunks" not in self.model_fields_set:
+            return self
+        chunked = _chunked_families()
+        if not any(name in chunked for name in self.schedules):
+            raise ValueError(
+                f"search.num_chunks {self.num_chunks} applies only to schedules with several "
+                f"stages per device ({', '.join(chunked)}), and search.schedules "
+                f"{self.schedules} has none; add one of them or leave num_chunks out"
+            )
+        return self
+
+    @field_validator("num_chunks")
+    @classmethod
+    def _chunk_counts(cls, value: list[int]) -> list[int]:
+        small = [v for v in value if v < 2]
+        if small:
+            raise ValueError(
+                f"num_chunks {value}: every entry must be at least 2 chunks per device "
+                f"(one chunk a device is plain 1F1B: search schedule 1f1b for that)"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError(f"num_chunks {value} lists a chunk count twice; list each once")
+        return sorted(value)
+
+    # Written without a return annotation: pydantic would take one as the serialized
+    # schema and lose the fields' own.
+    @model_serializer(mode="wrap")
+    def _omit_default_chunks(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        """The JSON without num_chunks when it is the default: requests (and the plans that
+        echo them) written before the field stay byte-identical."""
+        out = handler(self)
+        if tuple(self.num_chunks) == DEFAULT_NUM_CHUNKS:
+            out.pop("num_chunks", None)
+        return out
 
     @field_validator("schedules", "recompute")
     @classmethod
