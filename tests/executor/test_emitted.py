@@ -52,11 +52,15 @@ CASES = [
     ("v-zb", "none", 1, True, 6),
     ("1f1b", "full", 1, False, 3),
 ]
+# Four chunks per device (search.num_chunks [4]): 16 stages of one layer on 4 ranks.
+CHUNKED = [("interleaved", "none", 1, False, 16, 4)]
 STEPS = 3  # what the worker runs when the line does not say
 LATER_REL = 1e-3
 
 
-def _request(schedule: str, recompute: str, nodes: int, layers: int) -> dict[str, object]:
+def _request(
+    schedule: str, recompute: str, nodes: int, layers: int, chunks: int | None = None
+) -> dict[str, object]:
     return {
         "model": {**MODEL, "num_layers": layers},
         "cluster": {"gpu": "cpu", "num_nodes": nodes, "gpus_per_node": 4 // nodes},
@@ -73,6 +77,7 @@ def _request(schedule: str, recompute: str, nodes: int, layers: int) -> dict[str
             "recompute": [recompute],
             "micro_batch_sizes": [1],
             "top_k": 100,
+            **({} if chunks is None else {"num_chunks": [chunks]}),
         },
     }
 
@@ -106,16 +111,25 @@ def _run_nodes(folder: Path, commands: list[str]) -> list[subprocess.CompletedPr
     return done
 
 
+def _case_id(case: tuple[object, ...]) -> str:
+    name = str(case[0])
+    if case[4] != MODEL["num_layers"]:
+        name += f"-{case[4]}-layers"
+    if len(case) > 5:
+        name += f"-{case[5]}-chunks"
+    return name
+
+
 @pytest.mark.parametrize(
-    "schedule, recompute, nodes, script, layers",
-    CASES,
-    ids=[c[0] if c[4] == MODEL["num_layers"] else f"{c[0]}-{c[4]}-layers" for c in CASES],
+    "schedule, recompute, nodes, script, layers, chunks",
+    [(*case, None) for case in CASES] + CHUNKED,
+    ids=[_case_id(c) for c in CASES + CHUNKED],
 )
 def test_the_emitted_torchrun_line_runs_and_trains_like_one_process(
-    tmp_path, capsys, schedule, recompute, nodes, script, layers
+    tmp_path, capsys, schedule, recompute, nodes, script, layers, chunks
 ):
     request_file = tmp_path / "request.json"
-    request_file.write_text(json.dumps(_request(schedule, recompute, nodes, layers)))
+    request_file.write_text(json.dumps(_request(schedule, recompute, nodes, layers, chunks)))
     emitted = tmp_path / "launch"
     assert main(["plan", str(request_file), "--emit", str(emitted)]) == 0
     capsys.readouterr()
@@ -126,6 +140,8 @@ def test_the_emitted_torchrun_line_runs_and_trains_like_one_process(
     )
     candidate = json.loads((folder / "candidate.json").read_text())
     split = candidate["config"]["layers_per_stage"]
+    if chunks is not None:  # the candidate, its executor config and the run: v chunks
+        assert candidate["config"]["num_chunks"] == chunks and len(split) == 4 * chunks
     assert sum(split) == layers and (min(split) == 0) == (layers < len(split)), split
     lines = candidate["launch"]["torchrun"]
     assert len(lines) == nodes
@@ -145,6 +161,9 @@ def test_the_emitted_torchrun_line_runs_and_trains_like_one_process(
     config = ExecutorConfig.model_validate_json((folder / "executor-config.json").read_text())
     assert run.num_steps == STEPS and len(run.ranks) == 4
     assert run.config.schedule == schedule and run.config.precision == "bf16"
+    if chunks is not None:
+        assert config.ir.num_stages == 4 * chunks
+        assert [len(config.ir.stages_of(d)) for d in range(4)] == [chunks] * 4
     assert {mode for stage in run.config.recompute_per_stage for mode in stage.as_dict()} == {
         recompute
     }

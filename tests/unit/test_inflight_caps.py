@@ -56,3 +56,16 @@ def test_gpipe_holds_every_micro_batch_on_every_device(p):
         assert shape_profile("gpipe", p, m) == expected
         assert schedule_shape("gpipe", p, m).in_flight == (m,) * p
         assert _whole("gpipe", p, m) == expected
+
+
+@pytest.mark.parametrize("v", [3, 4, 8])
+@pytest.mark.parametrize("p", (2, 3, 4, 5, 8, 16))
+def test_interleaveds_cap_holds_for_every_chunk_count(p, v):
+    """Interleaved's cap (2p) is given per p: its warm-up of 2(p - 1) + (v - 1)p forwards
+    spans fewer than two groups of p micro-batches (p v chunk-forwards each) for every v, so
+    the profile also stops changing at 2p with more chunks than the default two."""
+    for m in _counts_beyond_the_cap("interleaved", p):
+        whole = inflight_profile(generate("interleaved", p, m, check=False, num_chunks=v))
+        assert _normal(shape_profile("interleaved", p, m, v)) == _normal(whole), m
+        capped = schedule_shape("interleaved", p, m, v).in_flight
+        assert capped == _built_shape("interleaved", p, m, v).in_flight
