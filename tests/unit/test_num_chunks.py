@@ -315,3 +315,19 @@ def test_a_measured_run_rebuilds_its_chunks():
         _run(schedule="1f1b", num_chunks=4)
     with pytest.raises(ValidationError, match="layers_per_stage"):
         _run(num_chunks=4, layers_per_stage=[2] * 8)
+
+
+def test_cpsat_refines_a_split_over_the_candidates_chunks():
+    """CP-SAT chooses the layers of every one of the p x v stages, each device's v stages
+    summed on it, and keeps the candidate's v; its solution passes the solver-free check."""
+    from planner.search.cpsat import RefineOptions, check, refine
+
+    request = _request(schedules=["interleaved"], num_chunks=[4])
+    ctx = PlanContext.from_store(request, default_store())
+    coarse = _config(4)
+    outcome = refine(ctx, coarse, ("none", "full"), 1e12, RefineOptions(time_limit_s=2.0))
+    assert outcome.config is not None and outcome.config.num_chunks == 4
+    assert len(outcome.config.layers_per_stage) == 16
+    assert sum(outcome.config.layers_per_stage) == 16
+    memory, _ = check(ctx, outcome)
+    assert len(memory) == 4
