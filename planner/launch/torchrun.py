@@ -62,6 +62,15 @@ def launch_script(command: str, *, node: int, nodes: int, title: str, env: str =
     ]
     if nodes > 1:
         lines.append(': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"')
+    # Without this bash says only "torchrun: command not found" (exit 127), which does not
+    # say that the environment holding torch (and stagewright) is not the one on PATH.
+    lines += [
+        "if ! command -v torchrun >/dev/null; then",
+        '  echo "$0: torchrun is not on PATH; activate the Python environment that has torch '
+        '(its bin folder must be on PATH)" >&2',
+        "  exit 127",
+        "fi",
+    ]
     lines += [
         "# gloo finds its network interface from the host name; when every node is this",
         "# machine (MASTER_ADDR on loopback), say so, since the host may have other interfaces.",

@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
+import subprocess
 import tarfile
 from collections import Counter
 from functools import cache
@@ -648,6 +650,30 @@ def test_launch_files_hold_each_candidates_artefacts():
         names = {m.name: m for m in tar.getmembers()}
         assert set(names) == {f"plan/{p}" for p in files}
         assert names["plan/candidate-1/run-node0.sh"].mode == 0o755
+
+
+def test_a_launch_script_run_without_torchrun_on_path_says_what_to_do(tmp_path, capsys):
+    """bash alone would say "torchrun: command not found": the script names the cause."""
+    request_file = tmp_path / "request.json"
+    request_file.write_text(request(schedules=("1f1b",), recompute=("none",)).model_dump_json())
+    out = tmp_path / "launch"
+    assert main(["plan", str(request_file), "--emit", str(out)]) == 0
+    capsys.readouterr()
+    bare = tmp_path / "bin"  # bash and what the script calls before torchrun, nothing else
+    bare.mkdir()
+    for tool in ("bash", "dirname"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bare / tool).symlink_to(found)
+    ran = subprocess.run(
+        [str(bare / "bash"), str(out / "candidate-1" / "run-node0.sh")],
+        env={"PATH": str(bare)},
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 127
+    assert "run-node0.sh: torchrun is not on PATH; activate the Python environment" in ran.stderr
+    assert "command not found" not in ran.stderr
 
 
 def test_plan_emit_writes_the_files_and_refuses_a_folder_in_use(tmp_path, capsys):
