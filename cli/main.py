@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -67,8 +67,16 @@ def _taking(parameter: str) -> str:
     return ", ".join(n for n in SCHEDULE_NAMES if schedule_family(n).has_parameter(parameter))
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad command-line arguments get one line, as every other bad input does: argparse's
+    usage block above the error buried it (``--help`` still prints the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stagewright",
         description="Plan, simulate and run pipeline-parallel training of large language models.",
     )
@@ -116,7 +124,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="point-to-point time added to every edge between two devices",
     )
     sim.add_argument(
-        "--transfer", type=float, default=0.0, help="time of one BPipe EVICT or LOAD (default 0)"
+        "--transfer", type=float, default=None, help="time of one BPipe EVICT or LOAD (default 0)"
     )
     sim.add_argument(
         "--no-overlap",
@@ -259,6 +267,16 @@ def _simulate(args: argparse.Namespace) -> int:
                 + (f" (it takes {', '.join(takes)})" if takes else " (it takes no parameter)")
                 + "; leave it out"
             )
+    if not family.transfers:
+        given_flags = {"transfer": args.transfer is not None, "no_overlap": args.no_overlap}
+        for flag, present in given_flags.items():
+            if present:
+                moving = ", ".join(n for n in SCHEDULE_NAMES if schedule_family(n).transfers)
+                raise StagewrightError(
+                    f"{_flag(flag)} does not apply to {args.schedule}: only schedules that move "
+                    f"activations between devices have EVICT/LOAD transfers ({moving}); leave "
+                    "it out"
+                )
     for flag, parameter in _PARAMETER_FLAGS.items():
         needed = [p for p in family.parameters if p.name == parameter and p.default is None]
         if needed and parameter not in given:
@@ -280,7 +298,7 @@ def _simulate(args: argparse.Namespace) -> int:
         backward=args.b,
         weight=args.w,
         comm=args.comm,
-        transfer=args.transfer,
+        transfer=args.transfer or 0.0,
         overlap_transfers=not args.no_overlap,
     )
     result = simulate(schedule, durations)

@@ -166,6 +166,16 @@ def test_per_stage_times_are_accepted(capsys):
             ["--schedule", "v-adaptive", "--devices", "8", "--microbatches", "32"],
             "v-adaptive needs --memory-limit",
         ),
+        # Transfers exist only where activations move (BPipe): once accepted and ignored.
+        (
+            ["--schedule", "1f1b", "--devices", "4", "--microbatches", "8", "--transfer", "0.5"],
+            "--transfer does not apply to 1f1b: only schedules that move activations between "
+            "devices have EVICT/LOAD transfers (bpipe, bpipe-interleaved); leave it out",
+        ),
+        (
+            ["--schedule", "v-zb", "--devices", "4", "--microbatches", "8", "--no-overlap"],
+            "--no-overlap does not apply to v-zb",
+        ),
     ],
 )
 def test_bad_input_is_one_line_with_what_to_change(capsys, args, message):
@@ -174,6 +184,27 @@ def test_bad_input_is_one_line_with_what_to_change(capsys, args, message):
     assert code == 2 and out == ""
     assert message in err and "Traceback" not in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["simulate", "--schedule", "vhalf", "--devices", "2", "--microbatches", "2"],
+            "stagewright simulate: error: argument --schedule: invalid choice: 'vhalf'",
+        ),
+        (["profile", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+        (["plann"], "stagewright: error: argument COMMAND: invalid choice: 'plann'"),
+    ],
+)
+def test_what_the_parser_refuses_is_one_line_too(capsys, args, message):
+    """argparse printed its whole usage block above the error; --help still shows it."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert message in err and "usage:" not in err
+    assert err.count("\n") == 1 and "--help)" in err
 
 
 def test_unparseable_time_is_refused_by_the_parser(capsys):
