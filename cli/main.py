@@ -416,7 +416,12 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _check_emit_folder(folder: Path) -> None:
     """--emit writes into a new or empty folder, so that nothing there is overwritten."""
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+    if folder.exists() and not folder.is_dir():
+        raise StagewrightError(
+            f"--emit {folder}: that is a file, not a folder; name a new folder for the "
+            "launch files"
+        )
+    if folder.exists() and any(folder.iterdir()):
         raise StagewrightError(
             f"--emit {folder}: the folder exists and is not empty; choose a new folder "
             f"(nothing is overwritten)"

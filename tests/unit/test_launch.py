@@ -686,6 +686,9 @@ def test_plan_emit_writes_the_files_and_refuses_a_folder_in_use(tmp_path, capsys
     assert json.loads((out / "plan.json").read_text())["id"] == printed["id"]
     assert main(["plan", str(request_file), "--emit", str(out)]) == 2
     assert "not empty; choose a new folder" in capsys.readouterr().err
+    assert main(["plan", str(request_file), "--emit", str(request_file)]) == 2
+    assert "that is a file, not a folder; name a new folder" in capsys.readouterr().err
+    assert request_file.read_text()  # untouched
 
 
 def test_a_context_parallel_candidate_gets_a_config_of_every_rank_that_the_executor_refuses(
