@@ -75,7 +75,7 @@ def _regress(args: argparse.Namespace) -> int:
         "best config (t/p/d/mb/recompute/schedule)",
         "note",
     ):
-        table.add_column(header)
+        table.add_column(header, overflow="fold")  # at 80 columns: wrapped, never cut
     for o in outcomes:
 
         def cfg(c: dict[str, Any] | None) -> str:
@@ -97,7 +97,7 @@ def _regress(args: argparse.Namespace) -> int:
         change = f"{o.change_pct:+.2f}%" if o.change_pct is not None else "-"
         style = "red" if o.failed else "green"
         table.add_row(o.name, f"[{style}]{o.status}[/]", rates, change, peak, configs, o.message)
-    Console(width=200).print(table)
+    Console().print(table)  # the terminal's width (COLUMNS when not a terminal), as plan
     verdict = (
         f"{len(failed)} of {len(outcomes)} scenarios regressed"
         if failed

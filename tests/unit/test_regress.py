@@ -44,6 +44,20 @@ def test_unchanged_scenarios_pass(capsys, tmp_path):
     assert "all 1 scenarios within tolerance" in out
 
 
+def test_the_table_fits_the_terminal_and_loses_nothing(capsys, tmp_path, monkeypatch):
+    """COLUMNS=80 (no terminal): the table is 80 wide, as plan's is, and the best
+    configuration is wrapped, not cut to an ellipsis."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run(capsys, "regress", str(_baseline(tmp_path)))
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    recorded = json.loads(_baseline(tmp_path).read_text())["scenarios"][0]["expected"]["config"]
+    cells = "".join(line.split("│")[6].strip() for line in out.splitlines() if line.count("│") == 8)
+    assert cells.startswith(f"{recorded['t']}/{recorded['p']}/{recorded['d']}/")
+    assert cells.endswith(recorded["schedule"])
+
+
 def test_a_throughput_drop_beyond_the_tolerance_fails(capsys, tmp_path):
     path = _baseline(tmp_path)
     # Pretend the baseline was 5% faster than today's prediction.
