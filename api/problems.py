@@ -337,11 +337,13 @@ async def _validation(request: Request, exc: Exception) -> Response:
 
 async def _planner_error(request: Request, exc: Exception) -> Response:
     slug = "unknown-hardware" if isinstance(exc, UnknownHardwareError) else "invalid-input"
+    # /v1/simulate builds one schedule; every other route that gets here plans.
+    simulating = request.url.path.startswith("/v1/simulate")
     body = problem_body(
         422,
         slug,
         str(exc),
-        title="Request cannot be planned",
+        title="Schedule cannot be built" if simulating else "Request cannot be planned",
         instance=_instance(request),
     )
     return problem_response(body)

@@ -9,10 +9,18 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from planner.costmodel.parameters import check_parameter_values
 from planner.profiles import CalibrationRecord, LayerPoint
+from planner.schedules import SCHEDULE_NAMES, schedule_family
 from planner.specs import CandidateConfig, Plan, PlanStats, Precision, Predicted, Recompute
 from planner.specs import ScheduleName as ScheduleName
 
@@ -388,8 +396,24 @@ class MeasurementPublic(MeasurementIn):
     created_at: datetime
 
 
+def _stage_times(value: Any) -> Any:
+    """One message for a bad time: the union's two branches would each report their own
+    ("should be >= 0"; "should be a valid array") for one mistake."""
+    values = value if isinstance(value, list) else [value]
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            continue  # not a number: the schema's own message names what is expected
+        if not 0 <= item <= 1e9:
+            raise ValueError(
+                f"times are seconds from 0 to 1e9, one for every stage or a list with one per "
+                f"stage; got {item}"
+            )
+    return value
+
+
 StageTimes = Annotated[
     Seconds | Annotated[list[Seconds], Field(min_length=1, max_length=4096)],
+    BeforeValidator(_stage_times),
     Field(description="One time for every stage, or a list with one per stage."),
 ]
 
@@ -421,6 +445,18 @@ class SimulateRequest(_ApiModel):
         description="Activation memory limit as a fraction of 1F1B's peak, for schedules that "
         "take one (v-adaptive, zb-adaptive: ZB-1P at 1, ZB-2P at 2).",
     )
+
+    @model_validator(mode="after")
+    def _transfers_only_where_activations_move(self) -> SimulateRequest:
+        given = [f for f in ("transfer", "overlap_transfers") if f in self.model_fields_set]
+        if given and not schedule_family(self.schedule).transfers:
+            moving = ", ".join(n for n in SCHEDULE_NAMES if schedule_family(n).transfers)
+            raise ValueError(
+                f"{' and '.join(given)} do{'es' if len(given) == 1 else ''} not apply to "
+                f"{self.schedule}: only schedules that move activations between devices have "
+                f"EVICT/LOAD transfers ({moving}); leave {'it' if len(given) == 1 else 'them'} out"
+            )
+        return self
 
 
 class DeviceTiming(_ApiModel):

@@ -77,6 +77,13 @@ def test_simulate_per_stage_times_and_schedule_options(client):
         ({"num_batches": 3}, "1f1b has no parameter num_batches"),
         ({"forward": -1}, "forward"),
         ({"num_devices": 0}, "num_devices"),
+        # Once accepted and ignored: transfers exist only where activations move.
+        (
+            {"transfer": 0.5},
+            "transfer does not apply to 1f1b: only schedules that move activations between "
+            "devices have EVICT/LOAD transfers (bpipe, bpipe-interleaved); leave it out",
+        ),
+        ({"schedule": "v-zb", "overlap_transfers": False}, "overlap_transfers does not apply"),
     ],
 )
 def test_simulate_errors(client, change, needle):
@@ -84,6 +91,26 @@ def test_simulate_errors(client, change, needle):
     body["backward"] = 1
     body.update(change)
     assert_problem(client.post("/v1/simulate", json=body), 422, needle)
+
+
+@pytest.mark.parametrize("bad", [-1, [1, -1, 1, 1]])
+def test_a_negative_time_gets_one_message_not_one_per_union_branch(client, bad):
+    body = {"schedule": "1f1b", "num_devices": 4, "num_microbatches": 8, "forward": 1}
+    body["backward"] = bad
+    problem = assert_problem(
+        client.post("/v1/simulate", json=body),
+        422,
+        "body.backward: times are seconds from 0 to 1e9",
+        "got -1",
+    )
+    assert "valid array" not in problem["detail"] and len(problem["errors"]) == 1
+
+
+def test_a_parameter_the_schedule_lacks_is_titled_as_a_schedule_problem(client):
+    body = {"schedule": "v-half", "num_devices": 4, "num_microbatches": 8, "forward": 1}
+    body |= {"backward": 1, "num_chunks": 2}
+    problem = assert_problem(client.post("/v1/simulate", json=body), 422, "num_chunks")
+    assert problem["title"] == "Schedule cannot be built"
 
 
 def test_simulate_passes_the_parameters_a_family_takes(client):
