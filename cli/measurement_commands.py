@@ -176,8 +176,8 @@ def _list(args: argparse.Namespace) -> int:
             if r.mfu is not None
             else "peak memory"
             if r.kind == "step"
-            else f"pass of {r.pass_layers} layer(s): F {r.forward_ms} B {r.backward_ms} "
-            f"W {r.weight_ms} ms"
+            else f"pass of {r.pass_layers} layer(s): F {_ms(r.forward_ms)} "
+            f"B {_ms(r.backward_ms)} W {_ms(r.weight_ms)} ms"
         )
         lines.append(
             f"{r.id:>5} {r.gpu:<14} {r.model_name:<12} t{r.t} p{r.p} d{r.d} mb{r.micro_batch_size} "
@@ -185,6 +185,11 @@ def _list(args: argparse.Namespace) -> int:
         )
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _ms(value: float | None) -> str:
+    """A pass time as measured, to four significant figures (the stored value is exact)."""
+    return "-" if value is None else f"{value:.4g}"
 
 
 def _calibrate(args: argparse.Namespace) -> int:

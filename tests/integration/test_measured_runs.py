@@ -204,6 +204,19 @@ def test_cli_adds_csv_and_json_and_lists_them_back(database_url, tmp_path, capsy
         capsys, "measurements", "list", "--gpu", "cpu", "--database-url", database_url
     )
     assert out.startswith("3 run(s)") and "step 0.7 s" in out
+    # A profiled pass lists to four figures (a profiler's times are long floats); the
+    # store keeps them exact, as the CSV export shows.
+    timed = {"kind": "pass", "forward_ms": 8.738654999999707, "backward_ms": 10.068746000000184}
+    as_json.write_text(json.dumps({"runs": [with_(RUN, measured=timed)]}))
+    assert cli(capsys, "measurements", "add", str(as_json), "--database-url", database_url)[0] == 0
+    code, out, _ = cli(
+        capsys, "measurements", "list", "--gpu", "cpu", "--database-url", database_url
+    )
+    assert "pass of 1 layer(s): F 8.739 B 10.07 W - ms" in out and "8.7386549" not in out
+    code, out, _ = cli(
+        capsys, "measurements", "list", "--gpu", "cpu", "--csv", "--database-url", database_url
+    )
+    assert "8.738654999999707" in out
 
 
 @pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="pipe sizes are set on Linux")
