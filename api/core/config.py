@@ -7,6 +7,7 @@ parse is reported with the variable's name and what to put there instead, never 
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,18 @@ from planner.errors import StagewrightError
 __all__ = ["DEFAULT_DATABASE_URL", "ENV_PREFIX", "Settings", "SettingsError"]
 
 ENV_PREFIX = "STAGEWRIGHT_"
+# Read elsewhere, not settings of the service: the profile folders the planner reads
+# (planner.profiles), and the switches of stagewright's own test suite (tests/).
+OTHER_VARIABLES = frozenset(
+    {
+        "STAGEWRIGHT_PROFILES",
+        "STAGEWRIGHT_REQUIRE_BROWSER",
+        "STAGEWRIGHT_REQUIRE_POSTGRES",
+        "STAGEWRIGHT_SCHEMATHESIS_EXAMPLES",
+        "STAGEWRIGHT_TEST_CORRUPT",
+        "STAGEWRIGHT_TEST_POSTGRES_URL",
+    }
+)
 # Embedded default: a SQLite file in the working directory, so the service needs no server.
 DEFAULT_DATABASE_URL = "sqlite:///stagewright.db"
 
@@ -222,6 +235,20 @@ class Settings(BaseModel):
                 )
                 problems.append(f"{source}: {err['msg']}")
             raise SettingsError("; ".join(problems)) from None
+
+    @classmethod
+    def unknown_variables(cls, environ: Mapping[str, str] | None = None) -> list[str]:
+        """One line per ``STAGEWRIGHT_*`` variable that names no setting (a misspelt one
+        would otherwise leave its setting at the default without a word), with the setting
+        it most resembles."""
+        env = os.environ if environ is None else environ
+        known = {ENV_PREFIX + name.upper() for name in cls.model_fields} | OTHER_VARIABLES
+        lines = []
+        for variable in sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in known):
+            close = difflib.get_close_matches(variable, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            lines.append(f"{variable} is not a stagewright setting{hint}; it is ignored")
+        return lines
 
     def to_env(self) -> dict[str, str]:
         """The environment that reproduces these settings (for worker processes)."""

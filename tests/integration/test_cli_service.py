@@ -88,6 +88,24 @@ def test_serve_refuses_bad_tokens_before_touching_the_database(
     assert not database.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_serve_warns_of_a_variable_that_names_no_setting(monkeypatch, capsys, tmp_path):
+    """A misspelt STAGEWRIGHT_MAX_GPUSS used to leave max_gpus at its default without a word.
+    (Bad tokens then stop serve before the database: the warning is printed first.)"""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STAGEWRIGHT_MAX_GPUSS", "5")
+    monkeypatch.setenv("STAGEWRIGHT_API_TOKENS", "xyzzy")
+    code, _, err = run(capsys, "serve", "--database-url", f"sqlite:///{tmp_path / 'x.db'}")
+    assert code == 2
+    assert err.splitlines()[0] == (
+        "stagewright serve: warning: STAGEWRIGHT_MAX_GPUSS is not a stagewright setting "
+        "(did you mean STAGEWRIGHT_MAX_GPUS?); it is ignored"
+    )
+    assert Settings.unknown_variables({"STAGEWRIGHT_MAX_GPUS": "5", "OTHER": "x"}) == []
+    assert Settings.unknown_variables(
+        {"STAGEWRIGHT_PROFILES": "a", "STAGEWRIGHT_QQQQQQQQQQQQQQQQQQQQ": "1"}
+    ) == ["STAGEWRIGHT_QQQQQQQQQQQQQQQQQQQQ is not a stagewright setting; it is ignored"]
+
+
 def test_unreachable_postgres_is_reported_after_the_wait(monkeypatch, capsys):
     monkeypatch.setenv("STAGEWRIGHT_DATABASE_WAIT_S", "0")
     url = "postgresql://nobody:secret@127.0.0.1:1/none"
