@@ -2,7 +2,7 @@
 
 The planner sees profiles only through :class:`ProfileStore` (``hardware``,
 ``hardware_names``, ``layer_points``), implemented twice: :class:`JsonProfileStore` here,
-which loads the repository's ``profiles/`` folder (``hardware.json`` and ``layers/*.json``)
+which loads the bundled ``profiles/`` folder (``hardware.json`` and ``layers/*.json``)
 and then every folder named in ``STAGEWRIGHT_PROFILES``, where ``stagewright profile``
 writes the points it measures (:func:`save_point`); and the service's SQL store
 (``api.store.profiles.SqlProfileStore``), which holds the same data with a revision per
@@ -31,6 +31,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from planner.bundled import bundled_dir
 from planner.errors import StagewrightError, validation_problems
 
 __all__ = [
@@ -52,7 +53,8 @@ __all__ = [
     "save_point",
 ]
 
-BUNDLED_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+# The top-level profiles/ of a checkout, or the copy inside an installed wheel.
+BUNDLED_PROFILES = bundled_dir("planner", "profiles")
 
 
 class UnknownHardwareError(StagewrightError):

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, select
@@ -35,6 +34,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core.config import SettingsError
+from planner.bundled import bundled_dir
 
 __all__ = [
     "MIGRATIONS",
@@ -50,8 +50,9 @@ __all__ = [
 
 log = logging.getLogger("stagewright.db")
 
-# The Alembic scripts live beside the packages in the source tree (like `profiles/`).
-MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+# The Alembic scripts: the top-level migrations/ of a checkout, or the copy inside an
+# installed wheel (like `profiles/`).
+MIGRATIONS = bundled_dir("api", "migrations")
 _SUPPORTED = ("sqlite", "postgresql")
 # Any constant works: it only has to be the same in every process that migrates.
 _MIGRATION_LOCK_KEY = 0x5747_5249
