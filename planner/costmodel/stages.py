@@ -81,6 +81,10 @@ def split_layers(num_layers: int, stages: int) -> list[int] | None:
 
 @lru_cache(maxsize=1024)
 def _split_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
+    if stages > num_layers + 2:
+        # Some middle stage would get no layer: said before building a split of that many
+        # stages (a request's chunks per device can make it millions).
+        return None
     base, extra = divmod(num_layers, stages)
     if extra == 0:
         return (base,) * stages

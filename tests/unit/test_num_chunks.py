@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tracemalloc
 
 import pytest
 from pydantic import ValidationError
 
-from planner.costmodel.evaluate import PlanContext, estimate, price, schedule_shape
+from planner.costmodel.evaluate import (
+    PlanContext,
+    estimate,
+    price,
+    schedule_shape,
+    split_layers,
+)
 from planner.launch import materialize_launch
 from planner.measurements import MeasuredRun, candidate_config, fingerprint, plan_request
 from planner.plan import plan
@@ -196,6 +203,24 @@ def test_search_cost_counts_every_v():
     two = search_cost(_request(schedules=["interleaved"], num_chunks=[2, 4]))
     assert two.configurations == 2 * one.configurations
     assert two.work > one.work
+
+
+def test_a_chunk_count_no_layer_split_can_fill_costs_nothing_to_refuse():
+    """A v whose p x v stages outnumber the layers (plus the two end stages, which may hold
+    only the embedding or the output layer) is refused without building its split: one
+    request naming num_chunks [10**6] would otherwise list millions of stages per grid point
+    (the service's cost check runs it before any limit) and exhaust memory."""
+    tracemalloc.start()
+    try:
+        assert split_layers(16, 10**7) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak
+    assert split_layers(16, 18) == [0] + [1] * 16 + [0]  # the most stages 16 layers fill
+    assert split_layers(16, 19) is None
+    cost = search_cost(_request(schedules=["interleaved"], num_chunks=[2, 10**9]))
+    assert cost.priceable == search_cost(_request(schedules=["interleaved"])).priceable
 
 
 def test_the_timeline_draws_the_candidates_chunks():
