@@ -203,6 +203,16 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
                 "entries; list fewer, or " + _raise_setting(("max_list_items", len(sizes))),
             )
         )
+    chunks = search.num_chunks
+    if len(chunks) > settings.max_list_items:
+        errors.append(
+            limit_error(
+                ["search", "num_chunks"],
+                f"{len(chunks)} chunk counts is above this server's limit of "
+                f"{settings.max_list_items} entries; list fewer, or "
+                + _raise_setting(("max_list_items", len(chunks))),
+            )
+        )
     too_big = [s for s in sizes if s > MAX_MICRO_BATCH]
     if too_big:
         errors.append(

@@ -50,6 +50,10 @@ def _limits(schema: dict[str, Any], settings: Settings) -> None:
             if branch.get("type") == "array":
                 branch["maxItems"] = settings.max_list_items
                 branch.setdefault("items", {})["maximum"] = MAX_MICRO_BATCH
+        chunks = component.get("properties", {}).get("num_chunks", {})
+        for branch in chunks.get("anyOf", [chunks]):
+            if branch.get("type") == "array":
+                branch["maxItems"] = settings.max_list_items
     post = schema.get("paths", {}).get("/v1/plans", {}).get("post", {})
     for parameter in post.get("parameters", []):
         if parameter.get("name") == "wait_s":

@@ -95,7 +95,9 @@ class Settings(BaseModel):
     )
     max_top_k: int = Field(default=100, ge=1, description="Largest search.top_k.")
     max_list_items: int = Field(
-        default=16, ge=1, description="Longest search.micro_batch_sizes list."
+        default=16,
+        ge=1,
+        description="Longest search.micro_batch_sizes and search.num_chunks lists.",
     )
     max_cpsat_time_s: float = Field(
         default=30.0,

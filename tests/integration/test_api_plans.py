@@ -251,6 +251,8 @@ def test_search_space_limits_are_422_with_the_limit(make_client):
     assert ["body", "search", "top_k"] in locs and ["body", "cluster"] in locs
     sizes = tiny(**{"search.micro_batch_sizes": list(range(1, 18))})
     assert_problem(client.post("/v1/plans", json=sizes), 422, "limit of 16 entries")
+    chunks = tiny(**{"search.num_chunks": list(range(2, 19))})
+    assert_problem(client.post("/v1/plans", json=chunks), 422, "17 chunk counts", "limit of 16")
     assert_problem(
         client.post("/v1/plans?wait_s=31", json=example("tiny-cpu")), 422, "limit of 30 s"
     )

@@ -161,6 +161,7 @@ def test_the_openapi_states_the_other_request_limits(make_client):
     assert prop("ClusterSpec", "num_nodes")["maximum"] == settings.max_gpus
     assert prop("TrainingSpec", "global_batch_size")["maximum"] == settings.max_global_batch_size
     assert prop("SearchSpec", "micro_batch_sizes")["maxItems"] == settings.max_list_items
+    assert prop("SearchSpec", "num_chunks")["maxItems"] == settings.max_list_items
     assert prop("ModelSpec", "name")["maxLength"] == 200
 
 
