@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from planner.errors import StagewrightError
 from planner.plan import plan
-from planner.specs import Plan, PlanRequest
+from planner.specs import CandidateConfig, Plan, PlanRequest
 
 __all__ = ["BASELINE_FORMAT", "Outcome", "check_baseline", "load_baseline", "update_baseline"]
 
@@ -89,12 +89,21 @@ def _summary(result: Plan) -> dict[str, Any] | None:
         return None
     best = result.best
     return {
-        # cp only when used, so baselines recorded before context parallelism still match.
+        # cp and chunks per device only when not their default, so baselines recorded
+        # before context parallelism or searched chunk counts still match.
         "config": {k: getattr(best.config, k) for k in _CONFIG_KEYS}
-        | ({"cp": best.config.cp} if best.config.cp > 1 else {}),
+        | ({"cp": best.config.cp} if best.config.cp > 1 else {})
+        | _chunks(best.config),
         "samples_per_s": best.predicted.samples_per_s,
         "peak_memory_gib": best.predicted.peak_memory_gib,
     }
+
+
+def _chunks(config: CandidateConfig) -> dict[str, Any]:
+    """The candidate's chunks per device where they are not its family's default."""
+    if config.num_chunks is None or config.num_chunks == config.default_chunks:
+        return {}
+    return {"num_chunks": config.num_chunks}
 
 
 def check_baseline(data: dict[str, Any], tolerance_pct: float | None = None) -> list[Outcome]:
@@ -176,10 +185,12 @@ def _compare(
         )
     if config != base_config and not scenario.get("allow_config_change", False):
         assert base_config is not None  # ``expected`` is present here
+        # A key only one side has is at its default on the other (see ``_summary``).
+        keys = [*config, *(k for k in base_config if k not in config)]
         changed = ", ".join(
-            f"{k} {base_config.get(k)} -> {config[k]}"
-            for k in config
-            if base_config.get(k) != config[k]
+            f"{k} {base_config.get(k, 'default')} -> {config.get(k, 'default')}"
+            for k in keys
+            if base_config.get(k) != config.get(k)
         )
         return Outcome(
             name,

@@ -81,9 +81,13 @@ def _regress(args: argparse.Namespace) -> int:
         def cfg(c: dict[str, Any] | None) -> str:
             if not c:
                 return "-"
-            return "/".join(
-                str(c[k]) for k in ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
-            ) + (f" cp {c['cp']}" if c.get("cp", 1) > 1 else "")
+            return (
+                "/".join(
+                    str(c[k]) for k in ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
+                )
+                + (f" cp {c['cp']}" if c.get("cp", 1) > 1 else "")
+                + (f" v {c['num_chunks']}" if "num_chunks" in c else "")
+            )
 
         rates = (f"{o.baseline_samples_per_s:.3f}" if o.baseline_samples_per_s else "-") + (
             f" -> {o.samples_per_s:.3f}" if o.samples_per_s else " -> -"

@@ -95,6 +95,31 @@ def test_a_changed_best_configuration_fails_unless_allowed(capsys, tmp_path):
     assert code == 0
 
 
+def test_a_best_that_changes_only_its_chunks_per_device_is_a_changed_configuration(
+    capsys, tmp_path
+):
+    request = json.loads(json.dumps(TINY))
+    request["model"]["num_layers"] = 16
+    request["search"].update(schedules=["interleaved"], num_chunks=[2])
+    path = tmp_path / "baseline.json"
+    scenario = {"name": "chunks", "request": request}
+    data = update_baseline({"format": "stagewright.baseline/1", "scenarios": [scenario]})
+    assert "num_chunks" not in data["scenarios"][0]["expected"]["config"]  # the default, 2
+    path.write_text(json.dumps(data))
+    # Searching four chunks too: the best keeps its t, p, d, micro-batch and schedule, v = 4.
+    _edit(path, lambda s: s["request"]["search"].update(num_chunks=[2, 4]))
+    code, out, _ = run(capsys, "regress", str(path), "--json")
+    (outcome,) = json.loads(out)["scenarios"]
+    assert code == 1 and outcome["status"] == "config changed", outcome
+    assert "num_chunks default -> 4" in outcome["message"]
+    # ...and the other way: a baseline of v = 4 that is now the default.
+    assert run(capsys, "regress", str(path), "--update")[0] == 0
+    _edit(path, lambda s: s["request"]["search"].update(num_chunks=[2]))
+    code, out, _ = run(capsys, "regress", str(path), "--json", "--tolerance", "50")
+    (outcome,) = json.loads(out)["scenarios"]
+    assert code == 1 and "num_chunks 4 -> default" in outcome["message"], outcome
+
+
 def test_update_records_todays_answers(capsys, tmp_path):
     path = _baseline(tmp_path)
     _edit(path, lambda s: s["expected"].update(samples_per_s=1e9))
