@@ -114,7 +114,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="backward-for-input time (the whole backward if --w is 0)",
     )
     sim.add_argument(
-        "--w", type=_times, default=0.0, metavar="TW", help="backward-for-weights time (default 0)"
+        "--w", type=_times, default=None, metavar="TW", help="backward-for-weights time (default 0)"
     )
     sim.add_argument(
         "--comm",
@@ -277,6 +277,9 @@ def _simulate(args: argparse.Namespace) -> int:
                     f"activations between devices have EVICT/LOAD transfers ({moving}); leave "
                     "it out"
                 )
+    no_w = args.w is None
+    if no_w:
+        args.w = 0.0
     for flag, parameter in _PARAMETER_FLAGS.items():
         needed = [p for p in family.parameters if p.name == parameter and p.default is None]
         if needed and parameter not in given:
@@ -302,6 +305,11 @@ def _simulate(args: argparse.Namespace) -> int:
         overlap_transfers=not args.no_overlap,
     )
     result = simulate(schedule, durations)
+    if family.split_backward and no_w:  # said once the input is known to be good
+        sys.stderr.write(
+            f"stagewright simulate: note: --w not given: {args.schedule} splits the backward "
+            "and its W passes (weight gradients) take 0 here; give --w TW to time them\n"
+        )
     if args.plot is not None:
         _plot(args, times)
     if args.json:
@@ -418,8 +426,7 @@ def _check_emit_folder(folder: Path) -> None:
     """--emit writes into a new or empty folder, so that nothing there is overwritten."""
     if folder.exists() and not folder.is_dir():
         raise StagewrightError(
-            f"--emit {folder}: that is a file, not a folder; name a new folder for the "
-            "launch files"
+            f"--emit {folder}: that is a file, not a folder; name a new folder for the launch files"
         )
     if folder.exists() and any(folder.iterdir()):
         raise StagewrightError(

@@ -207,6 +207,18 @@ def test_what_the_parser_refuses_is_one_line_too(capsys, args, message):
     assert err.count("\n") == 1 and "--help)" in err
 
 
+def test_a_split_backward_schedule_without_w_says_its_w_passes_take_0(capsys):
+    base = ["simulate", "--devices", "4", "--microbatches", "8", "--f", "1", "--b", "1"]
+    code, out, err = run(capsys, *base, "--schedule", "v-zb")
+    assert code == 0 and out.startswith("schedule v-zb")
+    assert err == (
+        "stagewright simulate: note: --w not given: v-zb splits the backward and its W passes "
+        "(weight gradients) take 0 here; give --w TW to time them\n"
+    )
+    assert run(capsys, *base, "--schedule", "v-zb", "--w", "1")[2] == ""
+    assert run(capsys, *base, "--schedule", "1f1b")[2] == ""  # B + W run as one backward
+
+
 def test_unparseable_time_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as info:
         main(
