@@ -3,7 +3,8 @@
     python benchmarks/executor_sweep.py [--seed S] [--runs N]
 
 Each run plans a random tiny GPT (4-12 layers, hidden 32 or 64) on one node of 4 `cpu`
-devices for one random schedule (any of the registry's, 2BW with stale weights allowed),
+devices for one random schedule (any of the registry's, 2BW with stale weights allowed; the
+interleaved ones with 2, 3 or 4 chunks per device),
 recompute mode, precision (fp32 or bf16), optimizer (Adam or SGD), with or without the
 distributed optimizer and sequence parallelism, and global batch 4-16, for stagewright's
 executor; emits the launch files; picks one ranked candidate at random; and runs its
@@ -30,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.schedules import SCHEDULE_NAMES  # noqa: E402
+from planner.schedules import SCHEDULE_NAMES, schedule_family  # noqa: E402
 
 BIN = Path(sys.executable).parent  # the environment's stagewright and torchrun
 MEMORY_REL = 0.02
@@ -38,7 +39,7 @@ MEMORY_REL = 0.02
 
 def random_request(rng: random.Random) -> dict[str, Any]:
     schedule = rng.choice(SCHEDULE_NAMES)
-    return {
+    request: dict[str, Any] = {
         "model": {
             "name": "tiny",
             "num_layers": rng.choice([4, 6, 8, 12]),
@@ -63,6 +64,10 @@ def random_request(rng: random.Random) -> dict[str, Any]:
             "top_k": 20,
         },
     }
+    if schedule_family(schedule).chunks_default is not None:
+        # Chunks per device as well (this draw came after seed 39: later seeds differ).
+        request["search"]["num_chunks"] = [rng.choice([2, 3, 4])]
+    return request
 
 
 def saved_activation_error(report: Path) -> float:
@@ -93,8 +98,9 @@ def run_one(rng: random.Random, folder: Path) -> tuple[bool, str, str]:
     index = rng.randrange(len(candidates))
     c = candidates[index]["config"]
     training = request["training"]
+    chunks = f" v={c['num_chunks']}" if c.get("num_chunks") else ""  # v=2 is left out
     what = (
-        f"{c['schedule']} t{c['t']} p{c['p']} d{c['d']} mb{c['micro_batch_size']}x"
+        f"{c['schedule']}{chunks} t{c['t']} p{c['p']} d{c['d']} mb{c['micro_batch_size']}x"
         f"{c['num_microbatches']} {c['recompute']} {training['precision']} "
         f"{training['optimizer']} zero1={training['distributed_optimizer']} "
         f"sp={training['sequence_parallel']} layers={request['model']['num_layers']}"
