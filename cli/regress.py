@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from planner.errors import StagewrightError
 from planner.plan import plan
+from planner.schedules import schedule_family
 from planner.specs import CandidateConfig, Plan, PlanRequest
 
 __all__ = ["BASELINE_FORMAT", "Outcome", "check_baseline", "load_baseline", "update_baseline"]
@@ -101,7 +102,7 @@ def _summary(result: Plan) -> dict[str, Any] | None:
 
 def _chunks(config: CandidateConfig) -> dict[str, Any]:
     """The candidate's chunks per device where they are not its family's default."""
-    if config.num_chunks is None or config.num_chunks == config.default_chunks:
+    if schedule_family(config.schedule).default_chunks(config.num_chunks):
         return {}
     return {"num_chunks": config.num_chunks}
 

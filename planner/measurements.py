@@ -116,8 +116,7 @@ class RunConfig(_Spec):
         """The JSON without num_chunks where it is null or the family's default: a run
         stored before the field keeps its fingerprint, and one run is stored once."""
         out = handler(self)
-        default = schedule_family(self.schedule).chunks_default
-        if self.num_chunks is None or self.num_chunks == default:
+        if schedule_family(self.schedule).default_chunks(self.num_chunks):
             out.pop("num_chunks", None)
         return out
 
@@ -221,9 +220,12 @@ class MeasuredRun(_Spec):
         stages = num_stages(c.schedule, c.p, c.num_chunks)
         layers = c.layers_per_stage
         if layers is None and split_layers(self.model.num_layers, stages) is None:
+            # Only the two end stages may hold no layer: past layers + 2 stages no split can
+            # (a given layers_per_stage could not either).
             raise ValueError(
                 f"{self.model.num_layers} layers cannot fill the {stages} stages of "
-                f"{c.schedule} with p = {c.p}; give config.layers_per_stage"
+                f"{c.schedule} with p = {c.p}: only the end stages may hold no layer; check p "
+                + ("and num_chunks" if c.num_chunks is not None else "and the schedule")
             )
         if layers is not None and (len(layers) != stages or sum(layers) != self.model.num_layers):
             raise ValueError(

@@ -278,6 +278,11 @@ class ScheduleFamily:
                 return int(parameter.default)
         return None
 
+    def default_chunks(self, num_chunks: int | None) -> bool:
+        """Whether ``num_chunks`` is what the family uses when none is given (None, or its
+        default): such a count is left out of JSON and of labels."""
+        return num_chunks is None or num_chunks == self.chunks_default
+
     def inflight_microbatches(self, num_devices: int, num_microbatches: int) -> int:
         """Micro-batches to build the schedule with to count the in-flight micro-batches of
         a run of m (see :attr:`inflight_saturation`)."""

@@ -147,9 +147,23 @@ class CandidateConfig(Spec):
         if self.num_chunks < 2:
             raise ValueError(
                 f"{self.schedule} needs at least 2 chunks per device, got num_chunks "
-                f"{self.num_chunks}; one chunk a device is schedule 1f1b"
+                f"{self.num_chunks}; one chunk a device is the same schedule without "
+                "interleaving"
             )
         family.resolve({NUM_CHUNKS.name: self.num_chunks})  # the family's own minimum
+        return self
+
+    @model_validator(mode="after")
+    def _one_layer_count_per_stage(self) -> CandidateConfig:
+        chunks = {} if self.num_chunks is None else {NUM_CHUNKS.name: self.num_chunks}
+        stages = schedule_family(self.schedule).num_stages(self.p, chunks)
+        # Empty: a rejected point that no split fits (the plan lists it with its reason).
+        if self.layers_per_stage and len(self.layers_per_stage) != stages:
+            shape = f"p = {self.p}" + (f", v = {self.num_chunks}" if chunks else "")
+            raise ValueError(
+                f"layers_per_stage has {len(self.layers_per_stage)} entries, but {self.schedule} "
+                f"with {shape} has {stages} stages; give one per stage"
+            )
         return self
 
     # Written without a return annotation: pydantic would take one as the serialized
@@ -159,14 +173,9 @@ class CandidateConfig(Spec):
         """The JSON without num_chunks where it is the family's default (or null): plans
         and measurements written before the field stay byte-identical and read the same."""
         out = handler(self)
-        if self.num_chunks is None or self.num_chunks == self.default_chunks:
+        if schedule_family(self.schedule).default_chunks(self.num_chunks):
             out.pop("num_chunks", None)
         return out
-
-    @property
-    def default_chunks(self) -> int | None:
-        """The default chunk count of the candidate's family (None: it takes none)."""
-        return schedule_family(self.schedule).chunks_default
 
     @property
     def schedule_parameters(self) -> dict[str, float]:
@@ -184,7 +193,7 @@ class CandidateConfig(Spec):
     def schedule_label(self) -> str:
         """The schedule's name, with its chunks per device where they are not the family's
         default (``interleaved v=4``): how plan notes and tables name it."""
-        if self.num_chunks is None or self.num_chunks == self.default_chunks:
+        if schedule_family(self.schedule).default_chunks(self.num_chunks):
             return self.schedule
         return f"{self.schedule} v={self.num_chunks}"
 

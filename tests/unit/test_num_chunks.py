@@ -279,6 +279,15 @@ def test_a_candidate_carries_chunks_only_where_its_family_takes_them():
     assert json.loads(_config(4).model_dump_json())["num_chunks"] == 4
     assert _config(4).schedule_label == "interleaved v=4"
     assert _config(2).schedule_label == "interleaved"
+    # One layer count per stage: p x v of them (an empty list is a rejected point's).
+    wrong = {**_config(4).model_dump(), "layers_per_stage": [8, 8]}
+    with pytest.raises(ValidationError, match="layers_per_stage has 2 entries, but interleaved "
+                       r"with p = 4, v = 4 has 16 stages; give one per stage"):  # fmt: skip
+        CandidateConfig.model_validate(wrong)
+    with pytest.raises(ValidationError, match="without interleaving"):
+        CandidateConfig.model_validate(
+            {**_config(2).model_dump(), "schedule": "bpipe-interleaved", "num_chunks": 1}
+        )
 
 
 def test_a_family_without_chunks_has_none():
@@ -340,6 +349,11 @@ def test_a_measured_run_rebuilds_its_chunks():
         _run(schedule="1f1b", num_chunks=4)
     with pytest.raises(ValidationError, match="layers_per_stage"):
         _run(num_chunks=4, layers_per_stage=[2] * 8)
+    # More stages than layers + 2: no split exists, so asking for one would not help.
+    with pytest.raises(ValidationError, match="16 layers cannot fill the 72 stages of "
+                       "interleaved with p = 4: only the end stages may hold no layer; check p "
+                       "and num_chunks"):  # fmt: skip
+        _run(num_chunks=18)
 
 
 def test_cpsat_refines_a_split_over_the_candidates_chunks():
