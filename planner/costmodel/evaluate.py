@@ -480,12 +480,18 @@ def price(ctx: PlanContext, est: Estimate) -> Priced:
     batches = None if family.flush_per_batch else 2
     chunks = config.num_chunks
     if family.uses_pass_times:
-        # Searched under this candidate's own pass times; its memory is then counted from
-        # the schedule it chose rather than from the limit.
+        # Searched under this candidate's own pass times. Its memory is counted from what
+        # runs, rather than from the limit: the search's choice built with all m micro-batches,
+        # as the launch builds it. The simulated ones do not do: under a generous limit a
+        # device keeps more micro-batches the more there are, and the choice's heuristics
+        # hold them differently at another count (zb-adaptive, p = 8, m = 96, limit 5.75 kept
+        # 46 where its 26 simulated kept 26).
         built = searched_schedule(
             config, costs.forward, costs.backward, costs.weight, costs.p2p_s, simulated
         )
-        memory, _ = device_memory(ctx, config, costs, shape=shape_of(built))
+        assert family.rebuild is not None  # every family that searches can rebuild
+        counted = built if m == simulated else family.rebuild(built.meta["choice"], config.p, m)
+        memory, _ = device_memory(ctx, config, costs, shape=shape_of(counted))
         est = replace(est, memory=memory)
         schedule = compile_schedule(built)
     else:

@@ -86,6 +86,9 @@ def _pricing_work(schedule: str, p: int, m: int, chunks: int | None = None) -> i
         runs = [(simulated, given), (max(1, simulated - p), given)]
     else:
         runs = [(simulated, {NUM_BATCHES.name: 2}), (simulated, {NUM_BATCHES.name: 3})]
+    if schedule_family(schedule).uses_pass_times and m > simulated:
+        # Its memory is counted from the search's choice built with all m (``price``).
+        runs.append((m, {}))
     work = 0
     for microbatches, parameters in runs:
         work += generation_work(schedule, p, microbatches, **parameters)

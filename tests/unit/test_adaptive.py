@@ -8,8 +8,13 @@ from itertools import product
 import numpy as np
 import pytest
 
+from planner.costmodel.evaluate import device_memory, estimate, price
+from planner.costmodel.shapes import shape_of
 from planner.errors import ScheduleConfigError
+from planner.launch import ExecutorConfig, materialize_launch
+from planner.plan import plan
 from planner.schedules import PassTimes, _vadaptive, generate
+from planner.schedules._inflight import inflight_profile
 from planner.schedules._vadaptive import (
     _pass_durations,
     _peaks,
@@ -21,6 +26,8 @@ from planner.schedules._vadaptive import (
 )
 from planner.schedules._vframe import VBlock, build_orders, finish_times, time_orders
 from planner.simulate import Durations, simulate
+from planner.specs import PlanRequest
+from tests.unit.test_costmodel import context
 
 # Table 5 (Appendix D.2): F, B and W of one V stage, in ms.
 TABLE_5 = {
@@ -310,3 +317,37 @@ def test_the_smallest_limit_is_about_a_third_of_1f1b():
     """V-Min's memory (Table 1): the least the V family reaches, about M/3 plus a constant."""
     for d in (8, 16, 32):
         assert 1 / 3 <= smallest_v_limit(d, 4 * d) <= 1 / 3 + 2.5 / d
+
+
+def test_a_searched_schedules_memory_is_that_of_the_schedule_that_runs():
+    """The planner simulates 3p + 2 micro-batches for the step time and counted the memory of
+    a schedule searched for a memory limit from those too. Under a generous limit a device
+    keeps more micro-batches the more there are: zb-adaptive with p = 2, 12 micro-batches and
+    limit 6 (12 stage activations) keeps all 12 on device 0 (the executor measured 2,174,976
+    bytes there against 1,443,840 predicted from the 8 simulated). The memory is now counted
+    from the schedule the launch builds, for every candidate past the simulated count."""
+    request = PlanRequest.model_validate(
+        {
+            "model": {"name": "tiny", "num_layers": 6, "hidden_size": 64,
+                      "num_attention_heads": 4, "seq_length": 32, "vocab_size": 128},
+            "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
+            "training": {"global_batch_size": 12, "precision": "bf16", "optimizer": "sgd",
+                         "distributed_optimizer": True, "sequence_parallel": False},
+            "search": {"schedules": ["zb-adaptive"], "recompute": ["none"],
+                       "runtime": "stagewright", "top_k": 20},
+        }
+    )  # fmt: skip
+    ctx = context(request)
+    found = [c for c in plan(request).candidates if c.config.num_microbatches > 3 * c.config.p + 2]
+    assert found, "no candidate runs more micro-batches than are simulated"
+    for candidate in found:
+        launched = materialize_launch(request, candidate).executor_config
+        ir = ExecutorConfig.model_validate(launched).ir
+        est = price(ctx, estimate(ctx, candidate.config)).estimate
+        runs, _ = device_memory(ctx, candidate.config, est.costs, shape=shape_of(ir))
+        assert [m.activations for m in est.memory] == [m.activations for m in runs]
+        assert candidate.predicted.memory_gib_per_device == pytest.approx(
+            [m.total / 2**30 for m in runs], abs=1e-3
+        )
+        if (candidate.config.t, candidate.config.p, candidate.config.micro_batch_size) == (2, 2, 1):
+            assert inflight_profile(ir)[0] == [{0: 12}]  # every micro-batch at once
