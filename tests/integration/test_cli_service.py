@@ -106,6 +106,13 @@ def test_serve_warns_of_a_variable_that_names_no_setting(monkeypatch, capsys, tm
     ) == ["STAGEWRIGHT_QQQQQQQQQQQQQQQQQQQQ is not a stagewright setting; it is ignored"]
 
 
+def test_the_test_suites_own_variables_are_not_warned_of():
+    """The executor failure tests mark their worker processes with STAGEWRIGHT_TEST_MARK
+    (tests/executor/test_failures.py); a shell that exported it must not be told it is a
+    misspelt setting."""
+    assert Settings.unknown_variables({"STAGEWRIGHT_TEST_MARK": "m"}) == []
+
+
 def test_unreachable_postgres_is_reported_after_the_wait(monkeypatch, capsys):
     monkeypatch.setenv("STAGEWRIGHT_DATABASE_WAIT_S", "0")
     url = "postgresql://nobody:secret@127.0.0.1:1/none"
