@@ -63,6 +63,7 @@ from planner.simulate import Durations, SimulationResult, simulate
 from planner.specs import CandidateConfig
 
 __all__ = [
+    "EXACT_MEMORY_RUNS",
     "DeviceMemories",
     "DeviceMemory",
     "Estimate",
@@ -447,6 +448,11 @@ def _timing_schedule(
     return compile_schedule(built.columns_only())
 
 
+# Schedules searched for a memory limit: their memory is counted from the schedule that runs
+# up to this many times the micro-batches simulated for the step time (see ``price``).
+EXACT_MEMORY_RUNS = 4
+
+
 def timing_microbatches(schedule: str, p: int, m: int) -> int:
     """Micro-batches simulated exactly for the step time: 3p + 2 (a multiple of p for
     interleaved), so that both runs whose difference gives the steady-state slope (that and
@@ -481,18 +487,21 @@ def price(ctx: PlanContext, est: Estimate) -> Priced:
     chunks = config.num_chunks
     if family.uses_pass_times:
         # Searched under this candidate's own pass times. Its memory is counted from what
-        # runs, rather than from the limit: the search's choice built with all m micro-batches,
-        # as the launch builds it. The simulated ones do not do: under a generous limit a
-        # device keeps more micro-batches the more there are, and the choice's heuristics
-        # hold them differently at another count (zb-adaptive, p = 8, m = 96, limit 5.75 kept
-        # 46 where its 26 simulated kept 26).
+        # runs: the search's choice built with all m micro-batches, as the launch builds it.
+        # The simulated ones do not do: under a generous limit a device keeps more
+        # micro-batches the more there are, and the choice's heuristics hold them differently
+        # at another count (zb-adaptive, p = 8, m = 96, limit 5.75 kept 46 where its 26
+        # simulated kept 26). Past EXACT_MEMORY_RUNS x the simulated count that build costs
+        # more than the search (4 s for zb-adaptive at p = 64, m = 16,384): the estimate's
+        # count stays, the limit itself on every device, which the schedule never exceeds.
         built = searched_schedule(
             config, costs.forward, costs.backward, costs.weight, costs.p2p_s, simulated
         )
         assert family.rebuild is not None  # every family that searches can rebuild
-        counted = built if m == simulated else family.rebuild(built.meta["choice"], config.p, m)
-        memory, _ = device_memory(ctx, config, costs, shape=shape_of(counted))
-        est = replace(est, memory=memory)
+        if m <= EXACT_MEMORY_RUNS * simulated:
+            runs = built if m == simulated else family.rebuild(built.meta["choice"], config.p, m)
+            memory, _ = device_memory(ctx, config, costs, shape=shape_of(runs))
+            est = replace(est, memory=memory)
         schedule = compile_schedule(built)
     else:
         schedule = _timing_schedule(config.schedule, config.p, simulated, batches, chunks)

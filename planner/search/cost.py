@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.costmodel.evaluate import (
+    EXACT_MEMORY_RUNS,
     chunk_parameters,
     inflight_microbatches,
     num_stages,
@@ -86,7 +87,7 @@ def _pricing_work(schedule: str, p: int, m: int, chunks: int | None = None) -> i
         runs = [(simulated, given), (max(1, simulated - p), given)]
     else:
         runs = [(simulated, {NUM_BATCHES.name: 2}), (simulated, {NUM_BATCHES.name: 3})]
-    if schedule_family(schedule).uses_pass_times and m > simulated:
+    if schedule_family(schedule).uses_pass_times and simulated < m <= EXACT_MEMORY_RUNS * simulated:
         # Its memory is counted from the search's choice built with all m (``price``).
         runs.append((m, {}))
     work = 0

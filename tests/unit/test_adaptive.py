@@ -8,7 +8,13 @@ from itertools import product
 import numpy as np
 import pytest
 
-from planner.costmodel.evaluate import device_memory, estimate, price
+from planner.costmodel.evaluate import (
+    EXACT_MEMORY_RUNS,
+    device_memory,
+    estimate,
+    price,
+    timing_microbatches,
+)
 from planner.costmodel.shapes import shape_of
 from planner.errors import ScheduleConfigError
 from planner.launch import ExecutorConfig, materialize_launch
@@ -326,17 +332,7 @@ def test_a_searched_schedules_memory_is_that_of_the_schedule_that_runs():
     limit 6 (12 stage activations) keeps all 12 on device 0 (the executor measured 2,174,976
     bytes there against 1,443,840 predicted from the 8 simulated). The memory is now counted
     from the schedule the launch builds, for every candidate past the simulated count."""
-    request = PlanRequest.model_validate(
-        {
-            "model": {"name": "tiny", "num_layers": 6, "hidden_size": 64,
-                      "num_attention_heads": 4, "seq_length": 32, "vocab_size": 128},
-            "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
-            "training": {"global_batch_size": 12, "precision": "bf16", "optimizer": "sgd",
-                         "distributed_optimizer": True, "sequence_parallel": False},
-            "search": {"schedules": ["zb-adaptive"], "recompute": ["none"],
-                       "runtime": "stagewright", "top_k": 20},
-        }
-    )  # fmt: skip
+    request = _tiny_adaptive_request(global_batch_size=12)
     ctx = context(request)
     found = [c for c in plan(request).candidates if c.config.num_microbatches > 3 * c.config.p + 2]
     assert found, "no candidate runs more micro-batches than are simulated"
@@ -351,3 +347,46 @@ def test_a_searched_schedules_memory_is_that_of_the_schedule_that_runs():
         )
         if (candidate.config.t, candidate.config.p, candidate.config.micro_batch_size) == (2, 2, 1):
             assert inflight_profile(ir)[0] == [{0: 12}]  # every micro-batch at once
+
+
+def _tiny_adaptive_request(global_batch_size: int) -> PlanRequest:
+    return PlanRequest.model_validate(
+        {
+            "model": {"name": "tiny", "num_layers": 6, "hidden_size": 64,
+                      "num_attention_heads": 4, "seq_length": 32, "vocab_size": 128},
+            "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
+            "training": {"global_batch_size": global_batch_size, "precision": "bf16",
+                         "optimizer": "sgd", "distributed_optimizer": True,
+                         "sequence_parallel": False},
+            "search": {"schedules": ["zb-adaptive"], "recompute": ["none"],
+                       "runtime": "stagewright", "top_k": 20},
+        }
+    )  # fmt: skip
+
+
+def test_past_the_exact_count_a_searched_schedules_memory_is_its_limit():
+    """With more than EXACT_MEMORY_RUNS x the simulated micro-batches, building the schedule
+    that runs would cost more than its search (seconds at p = 64 and m = 16,384): the
+    memory stays the estimate's, the limit on every device, never below what runs."""
+    request = _tiny_adaptive_request(global_batch_size=48)
+    ctx = context(request)
+    found = [
+        c
+        for c in plan(request).candidates
+        if c.config.num_microbatches
+        > EXACT_MEMORY_RUNS
+        * timing_microbatches(c.config.schedule, c.config.p, c.config.num_microbatches)
+    ]
+    assert found, "no candidate runs more than the exact count"
+    for candidate in found:
+        est = estimate(ctx, candidate.config)
+        priced = price(ctx, est).estimate
+        assert [m.activations for m in priced.memory] == [m.activations for m in est.memory]
+        ir = ExecutorConfig.model_validate(
+            materialize_launch(request, candidate).executor_config
+        ).ir
+        runs, _ = device_memory(ctx, candidate.config, est.costs, shape=shape_of(ir))
+        assert all(
+            bound.activations >= real.activations
+            for bound, real in zip(priced.memory, runs, strict=True)
+        )
