@@ -448,7 +448,16 @@ class SimulateRequest(_ApiModel):
 
     @model_validator(mode="after")
     def _transfers_only_where_activations_move(self) -> SimulateRequest:
-        given = [f for f in ("transfer", "overlap_transfers") if f in self.model_fields_set]
+        # Values other than the defaults: a client that sends every field, as generated
+        # clients do, sends transfer 0 and overlap_transfers true for any schedule.
+        given = [
+            name
+            for name, changed in (
+                ("transfer", self.transfer != 0.0),
+                ("overlap_transfers", not self.overlap_transfers),
+            )
+            if changed
+        ]
         if given and not schedule_family(self.schedule).transfers:
             moving = ", ".join(n for n in SCHEDULE_NAMES if schedule_family(n).transfers)
             raise ValueError(

@@ -268,7 +268,8 @@ def _simulate(args: argparse.Namespace) -> int:
                 + "; leave it out"
             )
     if not family.transfers:
-        given_flags = {"transfer": args.transfer is not None, "no_overlap": args.no_overlap}
+        # --transfer 0 is the default and changes nothing; any other value would be ignored.
+        given_flags = {"transfer": bool(args.transfer), "no_overlap": args.no_overlap}
         for flag, present in given_flags.items():
             if present:
                 moving = ", ".join(n for n in SCHEDULE_NAMES if schedule_family(n).transfers)

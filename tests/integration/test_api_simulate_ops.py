@@ -93,6 +93,14 @@ def test_simulate_errors(client, change, needle):
     assert_problem(client.post("/v1/simulate", json=body), 422, needle)
 
 
+def test_a_client_sending_every_field_at_its_default_is_answered(client):
+    """Generated clients send every field: transfer 0 and overlap_transfers true change
+    nothing for a schedule without transfers, so they are not refused."""
+    body = {"schedule": "1f1b", "num_devices": 4, "num_microbatches": 8, "forward": 1}
+    body |= {"backward": 1, "transfer": 0.0, "overlap_transfers": True}
+    assert client.post("/v1/simulate", json=body).status_code == 200
+
+
 @pytest.mark.parametrize("bad", [-1, [1, -1, 1, 1]])
 def test_a_negative_time_gets_one_message_not_one_per_union_branch(client, bad):
     body = {"schedule": "1f1b", "num_devices": 4, "num_microbatches": 8, "forward": 1}
