@@ -74,6 +74,26 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an argument no command knows is reported by the command it was
+        given to (argparse leaves it to the top parser, whose help says nothing of it)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            owner = getattr(parsed, "_parser", self)
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
+def _own_parsers(parser: argparse.ArgumentParser) -> None:
+    """Let every (sub)command's namespace name its parser (the deepest one wins)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.set_defaults(_parser=sub)
+                _own_parsers(sub)
+
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
@@ -245,6 +265,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_executor_commands(commands)
     add_measurement_commands(commands)
     add_regress_command(commands)
+    _own_parsers(parser)
     return parser
 
 

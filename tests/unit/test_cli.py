@@ -195,6 +195,18 @@ def test_bad_input_is_one_line_with_what_to_change(capsys, args, message):
         ),
         (["profile", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
         (["plann"], "stagewright: error: argument COMMAND: invalid choice: 'plann'"),
+        # An argument no command takes is reported by the command it was given to (argparse
+        # left it to the top parser, whose help says nothing of it).
+        (
+            ["profiles", "load", "--bogus"],
+            "stagewright profiles load: error: unrecognized arguments: --bogus "
+            "(see stagewright profiles load --help)",
+        ),
+        (
+            ["simulate", "--schedule", "1f1b", "--devices", "2", "--microbatches", "2"]
+            + ["--f", "1", "--b", "1", "extra"],
+            "stagewright simulate: error: unrecognized arguments: extra",
+        ),
     ],
 )
 def test_what_the_parser_refuses_is_one_line_too(capsys, args, message):
