@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from api.core.db import is_unavailable
-from planner.errors import StagewrightError
+from planner.errors import ScheduleConfigError, SimulationError, StagewrightError
 from planner.profiles import UnknownHardwareError
 
 __all__ = [
@@ -337,13 +337,13 @@ async def _validation(request: Request, exc: Exception) -> Response:
 
 async def _planner_error(request: Request, exc: Exception) -> Response:
     slug = "unknown-hardware" if isinstance(exc, UnknownHardwareError) else "invalid-input"
-    # /v1/simulate builds one schedule; every other route that gets here plans.
-    simulating = request.url.path.startswith("/v1/simulate")
+    # A schedule's own parameters or run (what /v1/simulate builds) are not a plan's.
+    scheduling = isinstance(exc, ScheduleConfigError | SimulationError)
     body = problem_body(
         422,
         slug,
         str(exc),
-        title="Schedule cannot be built" if simulating else "Request cannot be planned",
+        title="Schedule cannot be built" if scheduling else "Request cannot be planned",
         instance=_instance(request),
     )
     return problem_response(body)

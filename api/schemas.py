@@ -20,7 +20,7 @@ from pydantic import (
 
 from planner.costmodel.parameters import check_parameter_values
 from planner.profiles import CalibrationRecord, LayerPoint
-from planner.schedules import SCHEDULE_NAMES, schedule_family
+from planner.schedules import schedule_family
 from planner.specs import CandidateConfig, Plan, PlanStats, Precision, Predicted, Recompute
 from planner.specs import ScheduleName as ScheduleName
 
@@ -65,7 +65,8 @@ HardwareName = Annotated[
 _NO_NUL = r"^[^\x00]*$"
 Label = Annotated[str, Field(max_length=200, pattern=_NO_NUL)]
 Note = Annotated[str, Field(max_length=2000, pattern=_NO_NUL)]
-Seconds = Annotated[float, Field(ge=0, le=1e9)]
+_MAX_SECONDS = 1e9
+Seconds = Annotated[float, Field(ge=0, le=_MAX_SECONDS)]
 _MAX_DEPTH = 32
 
 
@@ -403,10 +404,10 @@ def _stage_times(value: Any) -> Any:
     for item in values:
         if isinstance(item, bool) or not isinstance(item, int | float):
             continue  # not a number: the schema's own message names what is expected
-        if not 0 <= item <= 1e9:
+        if not 0 <= item <= _MAX_SECONDS:
             raise ValueError(
-                f"times are seconds from 0 to 1e9, one for every stage or a list with one per "
-                f"stage; got {item}"
+                f"times are seconds from 0 to 1e9, one for every stage or a list with one "
+                f"per stage; got {item}"
             )
     return value
 
@@ -458,13 +459,9 @@ class SimulateRequest(_ApiModel):
             )
             if changed
         ]
-        if given and not schedule_family(self.schedule).transfers:
-            moving = ", ".join(n for n in SCHEDULE_NAMES if schedule_family(n).transfers)
-            raise ValueError(
-                f"{' and '.join(given)} do{'es' if len(given) == 1 else ''} not apply to "
-                f"{self.schedule}: only schedules that move activations between devices have "
-                f"EVICT/LOAD transfers ({moving}); leave {'it' if len(given) == 1 else 'them'} out"
-            )
+        problem = schedule_family(self.schedule).transfer_problem(given)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 

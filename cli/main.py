@@ -288,17 +288,11 @@ def _simulate(args: argparse.Namespace) -> int:
                 + (f" (it takes {', '.join(takes)})" if takes else " (it takes no parameter)")
                 + "; leave it out"
             )
-    if not family.transfers:
-        # --transfer 0 is the default and changes nothing; any other value would be ignored.
-        given_flags = {"transfer": bool(args.transfer), "no_overlap": args.no_overlap}
-        for flag, present in given_flags.items():
-            if present:
-                moving = ", ".join(n for n in SCHEDULE_NAMES if schedule_family(n).transfers)
-                raise StagewrightError(
-                    f"{_flag(flag)} does not apply to {args.schedule}: only schedules that move "
-                    f"activations between devices have EVICT/LOAD transfers ({moving}); leave "
-                    "it out"
-                )
+    # --transfer 0 is the default and changes nothing; any other value would be ignored.
+    moving = {"transfer": bool(args.transfer), "no_overlap": args.no_overlap}
+    problem = family.transfer_problem([_flag(flag) for flag, given in moving.items() if given])
+    if problem is not None:
+        raise StagewrightError(problem)
     no_w = args.w is None
     if no_w:
         args.w = 0.0

@@ -64,6 +64,7 @@ from planner.specs import CandidateConfig
 
 __all__ = [
     "EXACT_MEMORY_RUNS",
+    "rebuilt_for_memory",
     "DeviceMemories",
     "DeviceMemory",
     "Estimate",
@@ -453,6 +454,12 @@ def _timing_schedule(
 EXACT_MEMORY_RUNS = 4
 
 
+def rebuilt_for_memory(m: int, simulated: int) -> bool:
+    """Whether ``price`` builds a searched schedule's choice again, with all m micro-batches,
+    to count its memory (with m == simulated the searched one is that schedule already)."""
+    return simulated < m <= EXACT_MEMORY_RUNS * simulated
+
+
 def timing_microbatches(schedule: str, p: int, m: int) -> int:
     """Micro-batches simulated exactly for the step time: 3p + 2 (a multiple of p for
     interleaved), so that both runs whose difference gives the steady-state slope (that and
@@ -498,7 +505,7 @@ def price(ctx: PlanContext, est: Estimate) -> Priced:
             config, costs.forward, costs.backward, costs.weight, costs.p2p_s, simulated
         )
         assert family.rebuild is not None  # every family that searches can rebuild
-        if m <= EXACT_MEMORY_RUNS * simulated:
+        if m == simulated or rebuilt_for_memory(m, simulated):
             runs = built if m == simulated else family.rebuild(built.meta["choice"], config.p, m)
             memory, _ = device_memory(ctx, config, costs, shape=shape_of(runs))
             est = replace(est, memory=memory)

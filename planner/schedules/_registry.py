@@ -12,7 +12,7 @@ nothing else names it). Listings follow :attr:`ScheduleFamily.listing`, then the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
@@ -201,6 +201,20 @@ class ScheduleFamily:
 
     def has_parameter(self, name: str) -> bool:
         return name in self.parameter_names
+
+    def transfer_problem(self, given: Sequence[str]) -> str | None:
+        """Why transfer settings (``given``, as the caller names them) do not apply to this
+        family, or None: only a family that moves activations between devices has EVICT and
+        LOAD to time or to block on (the command line and /v1/simulate say it alike)."""
+        if not given or self.transfers:
+            return None
+        moving = ", ".join(f.name for f in families() if f.transfers)
+        one = len(given) == 1
+        return (
+            f"{' and '.join(given)} {'does' if one else 'do'} not apply to {self.name}: only "
+            f"schedules that move activations between devices have EVICT/LOAD transfers "
+            f"({moving}); leave {'it' if one else 'them'} out"
+        )
 
     def resolve(self, given: Mapping[str, float]) -> dict[str, float]:
         """The family's parameters with defaults filled. A parameter the family does not

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.costmodel.evaluate import (
-    EXACT_MEMORY_RUNS,
     chunk_parameters,
     inflight_microbatches,
     num_stages,
+    rebuilt_for_memory,
     timing_microbatches,
 )
 from planner.schedules import NUM_BATCHES, generation_work, schedule_actions, schedule_family
@@ -83,11 +83,12 @@ def _pricing_work(schedule: str, p: int, m: int, chunks: int | None = None) -> i
     simulated = timing_microbatches(schedule, p, m)
     runs: list[tuple[int, dict[str, float]]]
     given = chunk_parameters(chunks)
-    if schedule_family(schedule).flush_per_batch:
+    family = schedule_family(schedule)
+    if family.flush_per_batch:
         runs = [(simulated, given), (max(1, simulated - p), given)]
     else:
         runs = [(simulated, {NUM_BATCHES.name: 2}), (simulated, {NUM_BATCHES.name: 3})]
-    if schedule_family(schedule).uses_pass_times and simulated < m <= EXACT_MEMORY_RUNS * simulated:
+    if family.uses_pass_times and rebuilt_for_memory(m, simulated):
         # Its memory is counted from the search's choice built with all m (``price``).
         runs.append((m, {}))
     work = 0
