@@ -12,6 +12,7 @@ nothing else names it). Listings follow :attr:`ScheduleFamily.listing`, then the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -60,6 +61,8 @@ class Parameter:
         """``value`` if it suits this parameter, else a ScheduleConfigError saying why."""
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ScheduleConfigError(f"{family}: {self.name} must be a number, got {value!r}")
+        if not math.isfinite(value):  # int() of infinity would raise OverflowError below
+            raise ScheduleConfigError(f"{family}: {self.name} must be a finite number, got {value}")
         if self.integer and value != int(value):
             raise ScheduleConfigError(f"{family}: {self.name} must be a whole number, got {value}")
         if not value >= self.minimum:  # also refuses NaN

@@ -166,6 +166,17 @@ def test_per_stage_times_are_accepted(capsys):
             ["--schedule", "v-adaptive", "--devices", "8", "--microbatches", "32"],
             "v-adaptive needs --memory-limit",
         ),
+        # An infinite limit was a traceback (OverflowError converting it to an integer).
+        (
+            ["--schedule", "v-adaptive", "--devices", "4", "--microbatches", "8"]
+            + ["--memory-limit", "inf"],
+            "v-adaptive: memory_limit must be a finite number, got inf",
+        ),
+        (
+            ["--schedule", "zb-adaptive", "--devices", "4", "--microbatches", "8"]
+            + ["--memory-limit", "nan"],
+            "zb-adaptive: memory_limit must be a finite number, got nan",
+        ),
         # Transfers exist only where activations move (BPipe): once accepted and ignored.
         (
             ["--schedule", "1f1b", "--devices", "4", "--microbatches", "8", "--transfer", "0.5"],
