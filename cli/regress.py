@@ -17,11 +17,12 @@ and allowances), which is how a team accepts an intended change.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import StagewrightError
 from planner.plan import plan
@@ -52,10 +53,55 @@ class Outcome:
     message: str
 
 
+class _Part(BaseModel):
+    """A part of a baseline file: a misspelt key is an error, not a silently ignored
+    setting, and a number is finite."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+class _Config(_Part):
+    """A recorded best configuration (the keys ``_summary`` writes)."""
+
+    t: int = Field(ge=1)
+    p: int = Field(ge=1)
+    d: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1)
+    recompute: str
+    schedule: str
+    cp: int | None = Field(default=None, ge=1)
+    num_chunks: int | None = Field(default=None, ge=1)
+
+
+class _Expected(_Part):
+    config: _Config
+    samples_per_s: float = Field(gt=0)
+    peak_memory_gib: float | None = Field(default=None, ge=0)
+
+
+_Tolerance = Annotated[float, Field(ge=0, lt=100)]
+
+
+class _Scenario(_Part):
+    name: str = Field(min_length=1)
+    request: dict[str, Any]
+    tolerance_pct: _Tolerance | None = None
+    allow_config_change: bool = False
+    expected: _Expected | None = None
+
+
+class _Baseline(_Part):
+    format: str
+    tolerance_pct: _Tolerance = 1.0
+    notes: str | None = None
+    scenarios: list[_Scenario]
+
+
 def load_baseline(path: Path) -> dict[str, Any]:
     """Read and check a baseline file; errors say what to fix."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a file saved with a byte-order mark (Windows editors) reads the same.
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except OSError as exc:
         raise StagewrightError(f"cannot read {path}: {exc.strerror}") from exc
     except (ValueError, UnicodeDecodeError) as exc:
@@ -67,10 +113,15 @@ def load_baseline(path: Path) -> dict[str, Any]:
     scenarios = data.get("scenarios")
     if not isinstance(scenarios, list) or not scenarios:
         raise StagewrightError(f"{path} has no scenarios; add at least one")
-    names = set()
     for index, scenario in enumerate(scenarios):
         if not isinstance(scenario, dict) or "name" not in scenario or "request" not in scenario:
             raise StagewrightError(f"{path}: scenario {index} needs a name and a request")
+    try:
+        _Baseline.model_validate(data)
+    except ValidationError as exc:
+        raise StagewrightError(f"{path}: {_baseline_problems(exc, scenarios)}") from None
+    names = set()
+    for scenario in scenarios:
         if scenario["name"] in names:
             raise StagewrightError(f"{path}: scenario name {scenario['name']!r} is used twice")
         names.add(scenario["name"])
@@ -83,6 +134,22 @@ def load_baseline(path: Path) -> dict[str, Any]:
                 f"{path}: scenario {scenario['name']!r}: request.{where}: {first['msg']}"
             ) from None
     return data
+
+
+def _baseline_problems(exc: ValidationError, scenarios: list[Any]) -> str:
+    """Every problem of a baseline as ``scenario 'name': field: message``, joined by '; '."""
+    problems = []
+    for err in exc.errors():
+        loc = list(err["loc"])
+        where = ""
+        if loc[:1] == ["scenarios"] and len(loc) > 1 and isinstance(loc[1], int):
+            name = scenarios[loc[1]].get("name")
+            where = f"scenario {name!r}: " if isinstance(name, str) else f"scenario {loc[1]}: "
+            loc = loc[2:]
+        field = ".".join(str(part) for part in loc) or "baseline"
+        message = re.sub(r" or instance of \w+$", "", err["msg"])  # a class name says nothing
+        problems.append(f"{where}{field}: {message}")
+    return "; ".join(problems)
 
 
 def _summary(result: Plan) -> dict[str, Any] | None:
@@ -110,13 +177,14 @@ def _chunks(config: CandidateConfig) -> dict[str, Any]:
 def check_baseline(data: dict[str, Any], tolerance_pct: float | None = None) -> list[Outcome]:
     """Re-plan every scenario and compare it with what the baseline recorded."""
     outcomes = []
-    default_tolerance = float(data.get("tolerance_pct", 1.0))
+    default_tolerance = float(data.get("tolerance_pct", 1.0))  # checked by load_baseline
     for scenario in data["scenarios"]:
         # A tolerance given on the command line overrides the scenario's own.
+        own = scenario.get("tolerance_pct")  # null: the file's
         tolerance = (
             tolerance_pct
             if tolerance_pct is not None
-            else float(scenario.get("tolerance_pct", default_tolerance))
+            else float(own if own is not None else default_tolerance)
         )
         now = _summary(plan(PlanRequest.model_validate(scenario["request"])))
         expected = scenario.get("expected")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,10 +51,20 @@ def add_regress_command(commands: Any) -> None:
 def _regress(args: argparse.Namespace) -> int:
     if args.tolerance is not None and not 0 <= args.tolerance < 100:
         raise StagewrightError("--tolerance is a percentage between 0 and 100")
+    if args.update and (args.tolerance is not None or args.json):
+        ignored, hint = (
+            ("--tolerance", " (a baseline keeps its own in tolerance_pct)")
+            if args.tolerance is not None
+            else ("--json", "")
+        )
+        raise StagewrightError(
+            f"--update rewrites the baseline and compares nothing, so {ignored} would be "
+            f"ignored; leave out {ignored}{hint}"
+        )
     data = load_baseline(args.baseline)
     if args.update:
         updated = update_baseline(data)
-        args.baseline.write_text(json.dumps(updated, indent=2) + "\n", encoding="utf-8")
+        _replace(args.baseline, json.dumps(updated, indent=2) + "\n")
         sys.stdout.write(f"updated {args.baseline}: {len(updated['scenarios'])} scenarios\n")
         return 0
     outcomes = check_baseline(data, args.tolerance)
@@ -109,3 +121,21 @@ def _regress(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(verdict + "\n")
     return 1 if failed else 0
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` over ``path`` whole or not at all: a write that fails (a read-only
+    file or folder, a full disk) leaves the old baseline as it was."""
+    path = path.resolve()  # a link to the baseline keeps pointing at it
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        if path.exists():
+            shutil.copymode(path, temporary)
+        temporary.replace(path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise StagewrightError(
+            f"cannot rewrite {path} ({exc.strerror}); nothing was changed: make the file and "
+            "its folder writable"
+        ) from None

@@ -148,6 +148,77 @@ def test_a_bad_baseline_is_a_one_line_error(capsys, tmp_path, content, message):
     assert code == 2 and message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        # Each was a traceback (TypeError, KeyError, ZeroDivisionError, AssertionError).
+        (lambda s: s.update(tolerance_pct="x"), "tolerance_pct: Input should be a valid number"),
+        (lambda s: s.update(name=3), "scenario 0: name: Input should be a valid string"),
+        (lambda s: s.update(expected="x"), "expected: Input should be a valid dictionary"),
+        (lambda s: s["expected"].pop("samples_per_s"), "expected.samples_per_s: Field required"),
+        (lambda s: s["expected"].update(samples_per_s=0), "samples_per_s: Input should be greater"),
+        (lambda s: s["expected"].update(config=None), "expected.config: Input should be a valid"),
+        (lambda s: s["expected"]["config"].pop("t"), "expected.config.t: Field required"),
+        # Each was silently wrong: a NaN or negative tolerance, a NaN rate and "no" passed or
+        # failed every check, a misspelt key was ignored.
+        (lambda s: s.update(tolerance_pct=-5), "tolerance_pct: Input should be greater than"),
+        (lambda s: s.update(tolerance_pct=float("nan")), "tolerance_pct: Input should be a finite"),
+        (lambda s: s["expected"].update(samples_per_s=float("nan")), "should be a finite number"),
+        (lambda s: s.update(allow_config_change="no"), "allow_config_change: Input should be a"),
+        (lambda s: s.update(allow_config_changes=True), "allow_config_changes: Extra inputs"),
+        (lambda s: s["expected"]["config"].update(t="1"), "config.t: Input should be a valid int"),
+    ],
+)
+def test_a_bad_scenario_is_a_one_line_error_naming_it(capsys, tmp_path, change, message):
+    path = _baseline(tmp_path)
+    _edit(path, change)
+    code, out, err = run(capsys, "regress", str(path))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert message in err and "Traceback" not in err, err
+    assert "instance of" not in err
+
+
+def test_a_scenario_tolerance_of_null_is_the_files(capsys, tmp_path):
+    path = _baseline(tmp_path, tolerance_pct=None)
+    code, out, err = run(capsys, "regress", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["scenarios"][0]["tolerance_pct"] == 1.0
+
+
+@pytest.mark.parametrize("flag", [["--tolerance", "5"], ["--json"]])
+def test_update_refuses_an_option_it_would_ignore(capsys, tmp_path, flag):
+    path = _baseline(tmp_path)
+    before = path.read_text()
+    code, out, err = run(capsys, "regress", str(path), "--update", *flag)
+    assert code == 2 and out == "" and f"leave out {flag[0]}" in err
+    assert path.read_text() == before
+
+
+def test_an_update_that_cannot_be_written_keeps_the_baseline(capsys, tmp_path, monkeypatch):
+    """A read-only baseline ended --update in a PermissionError traceback; a write that
+    fails half-way would have left a truncated file."""
+    path = _baseline(tmp_path)
+    _edit(path, lambda s: s["expected"].update(samples_per_s=1e9))
+    before = path.read_text()
+
+    def refuse(self, target):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "replace", refuse)
+    code, out, err = run(capsys, "regress", str(path), "--update")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "cannot rewrite" in err and "Permission denied" in err and "nothing was changed" in err
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline.json"]
+
+
+def test_a_baseline_with_a_byte_order_mark_reads(capsys, tmp_path):
+    path = _baseline(tmp_path)
+    path.write_text(path.read_text(), encoding="utf-8-sig")
+    code, _, err = run(capsys, "regress", str(path))
+    assert code == 0, err
+
+
 def test_the_sample_baseline_of_the_examples_passes(capsys):
     code, out, _ = run(capsys, "regress", str(ROOT / "baselines" / "examples.json"))
     assert code == 0, out
