@@ -223,7 +223,7 @@ def _profile(args: argparse.Namespace) -> int:
     from planner.profiles import extra_profile_dirs, point_to_dict, save_point
 
     try:
-        data = json.loads(args.model.read_text(encoding="utf-8"))
+        data = json.loads(args.model.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError) as exc:
         raise StagewrightError(f"cannot read {args.model}: {exc}") from exc
     spec = data.get("model", data) if isinstance(data, dict) else None

@@ -102,6 +102,9 @@ class ParsedRun:
 def parse_runs(text: str, name: str) -> list[ParsedRun]:
     """Every run of a file called ``name`` (.csv is CSV, anything else JSON), or
     MeasurementFileError naming each bad row and column."""
+    # A byte-order mark (Excel's "CSV UTF-8", Windows editors) is not content: in a CSV it
+    # made the first column an unknown one and a required one missing at once.
+    text = text.removeprefix("\ufeff")
     if name.lower().endswith(".csv"):
         return _validated(_csv_rows(text, name), name, "column")
     try:

@@ -215,3 +215,13 @@ def test_nothing_fits_exits_1_in_text_and_0_in_json(capsys, tmp_path):
     code, out, err = run(capsys, "plan", path, "--json", "--all")
     assert json.loads(out)["rejected"] and "No configuration fits" in err
     assert "--all puts" not in err
+
+
+def test_a_request_saved_with_a_byte_order_mark_plans(capsys, tmp_path):
+    """Notepad's UTF-8 starts the file with a byte-order mark; the request was refused as
+    'Invalid JSON: expected value at line 1 column 1', which names nothing to change."""
+    path = tmp_path / "request.json"
+    path.write_text(TINY.read_text(), encoding="utf-8-sig")
+    code, out, err = run(capsys, "plan", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["best"] is not None

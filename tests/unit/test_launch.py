@@ -244,6 +244,14 @@ def test_only_the_end_stages_of_an_executor_config_may_hold_no_layer():
         ExecutorConfig.model_validate(with_layers([3, 3, 0, 2]))
 
 
+def test_an_executor_config_saved_with_a_byte_order_mark_reads(tmp_path):
+    """A config re-saved by a Windows editor (a byte-order mark first) was "not a valid
+    executor config (config: Invalid JSON: expected value at line 1 column 1)"."""
+    path = tmp_path / "executor-config.json"
+    path.write_text(json.dumps(_document()), encoding="utf-8-sig")
+    assert read_config(path) == ExecutorConfig.model_validate(_document())
+
+
 def test_a_plan_request_given_as_an_executor_config_says_to_plan_it():
     """`stagewright run examples/tiny-cpu.json` (a request, not a config) said "format is
     None ... plan again with this version", which reads like a version mismatch."""

@@ -98,3 +98,17 @@ def test_many_problems_are_counted_after_the_first_twenty():
         run["measured"]["kind"] = "walk"
     with pytest.raises(MeasurementFileError, match=r"48 problem\(s\).*; and 28 more problem\(s\)$"):
         parse_runs(json.dumps(runs), "f.json")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column():
+    """Excel's "CSV UTF-8" starts the file with a byte-order mark: the header then read
+    'missing column(s) model.name; unknown column(s) \ufeffmodel.name', and a JSON file
+    'Unexpected UTF-8 BOM (decode using utf-8-sig)', which a person cannot act on."""
+    csv_text = shipped_csv()
+    assert [p.run for p in parse_runs("\ufeff" + csv_text, "excel.csv")] == [
+        p.run for p in parse_runs(csv_text, "plain.csv")
+    ]
+    json_text = SHIPPED.read_text()
+    assert [p.run for p in parse_runs("\ufeff" + json_text, "bom.json")] == [
+        p.run for p in parse_runs(json_text, "plain.json")
+    ]
