@@ -132,6 +132,14 @@ def parse_runs(text: str, name: str) -> list[ParsedRun]:
 def _csv_rows(text: str, name: str) -> Iterable[tuple[str, Any]]:
     reader = csv.DictReader(io.StringIO(text))
     header = [h.strip() for h in reader.fieldnames or []]
+    if len(header) == 1:
+        separator = next((s for s in (";", "\t", "|") if s in header[0]), None)
+        if separator is not None:  # every column would be missing and one unknown
+            shown = "tab" if separator == "\t" else repr(separator)
+            raise MeasurementFileError(
+                f"{name}, header: the columns are separated by {shown}, not by commas; "
+                "save the file as comma-separated CSV (a list inside one cell keeps ';')"
+            )
     missing = [c for c in REQUIRED_CSV_COLUMNS if c not in header]
     unknown = [c for c in header if c not in CSV_COLUMNS]
     repeated = sorted({c for c in header if header.count(c) > 1})
@@ -154,6 +162,10 @@ def _csv_rows(text: str, name: str) -> Iterable[tuple[str, Any]]:
                 where,
                 _CellError(f"has {len(header) + len(row[None])} cells for {len(header)} columns"),
             )
+            continue
+        if None in row.values():  # a short row: csv fills the missing cells with None
+            given = sum(value is not None for value in row.values())
+            yield where, _CellError(f"has {given} cells for {len(header)} columns")
             continue
         nested: dict[str, Any] = {}
         try:

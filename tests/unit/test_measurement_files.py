@@ -112,3 +112,30 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column():
     assert [p.run for p in parse_runs("\ufeff" + json_text, "bom.json")] == [
         p.run for p in parse_runs(json_text, "plain.json")
     ]
+
+
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_csv_separated_by_something_else_says_so(separator):
+    """A semicolon-separated export (a European Excel) listed all 18 required columns as
+    missing and the whole header line as one unknown column."""
+    text = "\n".join(
+        separator.join(next(csv.reader([line]))) for line in shipped_csv().splitlines()[:2]
+    )
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(text, "f.csv")
+    message = str(caught.value)
+    assert message.startswith("f.csv, header: the columns are separated by ")
+    assert "not by commas; save the file as comma-separated CSV" in message
+    assert "missing column" not in message
+
+
+def test_a_short_csv_row_counts_its_cells():
+    """A row with cells left off read as 'column measured: Field required; column source:
+    Field required', as if the header lacked them; a long row already counted its cells."""
+    header, first = shipped_csv().splitlines()[:2]
+    short = ",".join(next(csv.reader([first]))[:-3])
+    columns = len(header.split(","))
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs("\n".join([header, short]), "f.csv")
+    assert f"row 1 (line 2): has {columns - 3} cells for {columns} columns" in str(caught.value)
+    assert "Field required" not in str(caught.value)
