@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the CLI loads SQLAlchemy only for the commands that use the
 
 __all__ = ["add_measurement_commands"]
 
+_SQL_INT_MAX = 2**63 - 1
 _DATABASE_HELP = "default: STAGEWRIGHT_DATABASE_URL, else sqlite:///stagewright.db"
 
 
@@ -154,9 +155,19 @@ def _list(args: argparse.Namespace) -> int:
     if args.limit < 1 or args.offset < 0:
         raise StagewrightError("--limit must be at least 1 and --offset at least 0")
     filters = {"gpu": args.gpu, "model": args.model, "source": args.source}
+    # SQL takes 64-bit integers: a larger --limit or --offset means the same as this one.
+    limit, offset = min(args.limit, _SQL_INT_MAX), min(args.offset, _SQL_INT_MAX)
     with _session(args.database_url) as (session, _):
-        rows = list_runs(session=session, **filters, limit=args.limit, offset=args.offset)
+        rows = list_runs(session=session, **filters, limit=limit, offset=offset)
         total = count_runs(session=session, **filters)
+    left_out = total - len(rows)
+    if (args.json or args.csv) and left_out > 0 and rows:
+        # The text listing says so in its first line; an export must not look complete.
+        sys.stderr.write(
+            f"stagewright measurements list: {len(rows)} of {total} run(s) written "
+            f"(from {args.offset}); --limit {total}{' --offset 0' if args.offset else ''} "
+            "writes them all\n"
+        )
     if args.json:
         items = [{"id": r.id, "origin": r.origin, **r.run} for r in rows]
         sys.stdout.write(json.dumps({"total": total, "runs": items}, indent=1) + "\n")

@@ -219,6 +219,49 @@ def test_cli_adds_csv_and_json_and_lists_them_back(database_url, tmp_path, capsy
     assert "8.738654999999707" in out
 
 
+def test_cli_list_export_that_leaves_runs_out_says_so(database_url, capsys):
+    """`measurements list --csv > backup.csv` wrote the first 100 runs (the default
+    --limit) and nothing said the export was incomplete."""
+    reset(database_url)
+    total = count(capsys, database_url)
+    assert total > 3
+    for form in ("--csv", "--json"):
+        code, out, err = cli(
+            capsys, "measurements", "list", form, "--limit", "3", "--database-url", database_url
+        )
+        assert code == 0
+        assert err == (
+            f"stagewright measurements list: 3 of {total} run(s) written (from 0); "
+            f"--limit {total} writes them all\n"
+        )
+    code, out, err = cli(
+        capsys,
+        "measurements",
+        "list",
+        "--csv",
+        "--limit",
+        str(total),
+        "--database-url",
+        database_url,
+    )
+    assert code == 0 and err == "" and len(out.splitlines()) == total + 1
+
+
+def test_cli_list_takes_any_limit_and_offset(database_url, capsys):
+    """A --limit or --offset beyond SQL's 64-bit integers was an OverflowError traceback."""
+    reset(database_url)
+    total = count(capsys, database_url)
+    huge = str(10**20)
+    code, out, err = cli(
+        capsys, "measurements", "list", "--limit", huge, "--database-url", database_url
+    )
+    assert code == 0 and out.startswith(f"{total} run(s); showing {total} from 0"), err
+    code, out, err = cli(
+        capsys, "measurements", "list", "--offset", huge, "--database-url", database_url
+    )
+    assert code == 0 and out.startswith(f"{total} run(s); showing 0 from {huge}"), err
+
+
 @pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="pipe sizes are set on Linux")
 def test_cli_list_into_a_pipe_closed_after_the_first_line_ends_quietly(tmp_path):
     """`stagewright measurements list --csv | head -1`: the reader closes the pipe while the
