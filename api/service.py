@@ -26,6 +26,9 @@ __all__ = ["load_profiles", "prepare_database", "serve"]
 log = logging.getLogger("stagewright.service")
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
 def _check_sqlite_path(database: Database) -> None:
     if database.dialect != "sqlite":
         return
@@ -35,12 +38,26 @@ def _check_sqlite_path(database: Database) -> None:
             "an in-memory SQLite database is not shared between the server's threads and "
             "processes; use a file, e.g. sqlite:///stagewright.db"
         )
-    folder = Path(path).expanduser().resolve().parent
+    file = Path(path).expanduser().resolve()
+    folder = file.parent
     if not folder.is_dir():
         raise SettingsError(
             f"the folder {folder} for the SQLite file does not exist; create it or choose "
             "another --database-url"
         )
+    if file.is_dir():
+        raise SettingsError(
+            f"{file} is a folder, not an SQLite file; name a file in it, e.g. "
+            f"sqlite:///{file / 'stagewright.db'}"
+        )
+    if file.is_file() and file.stat().st_size > 0:
+        with file.open("rb") as opened:
+            header = opened.read(len(_SQLITE_HEADER))
+        if header != _SQLITE_HEADER:  # SQLite would say "file is not a database" mid-query
+            raise SettingsError(
+                f"{file} is not an SQLite database (a plan request or another file?); name "
+                "a new file or an existing stagewright database with --database-url"
+            )
 
 
 def prepare_database(settings: Settings) -> WriteReport:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import logging.config
 
@@ -63,6 +64,23 @@ def test_serve_reports_bad_settings_in_one_line(monkeypatch, capsys, args, env, 
     assert code == 2 and out == ""
     assert err.startswith("stagewright serve: error: ") and err.count("\n") == 1
     assert needle in err
+
+
+@pytest.mark.parametrize("command", [["profiles", "load"], ["measurements", "list"]])
+def test_a_database_url_naming_no_sqlite_file_is_one_line(tmp_path, capsys, command):
+    """--database-url sqlite:///request.json (any file not SQLite's) was a DatabaseError
+    traceback ("file is not a database"); a folder was "cannot reach the database ...
+    check that it is running"."""
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(example("tiny-cpu")))
+    before = request.read_bytes()
+    code, out, err = run(capsys, *command, "--database-url", f"sqlite:///{request}")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{request} is not an SQLite database" in err
+    assert request.read_bytes() == before
+    code, out, err = run(capsys, *command, "--database-url", f"sqlite:///{tmp_path}")
+    assert code == 2 and err.count("\n") == 1
+    assert f"{tmp_path} is a folder, not an SQLite file" in err
 
 
 @pytest.mark.parametrize(
