@@ -75,8 +75,8 @@ def add_executor_commands(commands: Any) -> None:
     run.add_argument(
         "--checkpoint-every",
         type=int,
-        default=1,
-        help="steps between checkpoints (with --checkpoint-dir)",
+        default=None,
+        help="steps between checkpoints (with --checkpoint-dir; default 1)",
     )
     run.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3)")
     run.add_argument(
@@ -148,6 +148,17 @@ def _add_record_option(parser: Any, what: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Options that only act with another: given without it, they would be ignored.
+    if args.checkpoint_every is not None and args.checkpoint_dir is None:
+        raise StagewrightError(
+            "--checkpoint-every applies only with --checkpoint-dir DIR (where the checkpoints "
+            "go); add it or leave --checkpoint-every out"
+        )
+    if args.database_url is not None and not args.record:
+        raise StagewrightError(
+            "--database-url is the store --record writes to, and nothing is recorded without "
+            "--record; add --record or leave --database-url out"
+        )
     # The launcher itself is torch-free: torch runs in the ranks it starts.
     require_installed("executor", "the executor", "torch")
     from executor.launcher import run
@@ -167,7 +178,11 @@ def _run(args: argparse.Namespace) -> int:
         verify=args.verify,
         timeout_s=args.timeout,
         checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every if args.checkpoint_dir else 0,
+        checkpoint_every=(
+            (1 if args.checkpoint_every is None else args.checkpoint_every)
+            if args.checkpoint_dir
+            else 0
+        ),
         lr=args.lr,
         out_dir=args.out,
     )

@@ -9,6 +9,7 @@ prediction, which the config carries.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -108,6 +109,16 @@ def run(
         )
     if steps < 1:
         raise StagewrightError("--steps must be at least 1")
+    # Checked before torchrun starts: NaN ended in a ValueError traceback once the ranks
+    # were running, 0 or less made every rank time out at once.
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise StagewrightError(f"--timeout must be a positive number of seconds, got {timeout_s}")
+    if checkpoint_dir is not None and checkpoint_every < 0:
+        raise StagewrightError(
+            f"--checkpoint-every must be 0 (never) or a number of steps, got {checkpoint_every}"
+        )
+    if lr is not None and not math.isfinite(lr):
+        raise StagewrightError(f"--lr must be a finite number, got {lr}")
     out = out_dir or Path(tempfile.mkdtemp(prefix="stagewright-run-"))
     check_writable(out)
     if checkpoint_dir is not None:

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -333,3 +334,60 @@ def test_run_verify_help_says_the_reference_computes_in_the_runs_precision():
     """The reference computes in the run's precision (executor.reference), not in fp32."""
     described = _option("stagewright run", "--verify").help or ""
     assert "in the run's precision" in described and "fp32" not in described
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        # Each was ignored without a word.
+        (
+            ["--checkpoint-every", "5"],
+            "--checkpoint-every applies only with --checkpoint-dir DIR",
+        ),
+        (
+            ["--database-url", "sqlite:///runs.db"],
+            "nothing is recorded without --record; add --record or leave --database-url out",
+        ),
+        # NaN was a ValueError traceback after torchrun had started; 0 or less made every
+        # rank time out at once.
+        (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+        (["--lr", "inf"], "--lr must be a finite number, got inf"),
+        # Refused by the worker only after torchrun had started its ranks.
+        (
+            ["--checkpoint-dir", "ck", "--checkpoint-every", "-1"],
+            "--checkpoint-every must be 0 (never) or a number of steps, got -1",
+        ),
+    ],
+)
+def test_run_refuses_options_it_would_ignore_or_fail_on_before_starting(
+    capsys, tmp_path, monkeypatch, options, message
+):
+    import executor.launcher
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(executor.launcher.subprocess, "run", must_not_start)
+    monkeypatch.chdir(tmp_path)
+    config = _executor_config(tmp_path)
+    code, out, err = run(capsys, "run", str(config), "--steps", "1", *options)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("stagewright run: error: ") and message in err
+
+
+def _executor_config(folder) -> str:
+    """A one-rank candidate's executor config of the tiny model."""
+    from planner.launch.files import launch_files
+    from planner.plan import plan
+    from planner.specs import PlanRequest
+
+    repo = Path(__file__).resolve().parents[2]
+    request = json.loads((repo / "examples" / "tiny-cpu.json").read_text())
+    request["cluster"]["gpus_per_node"] = 1
+    request["search"]["schedules"] = ["1f1b"]
+    files = launch_files(plan(PlanRequest.model_validate(request)))
+    (config,) = [f for f in files if f.path == "candidate-1/executor-config.json"]
+    path = folder / "executor-config.json"
+    path.write_text(config.content)
+    return str(path)
