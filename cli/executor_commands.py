@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cli.extras import needs_extra, require_installed
-from planner.errors import StagewrightError
+from planner.errors import StagewrightError, validation_problems
 from planner.specs import ModelSpec
 
 __all__ = ["add_executor_commands"]
@@ -239,20 +239,29 @@ def _profile(args: argparse.Namespace) -> int:
 
     try:
         data = json.loads(args.model.read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError) as exc:
-        raise StagewrightError(f"cannot read {args.model}: {exc}") from exc
+    except OSError as exc:
+        raise StagewrightError(f"cannot read {args.model}: {exc.strerror}") from None
+    except ValueError as exc:  # JSON, or not UTF-8
+        raise StagewrightError(f"{args.model} is not UTF-8 JSON: {exc}") from None
     spec = data.get("model", data) if isinstance(data, dict) else None
     try:
         model = ModelSpec.model_validate(spec)
     except ValidationError as exc:
+        # Which field and why: "Input should be greater than or equal to 1" alone did not
+        # say that num_layers was 0.
         raise StagewrightError(
             f"{args.model} needs a model with num_layers, hidden_size, num_attention_heads, "
-            f"seq_length and vocab_size ({exc.errors()[0]['msg']})"
+            f"seq_length and vocab_size: {validation_problems(exc, 'model')}"
         ) from None
     if args.micro_batch_size < 1 or args.t < 1 or args.repeats < 1:
         raise StagewrightError("--micro-batch-size, --t and --repeats must be at least 1")
     if model.num_attention_heads % args.t or model.ffn % args.t:
         raise StagewrightError(f"--t {args.t} must divide the heads and the MLP size")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        # Found before measuring: save_point's mkdir failed after the timing, a traceback.
+        raise StagewrightError(
+            f"--out {args.out}: that is a file, not a folder; name the profile folder to write"
+        )
     point = profile_layer(
         model,
         args.micro_batch_size,
@@ -274,7 +283,13 @@ def _profile(args: argparse.Namespace) -> int:
                 "say where to store the point: --out FOLDER, --database-url URL, or set "
                 "STAGEWRIGHT_PROFILES to a folder the planner should read"
             )
-        where = str(save_point(point, folder))
+        try:
+            where = str(save_point(point, folder))
+        except OSError as exc:
+            raise StagewrightError(
+                f"cannot write the point into {folder} ({exc.strerror}); choose a folder you "
+                "can write with --out"
+            ) from None
     if args.record:
         import datetime as dt
 

@@ -391,3 +391,38 @@ def _executor_config(folder) -> str:
     path = folder / "executor-config.json"
     path.write_text(config.content)
     return str(path)
+
+
+@pytest.mark.parametrize(
+    "change, options, message",
+    [
+        # The field was not named: "(Input should be greater than or equal to 1)".
+        (
+            lambda m: m.update(num_layers=0),
+            [],
+            "vocab_size: num_layers: Input should be greater than or equal to 1",
+        ),
+        (lambda m: m.update(layers=8), [], "layers: Extra inputs are not permitted"),
+        # A file as --out was a NotADirectoryError traceback, after the layer was timed.
+        (lambda m: None, ["--out", "a-file"], "--out a-file: that is a file, not a folder"),
+    ],
+)
+def test_profile_says_what_to_change_before_measuring(
+    capsys, tmp_path, monkeypatch, change, options, message
+):
+    import executor.profiler
+
+    def must_not_measure(*args, **kwargs):
+        raise AssertionError("the layer was timed")
+
+    monkeypatch.setattr(executor.profiler, "profile_layer", must_not_measure)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    request = json.loads(
+        (Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.json").read_text()
+    )
+    change(request["model"])
+    (tmp_path / "model.json").write_text(json.dumps(request))
+    code, out, err = run(capsys, "profile", "model.json", *options)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("stagewright profile: error: ") and message in err
