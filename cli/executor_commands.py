@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from cli.extras import needs_extra, require_installed
 from planner.errors import StagewrightError, validation_problems
+from planner.profiles import BUNDLED_PROFILES
 from planner.specs import ModelSpec
 
 __all__ = ["add_executor_commands"]
@@ -230,6 +231,30 @@ def _record_run(args: argparse.Namespace, outcome: Any) -> str:
     return store_measured_run(args.database_url, run)
 
 
+def _require_known_gpu(args: argparse.Namespace) -> None:
+    """Checked before measuring: a point filed under a GPU that no hardware profile names is
+    read by no plan (a store refused it only once the layer had been timed), and a recorded
+    run needs that profile in its store too."""
+    from planner.profiles import JsonProfileStore, UnknownHardwareError, extra_profile_dirs
+
+    if args.database_url or args.record:
+        with needs_extra("service", "the SQL store"):
+            from api.store.profiles_io import stored_profiles
+
+        with stored_profiles(args.database_url) as store:
+            store.hardware(args.gpu)  # names the store's hardware and how to add one
+    if args.database_url:
+        return
+    folders = [BUNDLED_PROFILES, *extra_profile_dirs(), *([args.out] if args.out else [])]
+    try:
+        JsonProfileStore.load(*folders).hardware(args.gpu)
+    except UnknownHardwareError as exc:
+        raise StagewrightError(
+            f"--gpu: {exc}; a point filed under another name is read by no plan: name one "
+            "of them, or add the hardware to hardware.json in the profile folder"
+        ) from None
+
+
 def _profile(args: argparse.Namespace) -> int:
     with needs_extra("executor", "profiling"):
         from executor.profiler import profile_layer
@@ -262,6 +287,7 @@ def _profile(args: argparse.Namespace) -> int:
         raise StagewrightError(
             f"--out {args.out}: that is a file, not a folder; name the profile folder to write"
         )
+    _require_known_gpu(args)
     point = profile_layer(
         model,
         args.micro_batch_size,
