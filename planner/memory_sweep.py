@@ -111,6 +111,9 @@ def memory_sweep(
     """Bubble rates of every family built for a memory limit at each limit (default
     :func:`default_limits`), searched and simulated under ``times`` (per V stage)."""
     d, m = num_devices, num_microbatches
+    # Times of the wrong length are refused here: below, a generator's refusal means "no
+    # schedule within this limit".
+    times.per_stage(2 * d)
     chosen = limit_families()
     points = []
     for limit in limits or default_limits(d, m):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cli.main import main
+from planner.errors import ScheduleConfigError
 from planner.memory_sweep import memory_sweep
 from planner.schedules import PassTimes, generate
 from planner.simulate import Durations, simulate
@@ -126,3 +127,16 @@ def test_plot_refuses_other_formats(tmp_path, capsys):
         ]
     )
     assert code == 2 and "name an .svg or a .png file" in capsys.readouterr().err
+
+
+def test_times_of_the_wrong_length_are_refused_before_any_search(monkeypatch):
+    """A family's refusal in the sweep means "no schedule within this limit": a list of
+    times that fits no V pipeline must not reach the searches and be read that way."""
+    import planner.memory_sweep
+
+    def must_not_generate(*args, **kwargs):
+        raise AssertionError("a schedule was generated")
+
+    monkeypatch.setattr(planner.memory_sweep, "generate", must_not_generate)
+    with pytest.raises(ScheduleConfigError, match="forward times: got 3 values for 8 stages"):
+        memory_sweep(4, 8, PassTimes((1.0, 2.0, 3.0), 1.0, 0.5))
