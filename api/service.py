@@ -125,8 +125,6 @@ def serve(*, host: str, port: int, database_url: str | None, workers: int) -> in
     from api.http_protocol import NoDelayH11Protocol
 
     settings = Settings.from_env(database_url=database_url)
-    for line in Settings.unknown_variables():
-        sys.stderr.write(f"stagewright serve: warning: {line}\n")
     # Every setting is checked before the database is touched or the server announced; the
     # tokens are otherwise parsed only by the application, in the server process.
     parse_tokens(settings.api_tokens, settings.api_token)

@@ -44,6 +44,8 @@ from planner.specs import Plan, PlanRequest
 __all__ = ["main"]
 
 # ``stagewright simulate`` flags that set a schedule family's generator parameter.
+_TIMELINE_WIDTH = 100  # columns of simulate's text timeline unless --width says otherwise
+
 _PARAMETER_FLAGS = {
     "chunks": "num_chunks",
     "batches": "num_batches",
@@ -181,7 +183,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "and zb-adaptive, with 1F1B as the reference, for these devices, micro-batches and "
         "times (taken as one V stage's; the one-stage schedules run two V stages' times)",
     )
-    sim.add_argument("--width", type=int, default=100, help="columns of the text timeline")
+    sim.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help=f"columns of the text timeline (default {_TIMELINE_WIDTH}; not with --json)",
+    )
     sim.add_argument("--json", action="store_true", help="print the contract's JSON")
     sim.set_defaults(handler=_simulate)
 
@@ -272,6 +279,13 @@ def _build_parser() -> argparse.ArgumentParser:
 def _simulate(args: argparse.Namespace) -> int:
     if args.devices < 1 or args.microbatches < 1:
         raise StagewrightError("--devices and --microbatches must be at least 1")
+    if args.width is not None and args.json:
+        raise StagewrightError(
+            "--width sets the text timeline's columns, which --json does not print; leave "
+            "one of them out"
+        )
+    if args.width is None:
+        args.width = _TIMELINE_WIDTH
     if args.width < 10:
         raise StagewrightError("--width must be at least 10 columns")
     given = {
@@ -296,6 +310,8 @@ def _simulate(args: argparse.Namespace) -> int:
     no_w = args.w is None
     if no_w:
         args.w = 0.0
+    if args.plot is not None:
+        _check_plot(args)
     for flag, parameter in _PARAMETER_FLAGS.items():
         needed = [p for p in family.parameters if p.name == parameter and p.default is None]
         if needed and parameter not in given:
@@ -335,12 +351,26 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_plot(args: argparse.Namespace) -> None:
+    """Refuse a --plot the sweep cannot draw, before anything is simulated."""
+    if args.devices < 2:
+        raise StagewrightError("--plot needs at least 2 devices (a V pipeline)")
+    v_stages = 2 * args.devices
+    for flag, value in (("--f", args.f), ("--b", args.b), ("--w", args.w)):
+        if not isinstance(value, float | int) and len(value) != v_stages:
+            # The sweep's schedules are V-shaped whatever --schedule is: a list must hold
+            # their stages' times, which a one-stage-a-device schedule cannot take as well.
+            raise StagewrightError(
+                f"--plot sweeps V schedules, 2 stages a device: {flag} needs one time or "
+                f"{v_stages} (one per V stage), got {len(value)}; give one number, or plot "
+                "with a V schedule as --schedule"
+            )
+
+
 def _plot(args: argparse.Namespace, times: PassTimes) -> None:
     from cli.plots import write_sweep  # NumPy drawing loads only for a figure
     from planner.memory_sweep import memory_sweep
 
-    if args.devices < 2:
-        raise StagewrightError("--plot needs at least 2 devices (a V pipeline)")
     write_sweep(memory_sweep(args.devices, args.microbatches, times), args.plot)
     sys.stderr.write(f"wrote {args.plot}\n")
 
@@ -505,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)  # --help writes to stdout too
+        _warn_of_unknown_variables(args.command)
         try:
             code: int = args.handler(args)
         except StagewrightError as exc:
@@ -515,6 +546,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _discard_stdout()
         return BROKEN_PIPE_STATUS
     return code
+
+
+def _warn_of_unknown_variables(command: str) -> None:
+    """Say which ``STAGEWRIGHT_*`` variables name no setting. Every command reads some (the
+    store's URL, the profile folders the planner reads, the service's limits), and a misspelt
+    one would leave its setting at the default without a word."""
+    from api.core.config import Settings  # pydantic only: installed with the planner too
+
+    for line in Settings.unknown_variables():
+        sys.stderr.write(f"stagewright {command}: warning: {line}\n")
 
 
 def _discard_stdout() -> None:

@@ -405,6 +405,18 @@ def _executor_config(folder) -> str:
         (lambda m: m.update(layers=8), [], "layers: Extra inputs are not permitted"),
         # A file as --out was a NotADirectoryError traceback, after the layer was timed.
         (lambda m: None, ["--out", "a-file"], "--out a-file: that is a file, not a folder"),
+        # A GPU no hardware profile names: the point was saved where no plan reads it, or
+        # the store refused it once the layer had been timed.
+        (
+            lambda m: None,
+            ["--gpu", "nope", "--out", "points"],
+            "--gpu: unknown GPU 'nope'; known hardware profiles: a100-40g, a100-sxm-80g, cpu",
+        ),
+        (
+            lambda m: None,
+            ["--gpu", "nope", "--database-url", "sqlite:///points.db"],
+            "unknown GPU 'nope'; known hardware profiles: a100-40g, a100-sxm-80g, cpu",
+        ),
     ],
 )
 def test_profile_says_what_to_change_before_measuring(
@@ -426,3 +438,63 @@ def test_profile_says_what_to_change_before_measuring(
     code, out, err = run(capsys, "profile", "model.json", *options)
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert err.startswith("stagewright profile: error: ") and message in err
+
+
+def test_every_command_warns_of_a_variable_that_names_no_setting(monkeypatch, capsys):
+    """A misspelt STAGEWRIGHT_PROFILE (the planner reads STAGEWRIGHT_PROFILES) was ignored
+    without a word by every command but serve."""
+    monkeypatch.setenv("STAGEWRIGHT_PROFILE", "points")
+    code, out, err = run(
+        capsys,
+        *["simulate", "--schedule", "1f1b", "--devices", "2", "--microbatches", "2"],
+        *["--f", "1", "--b", "1", "--json"],
+    )
+    assert code == 0 and json.loads(out)["makespan"] == 6.0
+    assert err == (
+        "stagewright simulate: warning: STAGEWRIGHT_PROFILE is not a stagewright setting "
+        "(did you mean STAGEWRIGHT_PROFILES?); it is ignored\n"
+    )
+
+
+def test_width_with_json_is_refused_and_sets_the_timeline_otherwise(capsys):
+    """--width with --json was ignored: the JSON has no timeline."""
+    args = ["simulate", "--schedule", "1f1b", "--devices", "2", "--microbatches", "2"]
+    args += ["--f", "1", "--b", "1"]
+    code, out, err = run(capsys, *args, "--json", "--width", "50")
+    assert (code, out) == (2, "")
+    assert err == (
+        "stagewright simulate: error: --width sets the text timeline's columns, which --json "
+        "does not print; leave one of them out\n"
+    )
+    widths = {}
+    for width in ([], ["--width", "40"]):
+        code, out, _ = run(capsys, *args, *width)
+        assert code == 0
+        widths[len(width)] = max(len(line) for line in out.splitlines())
+    assert widths[0] > widths[2]  # the default (100 columns) is wider than 40
+
+
+def test_plot_with_times_per_stage_of_another_pipeline_is_refused_before_simulating(
+    capsys, tmp_path, monkeypatch
+):
+    """The figure sweeps V schedules, two stages a device: four times for 1F1B's four
+    stages were reported as "forward times: got 4 values for 8 stages", which did not say
+    that the 8 stages were the plot's."""
+    import cli.main
+
+    def must_not_simulate(*args, **kwargs):
+        raise AssertionError("simulated before refusing")
+
+    monkeypatch.setattr(cli.main, "simulate", must_not_simulate)
+    figure = tmp_path / "sweep.svg"
+    code, out, err = run(
+        capsys,
+        *["simulate", "--schedule", "1f1b", "--devices", "4", "--microbatches", "8"],
+        *["--f", "1,2,3,4", "--b", "2", "--plot", str(figure)],
+    )
+    assert (code, out) == (2, "") and not figure.exists()
+    assert err == (
+        "stagewright simulate: error: --plot sweeps V schedules, 2 stages a device: --f needs "
+        "one time or 8 (one per V stage), got 4; give one number, or plot with a V schedule "
+        "as --schedule\n"
+    )
