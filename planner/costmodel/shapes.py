@@ -9,6 +9,7 @@ takes them; None is the family's default) shares them, so they are built once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -50,12 +51,14 @@ class Shape:
 
 def shape_of(built: Schedule) -> Shape:
     """The in-flight profile of a built schedule."""
-    profile = inflight_profile(built)
-    units = peak_from_profile(profile, [1.0] * built.num_stages)
-    return Shape(
-        profile,
-        tuple(units[d] / len(built.stages_of(d)) for d in range(built.num_devices)),
-    )
+    by_device = [built.stages_of(d) for d in range(built.num_devices)]
+    return _shape(inflight_profile(built), built.num_stages, by_device)
+
+
+def _shape(profile: InflightProfile, num_stages: int, by_device: Sequence[Sequence[int]]) -> Shape:
+    """The shape of a schedule with this in-flight profile, ``by_device`` its stages."""
+    units = peak_from_profile(profile, [1.0] * num_stages)
+    return Shape(profile, tuple(units[d] / len(stages) for d, stages in enumerate(by_device)))
 
 
 def bound_shape(schedule: str, p: int, units: int) -> Shape:
@@ -70,8 +73,16 @@ def bound_shape(schedule: str, p: int, units: int) -> Shape:
 
 @lru_cache(maxsize=256)
 def _built_shape(schedule: str, p: int, m: int, num_chunks: int | None = None) -> Shape:
-    """The in-flight profile of the schedule built with ``m`` micro-batches."""
-    return shape_of(generate(schedule, p, m, check=False, **chunk_parameters(num_chunks)))
+    """The in-flight profile of the schedule built with ``m`` micro-batches; read off the
+    family's own orders where it can (:attr:`ScheduleFamily.inflight`: the V shapes), which
+    gives the same profile without making the schedule."""
+    parameters = chunk_parameters(num_chunks)
+    family = schedule_family(schedule)
+    if family.inflight is None:
+        return shape_of(generate(schedule, p, m, check=False, **parameters))
+    by_device = stages_by_device(schedule, p, num_chunks)
+    num_stages = sum(len(stages) for stages in by_device)
+    return _shape(family.inflight(p, m, family.resolve(parameters)), num_stages, by_device)
 
 
 def schedule_shape(schedule: str, p: int, m: int, num_chunks: int | None = None) -> Shape:

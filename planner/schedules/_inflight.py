@@ -19,6 +19,7 @@ activation sizes is a small maximum of dot products.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from operator import ge
 
 import numpy as np
@@ -26,7 +27,13 @@ import numpy as np
 from planner._arrays import sorted_distinct
 from planner.schedules._ir import KIND_CODE, ActionKind, Schedule
 
-__all__ = ["InflightProfile", "inflight_profile", "peak_by_order", "peak_from_profile"]
+__all__ = [
+    "InflightProfile",
+    "inflight_profile",
+    "peak_by_order",
+    "peak_from_profile",
+    "profile_of_moments",
+]
 
 K = ActionKind
 
@@ -64,11 +71,10 @@ def inflight_profile(schedule: Schedule) -> InflightProfile:
     c = schedule.columns
     p, n, num_stages = schedule.num_devices, len(c.kind), schedule.num_stages
     kind, device, stage = c.kind, c.device, c.stage
-    profile: InflightProfile = [[] for _ in range(p)]
     is_transfer = (kind == _EVICT) | (kind == _LOAD)
     tracked = (kind == _F) | is_transfer
     if not tracked.any():
-        return profile
+        return [[] for _ in range(p)]
     # Slots: the stages each device tracks, in stage order.
     held = sorted_distinct(device[tracked] * num_stages + stage[tracked])
     held_device = held // num_stages
@@ -108,19 +114,36 @@ def inflight_profile(schedule: Schedule) -> InflightProfile:
     before = np.zeros((p, width), dtype=level.dtype)
     before[start > 0] = level[start[start > 0] - 1]
     level -= np.repeat(before, np.diff(c.offsets), axis=0)
-    moments = _distinct_rows(device[rises], level[rises])
     stages = (held % num_stages).tolist()
-    first = first_slot.tolist()
-    if width <= 2:
+    slots = [*first_slot.tolist(), len(stages)]
+    slot_stages = [stages[begin:end] for begin, end in pairwise(slots)]
+    return profile_of_moments(device[rises], level[rises], slot_stages)
+
+
+def profile_of_moments(
+    device: np.ndarray, counts: np.ndarray, slot_stages: Sequence[Sequence[int]]
+) -> InflightProfile:
+    """The :data:`InflightProfile` of a schedule's candidate peak moments: at moment k,
+    device ``device[k]`` holds ``counts[k, i]`` saved micro-batches of the stage of its slot
+    i, ``slot_stages[d]`` listing device d's stages in increasing order (a device with fewer
+    slots than ``counts`` has columns has zero counts in the others). Keeps each device's
+    distinct Pareto-maximal moments, in decreasing order, each without the stages it holds
+    none of."""
+    p = len(slot_stages)
+    profile: InflightProfile = [[] for _ in range(p)]
+    if not len(device):
+        return profile
+    moments = _distinct_rows(device, counts)
+    if counts.shape[1] <= 2:
         front = moments[_pareto_2d(moments)].tolist()
     else:
         bounds = np.searchsorted(moments[:, 0], np.arange(p + 1)).tolist()
         front = []
         for d in range(p):
             front += _pareto(moments[bounds[d] : bounds[d + 1]][::-1].tolist())
-    for d, *counts in front:
-        base = first[d]
-        profile[d].append({stages[base + i]: count for i, count in enumerate(counts) if count})
+    for d, *row in front:
+        stages = slot_stages[d]
+        profile[d].append({stages[i]: count for i, count in enumerate(row) if count})
     return profile
 
 

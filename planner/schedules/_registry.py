@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from planner.errors import ScheduleConfigError
+from planner.schedules._inflight import InflightProfile
 from planner.schedules._ir import Schedule, looped_placement, v_placement
 
 __all__ = [
@@ -158,6 +159,11 @@ class ScheduleFamily:
     inflight_saturation: Callable[[int], int] | None = None
     """Micro-batches after which the in-flight profile stops changing, as a function of p
     (tests check each against building every micro-batch); None: build all of them."""
+    inflight: Callable[[int, int, Mapping[str, float]], InflightProfile] | None = None
+    """``inflight(devices, microbatches, parameters)``: the in-flight profile of what
+    ``build`` makes (:func:`~planner.schedules._inflight.inflight_profile`), for a family
+    that reads it off its own orders faster than the schedule is made; None: counted from
+    the built schedule."""
     inflight_grows_with_microbatches: bool = False
     """Peak saved micro-batches proportional to m (GPipe): count with one and scale."""
     memory_rule: str = ""

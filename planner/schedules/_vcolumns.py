@@ -1,5 +1,6 @@
 """V orders into the schedule IR: each device's pass ids (see :mod:`._vframe`) become the
-schedule's columns at once (a V schedule is large), and its actions are made from them."""
+schedule's columns at once (a V schedule is large), and its actions are made from them; or
+straight into what the memory model reads of that schedule (:func:`order_profile`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from planner.schedules._inflight import InflightProfile, profile_of_moments
 from planner.schedules._ir import (
     KIND_CODE,
     ActionKind,
@@ -14,9 +16,9 @@ from planner.schedules._ir import (
     Schedule,
     v_placement,
 )
-from planner.schedules._vframe import CHUNK, PASSES, W0
+from planner.schedules._vframe import CHUNK, F1, PASSES, W0
 
-__all__ = ["to_schedule"]
+__all__ = ["order_profile", "to_schedule"]
 
 
 def to_schedule(
@@ -78,3 +80,30 @@ def _columns_of(
         version=np.full(len(ids), -1, np.int64),
         offsets=offsets,
     )
+
+
+_IN_CHUNK_1 = np.array(CHUNK) == 1  # by pass code
+
+
+def order_profile(orders: Sequence[Sequence[int]] | np.ndarray) -> InflightProfile:
+    """The in-flight profile (:func:`~planner.schedules._inflight.inflight_profile`) of the
+    schedule :func:`to_schedule` makes of V orders with the backward split, read off the pass
+    ids without making it: the memory model of a V shape needs no more.
+
+    It counts as ``inflight_profile`` does. Device i saves micro-batches of two stages, i
+    (chunk 0) and 2d - 1 - i (chunk 1), in that order of its slots; a forward adds one to
+    its chunk where it is, a W frees one at the next compute action (every pass is one, and
+    the optimizer steps after a device's passes come after its last forward, where no
+    moment is read), and the counts are read after each forward."""
+    ids = np.asarray(orders, dtype=np.int64)
+    d = len(ids)
+    code = ids % PASSES
+    forward = code <= F1
+    weight = code >= W0
+    device, position = np.nonzero(forward)
+    counts = np.empty((len(device), 2), np.int64)
+    for slot, mine in enumerate((~_IN_CHUNK_1[code], _IN_CHUNK_1[code])):
+        freed = weight & mine
+        level = np.cumsum(forward & mine, axis=1) - (np.cumsum(freed, axis=1) - freed)
+        counts[:, slot] = level[device, position]
+    return profile_of_moments(device, counts, [(i, 2 * d - 1 - i) for i in range(d)])

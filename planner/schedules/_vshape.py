@@ -36,15 +36,17 @@ import numpy as np
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._basic import require
+from planner.schedules._inflight import InflightProfile
 from planner.schedules._ir import ActionKind, Schedule
 from planner.schedules._registry import ScheduleFamily, register
-from planner.schedules._vcolumns import to_schedule
+from planner.schedules._vcolumns import order_profile, to_schedule
 from planner.schedules._vframe import (
     CHUNK,
     PASSES,
     REPEAT_INTERVAL,
     VBlock,
     build_orders,
+    build_stages,
     require_block,
 )
 from planner.schedules._vperiod import PeriodicOrders, periodic_orders
@@ -56,6 +58,7 @@ __all__ = [
     "building_block",
     "periodic_from",
     "vshape",
+    "vshape_profile",
 ]
 
 VSHAPE_NAMES = ("v-min", "v-half", "v-zb")
@@ -117,16 +120,10 @@ def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = T
     """Build V-Min, V-Half or V-ZB for d devices and m micro-batches (see module docstring).
     ``reorder=False`` stops after squeezing (step 3), to see what Appendix C's reordering buys."""
     d, m = num_devices, num_microbatches
-    require(name in _DELTAS, f"unknown V-shape schedule {name!r}; choose from {VSHAPE_NAMES}")
-    require(d >= 2, f"{name}: needs at least 2 devices (2 stages each), got {d}")
-    require(m >= 1, f"{name}: the number of micro-batches must be at least 1, got {m}")
+    _require_counts(name, d, m)
     offsets = block_offsets(name, d)
     cells = require_block(offsets.block(d), name)
-    periodic = _periodic(name, d) if reorder and m >= periodic_from(name, d) else None
-    if periodic is not None:
-        orders: list[list[int]] | np.ndarray = periodic.orders(m)
-    else:
-        orders = build_orders(cells, m, reorder=reorder)
+    orders = _orders(name, cells, m, reorder)
     lifespan = max(row[w] - row[f] + 1 for row in cells for f, w in ((0, 4), (1, 5)))
     meta = {
         "offsets": {
@@ -141,6 +138,35 @@ def vshape(name: str, num_devices: int, num_microbatches: int, reorder: bool = T
         "max_stage_lifespan_cells": lifespan,
     }
     return to_schedule(name, orders, m, meta)
+
+
+def vshape_profile(name: str, num_devices: int, num_microbatches: int) -> InflightProfile:
+    """The in-flight profile of ``vshape(name, d, m)``, read off its orders without making
+    the schedule (:func:`~planner.schedules._vcolumns.order_profile`): what the memory model
+    counts from, for a fraction of the cost."""
+    d, m = num_devices, num_microbatches
+    _require_counts(name, d, m)
+    cells = require_block(block_offsets(name, d).block(d), name)
+    return order_profile(_orders(name, cells, m, reorder=True))
+
+
+def _require_counts(name: str, d: int, m: int) -> None:
+    require(name in _DELTAS, f"unknown V-shape schedule {name!r}; choose from {VSHAPE_NAMES}")
+    require(d >= 2, f"{name}: needs at least 2 devices (2 stages each), got {d}")
+    require(m >= 1, f"{name}: the number of micro-batches must be at least 1, got {m}")
+
+
+def _orders(
+    name: str, cells: list[list[int]], m: int, reorder: bool
+) -> list[list[int]] | np.ndarray:
+    """Each device's pass ids in :func:`vshape`'s schedule of ``name`` for m micro-batches,
+    from its building block's ``cells``: longer runs by inserting periods into one shorter
+    build (:mod:`._vperiod`), the others built in full."""
+    if not reorder:
+        return build_orders(cells, m, reorder=False)
+    d = len(cells)
+    periodic = _periodic(name, d) if m >= periodic_from(name, d) else None
+    return build_stages(cells, m).orders if periodic is None else periodic.orders(m)
 
 
 # Micro-batches from which a build shows where its orders repeat (its warm-up is done and
@@ -187,6 +213,7 @@ def _register(
             title=title,
             citation='Qi et al., "Pipeline Parallelism with Controllable Memory", 2024',
             build=lambda p, m, _, __: vshape(name, p, m),
+            inflight=lambda p, m, _: vshape_profile(name, p, m),
             placement="v",
             split_backward=True,
             runtimes=frozenset({"stagewright", "torch"}),

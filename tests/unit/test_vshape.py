@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from planner.schedules import ActionKind, block_offsets, building_block, generate
+from planner.costmodel.shapes import _built_shape, shape_of
+from planner.schedules import ActionKind, block_offsets, building_block, generate, schedule_family
+from planner.schedules._inflight import InflightProfile, inflight_profile
 from planner.schedules._vshape import VSHAPE_NAMES
 from planner.simulate import Durations, simulate
 
@@ -357,3 +359,26 @@ def test_stacked_build_matches_one_block_at_a_time(d, m):
     for block, orders in zip(picked, stacked, strict=True):
         assert orders.tolist() == _vframe.build_orders(block.tolist(), m)
     assert _vframe.build_orders_stack(cells[:0], m).shape == (0, d, 6 * m)
+
+
+def _in_order(profile: InflightProfile) -> list[list[list[tuple[int, int]]]]:
+    """A profile with its moments and each moment's stages in order (peaks add in it)."""
+    return [[list(moment.items()) for moment in moments] for moments in profile]
+
+
+@pytest.mark.parametrize("name", VSHAPE_NAMES)
+def test_the_memory_model_reads_the_profile_off_the_orders(name):
+    """A V shape's memory is counted from its orders (``ScheduleFamily.inflight``), not from
+    the schedule they make: the same profile, moments and stages in the same order, and the
+    same shape, below, at and past the cap and the periodic build, for p up to 33 and more."""
+    family = schedule_family(name)
+    assert family.inflight is not None
+    for d in [*range(2, 34), 40, 64]:
+        counts = {1, 2, d // 2 + 1, d + 1, 2 * d, 2 * d + 3}
+        if d <= 16:
+            counts |= {3, d, d + 2, 2 * d - 1, 3 * d + 2}
+        for m in sorted(counts):
+            built = generate(name, d, m, check=False)
+            expected = inflight_profile(built)
+            assert _in_order(family.inflight(d, m, {})) == _in_order(expected), (d, m)
+            assert _built_shape(name, d, m) == shape_of(built), (d, m)
