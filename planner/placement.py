@@ -23,6 +23,7 @@ from planner.errors import StagewrightError
 __all__ = ["Assignment", "Placement", "context_groups_within_nodes", "pair_order", "place"]
 
 Assignment = Literal["standard", "pair-adjacent", "optimized"]
+Coords = tuple[int, int, int]  # (dp, pp, tp)
 
 
 def pair_order(p: int) -> list[int]:
@@ -39,60 +40,103 @@ def pair_order(p: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Placement:
-    """rank -> (dp, pp, tp) for a (t, p, d) job on nodes of ``gpus_per_node`` GPUs."""
+    """rank -> (dp, pp, tp) for a (t, p, d) job on nodes of ``gpus_per_node`` GPUs.
+
+    The standard and pair-adjacent assignments are formulas (:meth:`rank_of`): what the
+    cost model asks of them (which node a stage is on, whether groups stay inside nodes) is
+    worked out from those, and their :attr:`coords` are listed only when read (launch
+    artefacts). An optimized assignment lists every rank's coordinates (``listed``)."""
 
     t: int
     p: int
     d: int
     gpus_per_node: int
     assignment: Assignment
-    coords: tuple[tuple[int, int, int], ...]  # indexed by global rank: (dp, pp, tp)
+    listed: tuple[Coords, ...] | None = None
+    """The optimized assignment's (dp, pp, tp) by global rank; None for the two formulas."""
+
+    def __post_init__(self) -> None:
+        if (self.listed is None) != (self.assignment != "optimized"):
+            raise StagewrightError("an optimized placement lists its ranks; the others do not")
 
     def __hash__(self) -> int:
         return self._hash
 
     @cached_property
     def _hash(self) -> int:
-        # The cost model caches by placement; hashing every coordinate of a 1,024-rank job
-        # on each lookup cost more than the lookup saved.
-        return hash((self.t, self.p, self.d, self.gpus_per_node, self.assignment, self.coords))
+        # The cost model caches by placement: hash once, not on every lookup.
+        return hash((self.t, self.p, self.d, self.gpus_per_node, self.assignment, self.listed))
+
+    @cached_property
+    def coords(self) -> tuple[Coords, ...]:
+        """(dp, pp, tp) of every global rank, in rank order."""
+        if self.listed is not None:
+            return self.listed
+        t, d = range(self.t), range(self.d)
+        if self.assignment == "standard":
+            return tuple((dp, pp, tp) for pp in range(self.p) for dp in d for tp in t)
+        return tuple((dp, pp, tp) for dp in d for pp in pair_order(self.p) for tp in t)
 
     @property
     def world_size(self) -> int:
         return self.t * self.p * self.d
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
-        return self._rank[(dp, pp, tp)]
+        """The global rank at (dp, pp, tp): tensor ranks fastest in both formulas, then data
+        replicas and pipeline stages (standard) or stages in pair order and replicas
+        (pair-adjacent)."""
+        if self.listed is not None:
+            return self._rank[(dp, pp, tp)]
+        if self.assignment == "standard":
+            return (pp * self.d + dp) * self.t + tp
+        return (dp * self.p + self._pair_position[pp]) * self.t + tp
 
     @cached_property
-    def _rank(self) -> dict[tuple[int, int, int], int]:
+    def _rank(self) -> dict[Coords, int]:
         return {c: r for r, c in enumerate(self.coords)}
+
+    @cached_property
+    def _pair_position(self) -> list[int]:
+        """Per stage, its place in :func:`pair_order`."""
+        position = [0] * self.p
+        for i, stage in enumerate(pair_order(self.p)):
+            position[stage] = i
+        return position
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
     def same_node(self, pp_a: int, pp_b: int, dp: int = 0, tp: int = 0) -> bool:
         """Whether two pipeline stages of one pipeline (and tensor rank) share a node."""
-        rank = self._rank
-        return self.node_of(rank[(dp, pp_a, tp)]) == self.node_of(rank[(dp, pp_b, tp)])
+        return self.node_of(self.rank_of(dp, pp_a, tp)) == self.node_of(self.rank_of(dp, pp_b, tp))
 
     @cached_property
     def tensor_groups_within_nodes(self) -> bool:
-        rank = self._rank
+        t, p, d = self.t, self.p, self.d
+        if self.listed is None:  # a group's ranks rise with tp: its ends say (see _one_node)
+            return all(
+                self._one_node((dp, pp, 0), (dp, pp, t - 1)) for dp in range(d) for pp in range(p)
+            )
         return all(
-            len({self.node_of(rank[(dp, pp, tp)]) for tp in range(self.t)}) == 1
-            for dp in range(self.d)
-            for pp in range(self.p)
+            self._one_node(*[(dp, pp, tp) for tp in range(t)]) for dp in range(d) for pp in range(p)
         )
 
     @cached_property
     def data_groups_within_nodes(self) -> bool:
-        rank = self._rank
+        t, p, d = self.t, self.p, self.d
+        if self.listed is None:  # a group's ranks rise with dp: its ends say (see _one_node)
+            return all(
+                self._one_node((0, pp, tp), (d - 1, pp, tp)) for pp in range(p) for tp in range(t)
+            )
         return all(
-            len({self.node_of(rank[(dp, pp, tp)]) for dp in range(self.d)}) == 1
-            for pp in range(self.p)
-            for tp in range(self.t)
+            self._one_node(*[(dp, pp, tp) for dp in range(d)]) for pp in range(p) for tp in range(t)
         )
+
+    def _one_node(self, *group: Coords) -> bool:
+        """Whether the ranks at these coordinates share a node. A node holds consecutive
+        ranks: of ranks that rise along a group, the first and last are on one node only if
+        every rank between them is."""
+        return len({self.node_of(self.rank_of(*at)) for at in group}) == 1
 
     def grid(self) -> list[str]:
         """One line per node: 'TP/DP/PP' of each GPU, as in the BPipe paper's Figure 6."""
@@ -125,18 +169,6 @@ def place(
             f"{world} ranks do not fill whole nodes of {gpus_per_node} GPUs; use a multiple of "
             f"{gpus_per_node} or one partial node"
         )
-    coords: list[tuple[int, int, int]] = []
-    if assignment == "standard":
-        for pp in range(p):
-            for dp in range(d):
-                for tp in range(t):
-                    coords.append((dp, pp, tp))
-    elif assignment == "pair-adjacent":
-        order = pair_order(p)
-        for dp in range(d):
-            for pp in order:
-                for tp in range(t):
-                    coords.append((dp, pp, tp))
-    else:  # pragma: no cover - Literal guards it
+    if assignment not in ("standard", "pair-adjacent"):  # pragma: no cover - Literal guards it
         raise StagewrightError(f"unknown assignment {assignment!r}")
-    return Placement(t, p, d, gpus_per_node, assignment, tuple(coords))
+    return Placement(t, p, d, gpus_per_node, assignment)

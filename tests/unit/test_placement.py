@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import StagewrightError
-from planner.placement import pair_order, place
+from planner.placement import Placement, pair_order, place
 
 
 def test_bpipe_figure_6():
@@ -106,3 +106,37 @@ def test_data_groups_within_nodes():
 def test_partial_nodes_are_refused():
     with pytest.raises(StagewrightError, match="whole nodes of 8"):
         place(3, 4, 1, 8)
+
+
+@pytest.mark.parametrize("assignment", ["standard", "pair-adjacent"])
+def test_the_formulas_answer_as_the_listed_ranks_do(assignment):
+    """The standard and pair-adjacent placements answer from their formulas what the cost
+    model asks (ranks, a stage's node, groups inside nodes): the same answers as the same
+    ranks listed as an optimized placement, for every rank of many shapes and node sizes."""
+    shapes = [
+        (t, p, d, per_node)
+        for t in (1, 2, 3, 4, 8)
+        for p in (1, 2, 3, 5, 8, 16)
+        for d in (1, 2, 3, 4, 8)
+        for per_node in (1, 2, 4, 6, 8, 16)
+        if not (t * p * d) % per_node or t * p * d <= per_node
+    ]
+    for t, p, d, per_node in shapes:
+        formula = place(t, p, d, per_node, assignment)
+        listed = Placement(t, p, d, per_node, "optimized", formula.coords)
+        assert sorted(formula.coords) == sorted(
+            (dp, pp, tp) for dp in range(d) for pp in range(p) for tp in range(t)
+        )
+        for name in ("tensor_groups_within_nodes", "data_groups_within_nodes"):
+            assert getattr(formula, name) == getattr(listed, name), (name, t, p, d, per_node)
+        for rank, (dp, pp, tp) in enumerate(formula.coords):
+            assert formula.rank_of(dp, pp, tp) == listed.rank_of(dp, pp, tp) == rank
+            other = (pp + 1) % p
+            assert formula.same_node(pp, other, dp, tp) == listed.same_node(pp, other, dp, tp)
+
+
+def test_only_an_optimized_placement_lists_its_ranks():
+    with pytest.raises(StagewrightError, match="lists its ranks"):
+        Placement(1, 2, 1, 8, "standard", ((0, 0, 0), (0, 1, 0)))
+    with pytest.raises(StagewrightError, match="lists its ranks"):
+        Placement(1, 2, 1, 8, "optimized")
