@@ -1,18 +1,23 @@
-"""FastAPI dependencies: the application's state, who is asking, and strict bodies."""
+"""FastAPI dependencies: the application's state, who is asking, and strict bodies (the
+route class that parses them once, refusing a key given twice, and the dependency that
+validates them strictly)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Annotated, Any
 
 from fastapi import Depends, Request, Security
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
 
 from api.security import Principal, bearer_scheme, get_principal
 from api.state import AppState
+from planner.json_input import DuplicateKeyError, JsonTooDeepError, loads
 
-__all__ = ["WRITE", "PrincipalDep", "StateDep", "get_state", "strict_body"]
+__all__ = ["WRITE", "JsonBodyRoute", "PrincipalDep", "StateDep", "get_state", "strict_body"]
 
 
 def get_state(request: Request) -> AppState:
@@ -43,3 +48,56 @@ def strict_body(model: type[BaseModel]) -> Callable[[Request], Awaitable[None]]:
             raise RequestValidationError(errors) from None
 
     return check
+
+
+class _JsonBodyRequest(Request):
+    """A request whose JSON body FastAPI reads through :func:`planner.json_input.loads`
+    (parsed once, then kept)."""
+
+    _parsed: Any
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_parsed"):
+            self._parsed = loads(await self.body())
+        return self._parsed
+
+
+class JsonBodyRoute(APIRoute):
+    """A route that parses its JSON body once, before FastAPI reads it, and answers a key
+    given twice with the usual 422 naming the key and where it is: ``json.loads``, which
+    FastAPI parses with, keeps the last of two equal keys and says nothing. Any other body
+    that does not parse is left to FastAPI's own answer (400), and a body nested too deep
+    to parse gets that 400 with the reason."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def parse_then_handle(request: Request) -> Response:
+            request = _JsonBodyRequest(request.scope, request.receive)
+            if await request.body():
+                try:
+                    await request.json()
+                except DuplicateKeyError as exc:
+                    error: dict[str, Any] = {
+                        "type": "duplicate_key",
+                        "loc": ("body", *exc.where),
+                        "msg": exc.reason,
+                        "input": exc.key,
+                    }
+                    raise RequestValidationError([error]) from None
+                except JsonTooDeepError as exc:
+                    error = {
+                        "type": "json_invalid",
+                        "loc": ("body",),
+                        "msg": "JSON decode error",
+                        "input": {},
+                        "ctx": {"error": str(exc)},
+                    }
+                    raise RequestValidationError([error]) from None
+                except ValueError:
+                    pass  # not JSON (or not UTF-8): FastAPI's own answer, as for any body
+            return await handler(request)
+
+        return parse_then_handle

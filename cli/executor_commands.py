@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from cli.extras import needs_extra, require_installed
 from planner.errors import StagewrightError, validation_problems
+from planner.json_input import loads
 from planner.profiles import BUNDLED_PROFILES
 from planner.specs import ModelSpec
 
@@ -263,9 +264,11 @@ def _profile(args: argparse.Namespace) -> int:
     from planner.profiles import extra_profile_dirs, point_to_dict, save_point
 
     try:
-        data = json.loads(args.model.read_text(encoding="utf-8-sig"))
+        data = loads(args.model.read_text(encoding="utf-8-sig"))
     except OSError as exc:
         raise StagewrightError(f"cannot read {args.model}: {exc.strerror}") from None
+    except StagewrightError as exc:  # a key given twice, or nested too deep
+        raise StagewrightError(f"{args.model}: {exc}") from None
     except ValueError as exc:  # JSON, or not UTF-8
         raise StagewrightError(f"{args.model} is not UTF-8 JSON: {exc}") from None
     spec = data.get("model", data) if isinstance(data, dict) else None

@@ -28,6 +28,7 @@ from cli.render import render_plan
 from cli.render_timeline import format_candidate_timeline
 from planner.assemble import no_fit_summary
 from planner.errors import StagewrightError, validation_problems
+from planner.json_input import loads
 from planner.launch.files import launch_files
 from planner.plan import plan
 from planner.schedules import (
@@ -414,7 +415,16 @@ def _read_request(path: str) -> PlanRequest:
             f"{path} is not UTF-8 text (byte {exc.start}); save the request as UTF-8 JSON"
         ) from exc
     try:
-        return PlanRequest.model_validate_json(text)
+        data = loads(text)
+    except json.JSONDecodeError as exc:
+        raise StagewrightError(
+            f"{path} is not a valid plan request: it is not valid JSON (line {exc.lineno}, "
+            f"column {exc.colno}: {exc.msg})"
+        ) from None
+    except StagewrightError as exc:  # a key given twice, or nested too deep
+        raise StagewrightError(f"{path} is not a valid plan request: {exc}") from None
+    try:
+        return PlanRequest.model_validate(data)
     except ValidationError as exc:
         raise StagewrightError(
             f"{path} is not a valid plan request: {validation_problems(exc)}"

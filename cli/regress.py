@@ -16,7 +16,6 @@ and allowances), which is how a team accepts an intended change.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import StagewrightError
+from planner.json_input import loads
 from planner.plan import plan
 from planner.schedules import schedule_family
 from planner.specs import CandidateConfig, Plan, PlanRequest
@@ -101,9 +101,11 @@ def load_baseline(path: Path) -> dict[str, Any]:
     """Read and check a baseline file; errors say what to fix."""
     try:
         # utf-8-sig: a file saved with a byte-order mark (Windows editors) reads the same.
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
+        data = loads(path.read_text(encoding="utf-8-sig"))
     except OSError as exc:
         raise StagewrightError(f"cannot read {path}: {exc.strerror}") from exc
+    except StagewrightError as exc:  # a key given twice, or nested too deep
+        raise StagewrightError(f"{path}: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise StagewrightError(f"{path} is not JSON: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from planner.errors import StagewrightError
+from planner.json_input import loads
 from planner.launch import ExecutorConfig
 from planner.launch.config import is_plan_request, run_a_request
 from planner.launch.runtimes import executor_problem
@@ -30,9 +31,19 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise BadInput(f"cannot read {path}: {reason}") from exc
     try:
-        config = ExecutorConfig.model_validate_json(text)
+        data = loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(
+            f"{path} is not a valid executor config: it is not valid JSON (line {exc.lineno}, "
+            f"column {exc.colno}: {exc.msg}); use a candidate's executor config from "
+            "stagewright plan --emit DIR"
+        ) from None
+    except StagewrightError as exc:  # a key given twice, or nested too deep
+        raise BadInput(f"{path} is not a valid executor config: {exc}") from None
+    try:
+        config = ExecutorConfig.model_validate(data)
     except ValidationError as exc:
-        if _is_plan_request(text):
+        if is_plan_request(data):
             raise BadInput(
                 f"{path} is a plan request, not an executor config: {run_a_request(str(path))}"
             ) from None
@@ -54,14 +65,6 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
         optimizer = config.optimizer.model_copy(update={"lr": lr})
         config = config.model_copy(update={"optimizer": optimizer})
     return config
-
-
-def _is_plan_request(text: str) -> bool:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return False
-    return is_plan_request(data)
 
 
 def check_writable(folder: Path) -> None:

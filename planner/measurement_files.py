@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from planner.errors import StagewrightError
+from planner.json_input import loads
 from planner.measurements import (
     MeasuredRun,
     PassMeasurement,
@@ -108,12 +109,14 @@ def parse_runs(text: str, name: str) -> list[ParsedRun]:
     if name.lower().endswith(".csv"):
         return _validated(_csv_rows(text, name), name, "column")
     try:
-        data = json.loads(text)
+        data = loads(text)
     except json.JSONDecodeError as exc:
         raise MeasurementFileError(
             f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
             'give a JSON list of runs, {"runs": [...]}, or a .csv file'
         ) from None
+    except StagewrightError as exc:  # a key given twice, or nested too deep
+        raise MeasurementFileError(f"{name}: {exc}") from None
     if isinstance(data, dict) and isinstance(data.get("runs"), list):
         extra = sorted(set(data) - {"runs", "format", "notes"})
         if extra:
@@ -187,9 +190,11 @@ def _cell(column: str, cell: str | None) -> Any:
         return None
     if text[0] in "[{":
         try:
-            return json.loads(text)
+            return loads(text)
         except json.JSONDecodeError as exc:
             raise _CellError(f"column {column}: {text!r} is not valid JSON ({exc.msg})") from None
+        except StagewrightError as exc:  # a key given twice, or nested too deep
+            raise _CellError(f"column {column}: {exc}") from None
     if column in _LIST_COLUMNS:
         return [part.strip() for part in text.split(";")]
     return text

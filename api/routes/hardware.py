@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi import Path as PathParam
 from starlette.responses import Response
 
-from api.deps import WRITE, StateDep, strict_body
+from api.deps import WRITE, JsonBodyRoute, StateDep, strict_body
 from api.routes._docs import problems_of
 from api.schemas import HardwareIn, HardwarePublic
 from api.services import hardware
@@ -16,7 +16,7 @@ from api.state import offload
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/hardware", tags=["hardware"])
+router = APIRouter(prefix="/v1/hardware", tags=["hardware"], route_class=JsonBodyRoute)
 
 
 @router.get(

@@ -17,7 +17,7 @@ from fastapi import Path as PathParam
 from starlette.responses import Response
 
 from api import problems
-from api.deps import WRITE, PrincipalDep, StateDep, strict_body
+from api.deps import WRITE, JsonBodyRoute, PrincipalDep, StateDep, strict_body
 from api.problems import PROBLEM_MEDIA_TYPE
 from api.routes._docs import PLAN_EXAMPLES, problems_of
 from api.schemas import (
@@ -34,7 +34,7 @@ from planner.specs import Launch, PlanRequest
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"])
+router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=JsonBodyRoute)
 
 PlanId = Annotated[str, PathParam(description="The plan's id (from POST /v1/plans).")]
 CandidateIndex = Annotated[int, Query(ge=0, le=999, description="Rank in the plan (0 = best).")]

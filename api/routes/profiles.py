@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from starlette.responses import Response
 
-from api.deps import WRITE, StateDep, strict_body
+from api.deps import WRITE, JsonBodyRoute, StateDep, strict_body
 from api.routes._docs import problems_of
 from api.schemas import HARDWARE_NAME_PATTERN, ProfilesIn, ProfilesPublic, ProfilesWriteResult
 from api.services import profiles
@@ -15,7 +15,7 @@ from api.state import offload
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"], route_class=JsonBodyRoute)
 
 
 @router.get(

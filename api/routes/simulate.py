@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends
 
-from api.deps import WRITE, StateDep, strict_body
+from api.deps import WRITE, JsonBodyRoute, StateDep, strict_body
 from api.routes._docs import problems_of
 from api.schemas import MemorySweepRequest, MemorySweepResult, SimulateRequest, SimulateResult
 from api.services import simulate
@@ -14,7 +14,7 @@ from api.state import offload
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/simulate", tags=["simulate"])
+router = APIRouter(prefix="/v1/simulate", tags=["simulate"], route_class=JsonBodyRoute)
 
 
 EXAMPLES = {

@@ -1,7 +1,8 @@
 """The executor config: everything a rank needs to run one candidate, as one typed document.
 
 The planner writes it (:func:`planner.launch.build_executor_config`), the executor reads it
-(``ExecutorConfig.model_validate_json``), and nothing else parses it. It carries the exact
+(``executor.inputs.read_config``: :func:`planner.json_input.loads`, then
+``ExecutorConfig.model_validate``), and nothing else parses it. It carries the exact
 schedule IR the simulator priced, the layers and recompute mode of every stage, the rank
 placement, the training settings, and what the planner predicted (so that ``stagewright run``
 puts measured next to predicted without pricing the plan again).
@@ -218,8 +219,9 @@ class Prediction(_Spec):
 
 class ExecutorConfig(_Spec):
     """One candidate, ready to run: ``stagewright run CONFIG.json`` or the plan's torchrun
-    line. Read with ``ExecutorConfig.model_validate_json``; invalid documents raise a
-    ``ValidationError`` whose messages say what to change."""
+    line. Read with ``ExecutorConfig.model_validate`` of ``planner.json_input.loads`` (a key
+    given twice is refused); invalid documents raise a ``ValidationError`` whose messages
+    say what to change."""
 
     format: Literal["stagewright.executor-config/2"] = Field(
         description="Version of this document; a stagewright that cannot read it says so."

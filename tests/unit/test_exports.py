@@ -8,6 +8,7 @@ import pytest
 
 MODULES = [
     "planner.errors",
+    "planner.json_input",
     "planner.schedules",
     "planner.simulate",
     "planner.specs",

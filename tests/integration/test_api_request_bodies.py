@@ -1,0 +1,138 @@
+"""Request bodies the service used to reinterpret without a word, each now a 422 problem that
+says what to change, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from planner.plan import plan as real_plan
+from tests.integration.conftest import assert_problem, example
+from tests.integration.test_api_profiles import H200X, POINT
+from tests.reliability.test_inputs import RUN
+
+JSON = {"content-type": "application/json"}
+SIMULATE = {
+    "schedule": "1f1b",
+    "num_devices": 2,
+    "num_microbatches": 4,
+    "forward": 1.0,
+    "backward": 2.0,
+}
+
+
+def _post(client: TestClient, path: str, text: str) -> Any:
+    return client.post(path, content=text.encode(), headers=JSON)
+
+
+def _twice(text: str, given: str, again: str) -> str:
+    """``text`` with ``again`` written right after its only ``given``: a key given twice."""
+    assert text.count(given) == 1, given
+    return text.replace(given, f"{given}, {again}")
+
+
+# -- 1. a key given twice ---------------------------------------------------------------------
+
+
+def test_a_plan_request_with_a_key_given_twice_is_refused_naming_it(client):
+    text = _twice(
+        json.dumps(example("tiny-cpu")), '"global_batch_size": 16', '"global_batch_size": 32'
+    )
+    body = assert_problem(
+        _post(client, "/v1/plans", text),
+        422,
+        "body.training: global_batch_size is given twice; keep one",
+    )
+    assert body["type"] == "urn:stagewright:problem:validation-error"
+    assert body["errors"] == [
+        {
+            "loc": ["body", "training"],
+            "msg": "global_batch_size is given twice; keep one",
+            "type": "duplicate_key",
+        }
+    ]
+    assert client.get("/v1/plans").json()["total"] == 0  # nothing was planned
+
+
+@pytest.mark.parametrize(
+    ("path", "document", "given", "again", "message"),
+    [
+        (
+            "/v1/simulate",
+            SIMULATE,
+            '"forward": 1.0',
+            '"forward": 3.0',
+            "body: forward is given twice; keep one",
+        ),
+        (
+            "/v1/simulate/memory-sweep",
+            {"num_devices": 4, "num_microbatches": 8, "forward": 1.0, "backward": 1.0},
+            '"num_devices": 4',
+            '"num_devices": 8',
+            "body: num_devices is given twice; keep one",
+        ),
+        (
+            "/v1/hardware",
+            H200X,
+            '"memory_gib": 141.0',
+            '"memory_gib": 80.0',
+            "body: memory_gib is given twice; keep one",
+        ),
+        (
+            "/v1/hardware",
+            H200X,
+            '"latency_us": 3',
+            '"latency_us": 30',
+            "body.intra_node: latency_us is given twice; keep one",
+        ),
+        (
+            "/v1/profiles",
+            {"layers": [POINT]},
+            '"forward_ms": 3.0',
+            '"forward_ms": 30.0',
+            "body.layers.0: forward_ms is given twice; keep one",
+        ),
+        (
+            "/v1/measurements",
+            {"runs": [RUN]},
+            '"step_time_s": 12.5',
+            '"step_time_s": 1.5',
+            "body.runs.0.measured: step_time_s is given twice; keep one",
+        ),
+    ],
+)
+def test_every_body_with_a_key_given_twice_is_refused_naming_it(
+    client, path, document, given, again, message
+):
+    stored = client.get("/v1/measurements").json()["total"]
+    text = _twice(json.dumps(document), given, again)
+    assert_problem(_post(client, path, text), 422, message)
+    assert client.get("/v1/hardware/h200x-test").status_code == 404  # nothing stored
+    assert client.get("/v1/measurements").json()["total"] == stored
+
+
+def test_a_measurement_with_a_key_given_twice_is_refused(make_client):
+    client = make_client(planner=real_plan)
+    created = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert created.status_code == 201, created.text
+    url = f"{created.headers['location']}/measurements"
+    assert_problem(
+        _post(client, url, '{"step_time_s": 1.0, "step_time_s": 2.0}'),
+        422,
+        "body: step_time_s is given twice; keep one",
+    )
+    assert client.get(url).json() == []
+
+
+def test_a_body_nested_too_deep_is_a_400_saying_so(client):
+    text = '{"runs": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    assert_problem(_post(client, "/v1/measurements", text), 400, "too deep")
+
+
+def test_a_body_without_repeats_is_read_as_before(client):
+    response = client.post("/v1/simulate", json=SIMULATE)
+    assert response.status_code == 200, response.text
+    assert response.json()["makespan"] == 15.0
