@@ -43,11 +43,21 @@ def strict_body(model: type[BaseModel]) -> Callable[[Request], Awaitable[None]]:
             model.model_validate_json(raw, strict=True)
         except ValidationError as exc:
             errors: list[dict[str, Any]] = [
-                {**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)
+                {**_said_of_a_boolean(err), "loc": ("body", *err["loc"])}
+                for err in exc.errors(include_url=False)
             ]
             raise RequestValidationError(errors) from None
 
     return check
+
+
+def _said_of_a_boolean(err: Any) -> Any:
+    """Strict mode refuses true for a number as "Input should be a valid integer"; say it as
+    the planner's models (and so ``stagewright plan``) do: a number is needed, not true."""
+    if err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), bool):
+        word = "true" if err["input"] else "false"
+        return {**err, "type": "number_not_boolean", "msg": f"a number is needed, not {word}"}
+    return err
 
 
 class _JsonBodyRequest(Request):

@@ -401,8 +401,11 @@ def _stage_times(value: Any) -> Any:
     """One message for a bad time: the union's two branches would each report their own
     ("should be >= 0"; "should be a valid array") for one mistake."""
     values = value if isinstance(value, list) else [value]
-    for item in values:
-        if isinstance(item, bool) or not isinstance(item, int | float):
+    for index, item in enumerate(values):
+        if isinstance(item, bool):
+            entry = f" (entry {index})" if isinstance(value, list) else ""
+            raise ValueError(f"a number is needed, not {str(item).lower()}{entry}")
+        if not isinstance(item, int | float):
             continue  # not a number: the schema's own message names what is expected
         if not 0 <= item <= _MAX_SECONDS:
             raise ValueError(

@@ -27,7 +27,7 @@ from planner.errors import StagewrightError
 from planner.json_input import loads
 from planner.plan import plan
 from planner.schedules import schedule_family
-from planner.specs import CandidateConfig, Plan, PlanRequest
+from planner.specs import CandidateConfig, Plan, PlanRequest, numbers_not_booleans
 
 __all__ = ["BASELINE_FORMAT", "Outcome", "check_baseline", "load_baseline", "update_baseline"]
 
@@ -63,6 +63,10 @@ class _Part(BaseModel):
 class _Config(_Part):
     """A recorded best configuration (the keys ``_summary`` writes)."""
 
+    _numbers_not_booleans = numbers_not_booleans(
+        "t", "p", "d", "micro_batch_size", "cp", "num_chunks"
+    )
+
     t: int = Field(ge=1)
     p: int = Field(ge=1)
     d: int = Field(ge=1)
@@ -74,6 +78,8 @@ class _Config(_Part):
 
 
 class _Expected(_Part):
+    _numbers_not_booleans = numbers_not_booleans("samples_per_s", "peak_memory_gib")
+
     config: _Config
     samples_per_s: float = Field(gt=0)
     peak_memory_gib: float | None = Field(default=None, ge=0)
@@ -83,6 +89,8 @@ _Tolerance = Annotated[float, Field(ge=0, lt=100)]
 
 
 class _Scenario(_Part):
+    _numbers_not_booleans = numbers_not_booleans("tolerance_pct")
+
     name: str = Field(min_length=1)
     request: dict[str, Any]
     tolerance_pct: _Tolerance | None = None
@@ -91,6 +99,8 @@ class _Scenario(_Part):
 
 
 class _Baseline(_Part):
+    _numbers_not_booleans = numbers_not_booleans("tolerance_pct")
+
     format: str
     tolerance_pct: _Tolerance = 1.0
     notes: str | None = None

@@ -53,6 +53,7 @@ from planner.specs import (
     ScheduleName,
     SearchSpec,
     TrainingSpec,
+    numbers_not_booleans,
 )
 
 __all__ = [
@@ -79,6 +80,10 @@ class _Spec(BaseModel):
 class RunConfig(_Spec):
     """The configuration that ran: a plan candidate's ``config`` without the micro-batch
     count (it follows from the batch: global batch / (micro-batch size x d))."""
+
+    _numbers_not_booleans = numbers_not_booleans(
+        "t", "p", "d", "micro_batch_size", "layers_per_stage", "memory_limit", "num_chunks"
+    )
 
     t: int = Field(ge=1, description="Tensor-parallel degree.")
     p: int = Field(ge=1, description="Pipeline-parallel degree (devices in a pipeline).")
@@ -124,6 +129,8 @@ class RunConfig(_Spec):
 class StepMeasurement(_Spec):
     """Whole optimizer steps."""
 
+    _numbers_not_booleans = numbers_not_booleans("step_time_s", "mfu", "peak_memory_gib")
+
     kind: Literal["step"] = "step"
     step_time_s: float | None = Field(
         default=None, gt=0, le=_MAX_TIME_S, description="Seconds per optimizer step."
@@ -151,6 +158,10 @@ class StepMeasurement(_Spec):
 
 class PassMeasurement(_Spec):
     """Single passes of one micro-batch over ``num_layers`` layers (one tensor rank)."""
+
+    _numbers_not_booleans = numbers_not_booleans(
+        "num_layers", "forward_ms", "backward_ms", "weight_ms"
+    )
 
     kind: Literal["pass"] = "pass"
     num_layers: int = Field(default=1, ge=1, description="Transformer layers the pass covers.")

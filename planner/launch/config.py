@@ -35,7 +35,14 @@ from planner.schedules import (
     schedule_family,
     validate,
 )
-from planner.specs import CandidateConfig, ModelSpec, Recompute, RecomputeSplit, TrainingSpec
+from planner.specs import (
+    CandidateConfig,
+    ModelSpec,
+    Recompute,
+    RecomputeSplit,
+    TrainingSpec,
+    numbers_not_booleans,
+)
 
 __all__ = [
     "EXECUTOR_CONFIG_FORMAT",
@@ -85,6 +92,8 @@ class _Spec(BaseModel):
 class Parallel(_Spec):
     """Parallel degrees; the job has t x cp x p x d ranks."""
 
+    _numbers_not_booleans = numbers_not_booleans("t", "p", "d", "cp")
+
     t: int = Field(ge=1, description="Tensor-parallel degree.")
     p: int = Field(ge=1, description="Pipeline-parallel degree (devices in a pipeline).")
     d: int = Field(ge=1, description="Data-parallel degree.")
@@ -105,6 +114,8 @@ class Parallel(_Spec):
 class StageSpec(_Spec):
     """One pipeline stage: a contiguous run of layers and how many use each recompute mode.
     The first and the last stage may hold none (only the embedding, only the output layer)."""
+
+    _numbers_not_booleans = numbers_not_booleans("first_layer")
 
     first_layer: int = Field(ge=0, description="Index of the stage's first transformer layer.")
     recompute: RecomputeSplit = Field(
@@ -133,6 +144,8 @@ class StageSpec(_Spec):
 class RankCoords(_Spec):
     """Where a global rank sits in the (data, pipeline, tensor) grid."""
 
+    _numbers_not_booleans = numbers_not_booleans("rank", "dp", "pp", "tp")
+
     rank: int = Field(ge=0)
     dp: int = Field(ge=0)
     pp: int = Field(ge=0)
@@ -142,6 +155,8 @@ class RankCoords(_Spec):
 class PlacementSpec(_Spec):
     """Rank -> coordinates, as the planner placed them (see :mod:`planner.placement`): every
     rank, or (in a plan) the rule that gives them."""
+
+    _numbers_not_booleans = numbers_not_booleans("gpus_per_node", "blocks")
 
     gpus_per_node: int = Field(ge=1)
     assignment: Assignment = Field(
@@ -161,6 +176,8 @@ class PlacementSpec(_Spec):
 class ScheduleReference(_Spec):
     """A schedule by its generator's parameters (``planner.schedules.generate`` rebuilds it
     exactly)."""
+
+    _numbers_not_booleans = numbers_not_booleans("num_devices", "num_microbatches", "parameters")
 
     format: Literal["stagewright.schedule-ref/1"]
     name: str
@@ -184,6 +201,17 @@ class ScheduleReference(_Spec):
 class OptimizerSettings(_Spec):
     """Hyper-parameters of the update (the optimizer itself is ``training.optimizer``)."""
 
+    _numbers_not_booleans = numbers_not_booleans(
+        "lr",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_eps",
+        "sgd_momentum",
+        "initial_loss_scale",
+        "loss_scale_window",
+        "min_loss_scale",
+    )
+
     lr: float = Field(default=1e-3, gt=0, description="Learning rate.")
     adam_beta1: float = Field(default=0.9, ge=0, lt=1)
     adam_beta2: float = Field(default=0.999, ge=0, lt=1)
@@ -202,6 +230,13 @@ class OptimizerSettings(_Spec):
 
 class Prediction(_Spec):
     """What the planner predicted for this candidate, on the hardware it planned for."""
+
+    _numbers_not_booleans = numbers_not_booleans(
+        "iteration_time_s",
+        "saved_activation_bytes",
+        "recompute_working_bytes",
+        "memory_gib_per_device",
+    )
 
     hardware: str = Field(description="The hardware profile the prediction is for.")
     iteration_time_s: float = Field(
@@ -222,6 +257,10 @@ class ExecutorConfig(_Spec):
     line. Read with ``ExecutorConfig.model_validate`` of ``planner.json_input.loads`` (a key
     given twice is refused); invalid documents raise a ``ValidationError`` whose messages
     say what to change."""
+
+    _numbers_not_booleans = numbers_not_booleans(
+        "micro_batch_size", "num_microbatches", "dropout", "seed"
+    )
 
     format: Literal["stagewright.executor-config/2"] = Field(
         description="Version of this document; a stagewright that cannot read it says so."

@@ -21,6 +21,8 @@ from planner.specs._common import (
     SolverStatus,
     TimeSource,
     default_schedules,
+    number_fields,
+    numbers_not_booleans,
 )
 from planner.specs._model import ModelSpec
 from planner.specs._plan import (
@@ -73,4 +75,6 @@ __all__ = [
     "TimeSource",
     "TrainingSpec",
     "default_schedules",
+    "number_fields",
+    "numbers_not_booleans",
 ]

@@ -11,6 +11,7 @@ from pydantic import (
 
 from planner.specs._common import (
     Spec,
+    numbers_not_booleans,
 )
 
 __all__ = ["ModelSpec"]
@@ -24,6 +25,16 @@ class ModelSpec(Spec):
     embedding); Llama-style models set ``num_query_groups`` (grouped-query attention),
     ``activation`` swiglu, ``normalization`` rmsnorm, ``position_embedding`` rope,
     ``untie_embeddings_and_output_weights`` and ``add_bias_linear`` false."""
+
+    _numbers_not_booleans = numbers_not_booleans(
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "ffn_hidden_size",
+        "seq_length",
+        "vocab_size",
+    )
 
     name: str = Field(
         description="A label for the model, e.g. 'gpt3-96b'.", min_length=1, max_length=200

@@ -26,6 +26,7 @@ from planner.specs._common import (
     SolverStatus,
     Spec,
     TimeSource,
+    numbers_not_booleans,
 )
 from planner.specs._request import PlanRequest
 
@@ -47,6 +48,8 @@ __all__ = [
 
 class RecomputeSplit(Spec):
     """Layers of one stage per recompute mode."""
+
+    _numbers_not_booleans = numbers_not_booleans("none", "selective", "full")
 
     none: int = Field(default=0, ge=0, description="Layers that keep all activations.")
     selective: int = Field(default=0, ge=0, description="Layers recomputing attention only.")

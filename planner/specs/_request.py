@@ -26,6 +26,7 @@ from planner.specs._common import (
     ScheduleName,
     Spec,
     default_schedules,
+    numbers_not_booleans,
 )
 from planner.specs._model import ModelSpec
 
@@ -43,6 +44,8 @@ def _chunked_families() -> list[str]:
 class ClusterSpec(Spec):
     """Which GPUs and how many: ``gpu`` names a hardware profile."""
 
+    _numbers_not_booleans = numbers_not_booleans("num_nodes", "gpus_per_node")
+
     gpu: str = Field(
         description="Hardware profile name, e.g. 'a100-sxm-80g' or 'cpu'.",
         min_length=1,
@@ -58,6 +61,8 @@ class ClusterSpec(Spec):
 
 class TrainingSpec(Spec):
     """How the model is trained: batch, precision, optimizer and memory-saving switches."""
+
+    _numbers_not_booleans = numbers_not_booleans("global_batch_size")
 
     global_batch_size: int = Field(description="Samples per optimizer step (B).", ge=1)
     precision: Precision = Field(default="bf16", description="Compute precision.")
@@ -77,6 +82,10 @@ class TrainingSpec(Spec):
 
 class SearchSpec(Spec):
     """What the search may choose from."""
+
+    _numbers_not_booleans = numbers_not_booleans(
+        "micro_batch_sizes", "context_parallel", "num_chunks", "time_limit_s", "top_k"
+    )
 
     schedules: list[ScheduleName] = Field(
         default_factory=lambda: default_schedules(allow_stale_weights=False),

@@ -136,3 +136,46 @@ def test_a_body_without_repeats_is_read_as_before(client):
     response = client.post("/v1/simulate", json=SIMULATE)
     assert response.status_code == 200, response.text
     assert response.json()["makespan"] == 15.0
+
+
+# -- 2. true and false where a number belongs -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "document", "message"),
+    [
+        (
+            "/v1/plans",
+            {**example("tiny-cpu"), "model": {**example("tiny-cpu")["model"], "num_layers": True}},
+            "body.model.num_layers: a number is needed, not true",
+        ),
+        (
+            "/v1/plans",
+            {**example("tiny-cpu"), "search": {"micro_batch_sizes": [1, False]}},
+            "body.search.micro_batch_sizes: a number is needed, not false (entry 1)",
+        ),
+        (
+            "/v1/simulate",
+            {**SIMULATE, "num_devices": True},
+            "body.num_devices: a number is needed, not true",
+        ),
+        (
+            "/v1/simulate",
+            {**SIMULATE, "forward": [1.0, True]},
+            "body.forward: a number is needed, not true (entry 1)",
+        ),
+        ("/v1/hardware", {**H200X, "memory_gib": True}, "body.memory_gib: a number is needed"),
+        (
+            "/v1/profiles",
+            {"layers": [{**POINT, "micro_batch_size": True}]},
+            "body.layers.0.micro_batch_size: a number is needed, not true",
+        ),
+        (
+            "/v1/measurements",
+            {"runs": [{**RUN, "config": {**RUN["config"], "t": True}}]},
+            "body.runs.0.config.t: a number is needed, not true",
+        ),
+    ],
+)
+def test_a_boolean_for_a_number_is_refused_naming_the_field(client, path, document, message):
+    assert_problem(client.post(path, json=document), 422, message)
