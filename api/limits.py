@@ -155,7 +155,8 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
     """The request as it will be planned, and warnings about what the server changed.
 
     Raises ApiProblem 422 (listing every limit broken, each with its value) for a search
-    bigger than this server takes; lowers search.time_limit_s to the server's CP-SAT cap."""
+    bigger than this server takes; lowers a CP-SAT search's time_limit_s to the server's
+    CP-SAT cap."""
     errors: list[dict[str, Any]] = []
     for (part, name), ceiling in MODEL_LIMITS.items():
         value = getattr(getattr(request, part), name)
@@ -225,7 +226,10 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
     _check_search_cost(request, settings)
     warnings = []
     cap = settings.max_cpsat_time_s
-    if search.time_limit_s > cap:
+    # Only CP-SAT runs for time_limit_s: a grid request carries the default (any other
+    # value is refused), and lowering it would echo a request that is refused when posted
+    # again (a cap under the default), with a warning about a limit nothing used.
+    if search.method == "cpsat" and search.time_limit_s > cap:
         warnings.append(
             f"search.time_limit_s {search.time_limit_s:g} s lowered to this server's cap of "
             f"{cap:g} s"

@@ -66,8 +66,9 @@ def mutated(rng: random.Random, example: dict[str, Any]) -> dict[str, Any]:
         micro_batch_sizes=rng.choice([None, [1], [1, 2], [2, 4, 8], [3], [16]]),
         top_k=rng.choice([1, 5, 30]),
         method="cpsat" if rng.random() < 0.15 else "grid",
-        time_limit_s=2.0,
     )
+    if search["method"] == "cpsat":  # the grid has no time budget (and refuses one)
+        search["time_limit_s"] = 2.0
     if rng.random() < 0.3:
         search["context_parallel"] = rng.choice([[1], [1, 2], [2, 4]])
     training = data["training"]

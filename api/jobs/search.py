@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from api.jobs.worker import read_message, write_message
 from api.profile_snapshot import Snapshot
 from planner.errors import StagewrightError
-from planner.specs import Plan, PlanRequest
+from planner.specs import STORED, Plan, PlanRequest
 
 __all__ = [
     "InlineSearch",
@@ -75,7 +75,7 @@ class InlineSearch:
         self, slot: int, request: dict[str, Any], snapshot: Snapshot, stopping: threading.Event
     ) -> SearchOutcome:
         try:
-            parsed = PlanRequest.model_validate(request)
+            parsed = PlanRequest.model_validate(request, context={STORED: True})
         except ValidationError as exc:
             return SearchOutcome(
                 "refused",

@@ -64,10 +64,10 @@ def _search(function: Callable[..., Any], message: dict[str, Any]) -> dict[str, 
 
     from api.profile_snapshot import Snapshot
     from planner.errors import StagewrightError
-    from planner.specs import PlanRequest
+    from planner.specs import STORED, PlanRequest
 
     try:
-        request = PlanRequest.model_validate(message["request"])
+        request = PlanRequest.model_validate(message["request"], context={STORED: True})
     except ValidationError as exc:  # a stored request no longer valid for this version
         return {
             "outcome": "refused",

@@ -11,7 +11,7 @@ from api.services.plans import load_done_plan, ranked_candidate
 from planner.launch import materialize_launch
 from planner.launch.files import launch_archive
 from planner.schedules import schedule_actions
-from planner.specs import Candidate, Plan, PlanRequest
+from planner.specs import STORED, Candidate, Plan, PlanRequest
 
 if TYPE_CHECKING:
     from api.state import AppState
@@ -40,7 +40,8 @@ def candidate_launch(state: AppState, plan_id: str, candidate: int) -> bytes:
             f"{limit:,} this server materializes in one answer; run `stagewright plan "
             "--emit DIR` on the request to write its launch artefacts locally"
         )
-    launch = materialize_launch(PlanRequest.model_validate(result["request"]), chosen)
+    request = PlanRequest.model_validate(result["request"], context={STORED: True})
+    launch = materialize_launch(request, chosen)
     return launch.model_dump_json().encode()
 
 
@@ -53,7 +54,7 @@ def plan_archive(state: AppState, plan_id: str) -> bytes:
     with state.database.session() as session:
         record = load_done_plan(session, plan_id, "download its launch artefacts")
         result = record.result or {}
-    plan = Plan.model_validate(result)
+    plan = Plan.model_validate(result, context={STORED: True})
     actions = sum(
         schedule_actions(
             c.config.schedule, c.config.p, c.config.num_microbatches, **c.config.schedule_parameters

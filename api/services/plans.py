@@ -30,7 +30,7 @@ from api.store.models import PlanRecord
 from api.store.snapshots import snapshot_current
 from planner.assemble import no_fit_summary
 from planner.profiles import UnknownHardwareError
-from planner.specs import Plan, PlanRequest, Rejected
+from planner.specs import STORED, Plan, PlanRequest, Rejected
 
 if TYPE_CHECKING:
     from api.state import AppState
@@ -105,7 +105,8 @@ def _no_fit_warning(request: dict[str, Any], rejected: list[dict[str, Any]]) -> 
     """Why a done plan has no candidate, and what may help (the CLI's text, from the same
     function), from the stored request and rejections."""
     summary = no_fit_summary(
-        PlanRequest.model_validate(request), [Rejected.model_validate(r) for r in rejected]
+        PlanRequest.model_validate(request, context={STORED: True}),
+        [Rejected.model_validate(r) for r in rejected],
     )
     more = " ?include_rejected=true lists why each was rejected." if rejected else ""
     return summary + more

@@ -23,7 +23,7 @@ from api.store.snapshots import find_snapshot
 from planner.errors import StagewrightError
 from planner.profiles import ProfileStore
 from planner.search.timeline import candidate_timeline, memory_breakdown
-from planner.specs import CandidateConfig, PlanRequest
+from planner.specs import STORED, CandidateConfig, PlanRequest
 
 if TYPE_CHECKING:
     from api.state import AppState
@@ -77,7 +77,8 @@ def _compute(state: AppState, plan_id: str, candidate: int) -> dict[str, Any]:
         record = load_done_plan(session, plan_id, "ask for its timeline")
         chosen = ranked_candidate(record, candidate)
         store, profiles = _priced_with(session, record.id, record.gpu, record.hardware_revision)
-        request = PlanRequest.model_validate(record.result["request"])  # type: ignore[index]
+        stored = record.result["request"]  # type: ignore[index]
+        request = PlanRequest.model_validate(stored, context={STORED: True})
         config = CandidateConfig.model_validate(chosen["config"])
     timeline = candidate_timeline(
         request, config, store, max_work=state.settings.max_timeline_actions
@@ -104,7 +105,8 @@ def rejected_memory_json(state: AppState, plan_id: str, index: int) -> bytes:
             )
         entry = rejected[index]
         store, profiles = _priced_with(session, record.id, record.gpu, record.hardware_revision)
-        request = PlanRequest.model_validate(record.result["request"])  # type: ignore[index]
+        stored = record.result["request"]  # type: ignore[index]
+        request = PlanRequest.model_validate(stored, context={STORED: True})
     if entry.get("predicted") is None:
         raise problems.ApiProblem(
             409,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from planner.specs._common import (
     DEFAULT_MICRO_BATCH_SIZES,
     SCHEDULES,
+    STORED,
     Precision,
     Recompute,
     RuntimeChoice,
@@ -51,6 +52,7 @@ __all__ = [
     "DEFAULT_MICRO_BATCH_SIZES",
     "DEFAULT_NUM_CHUNKS",
     "SCHEDULES",
+    "STORED",
     "Candidate",
     "CandidateConfig",
     "ClusterSpec",

@@ -26,6 +26,7 @@ from planner.schedules import (
 __all__ = [
     "DEFAULT_MICRO_BATCH_SIZES",
     "SCHEDULES",
+    "STORED",
     "Precision",
     "Recompute",
     "RuntimeChoice",
@@ -60,6 +61,13 @@ ScheduleName = Annotated[
 SCHEDULES: tuple[str, ...] = SCHEDULE_NAMES
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)  # searched when a request gives none
 RuntimeChoice = Literal["any", "megatron", "torch", "stagewright"]
+
+STORED = "stored"
+"""Validation context key, ``context={STORED: True}``: the document was written by
+stagewright itself (a plan the service stored, a queued job), maybe by an earlier version.
+Checks that refuse what a person may no longer send, but whose value the planner reads
+as it always did, let it through (``search.time_limit_s`` given with method grid, which
+the planner has always ignored), so that stored plans keep loading."""
 
 
 def default_schedules(*, allow_stale_weights: bool) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -20,6 +21,7 @@ from planner.schedules import (
 )
 from planner.specs._common import (
     DEFAULT_MICRO_BATCH_SIZES,
+    STORED,
     Precision,
     Recompute,
     RuntimeChoice,
@@ -141,7 +143,8 @@ class SearchSpec(Spec):
         gt=0,
         le=600,
         description="Budget for the CP-SAT refinement of one request (method cpsat), in "
-        "seconds; each model gets at most 2 s of it.",
+        "seconds; each model gets at most 2 s of it. The grid runs no CP-SAT: with method "
+        "grid a value other than the default is refused.",
     )
     top_k: int = Field(default=10, description="Ranked candidates to return.", ge=1, le=1000)
 
@@ -166,6 +169,23 @@ class SearchSpec(Spec):
                     f"to true to search it, or leave it out of search.schedules"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _time_limit_only_for_cpsat(self, info: ValidationInfo) -> SearchSpec:
+        """time_limit_s is the CP-SAT refinement's budget; the grid runs no CP-SAT and
+        ignored it. Its default is let through (a request the service echoes spells it
+        out), and so is a plan stored before this check (``STORED``)."""
+        if self.method == "cpsat" or "time_limit_s" not in self.model_fields_set:
+            return self
+        if self.time_limit_s == type(self).model_fields["time_limit_s"].default:
+            return self
+        if info.context and info.context.get(STORED):
+            return self
+        raise ValueError(
+            f"time_limit_s {self.time_limit_s:g} is the time budget of the CP-SAT "
+            f"refinement, which method {self.method} does not run; set search.method to "
+            f"cpsat to refine the best candidates with it, or leave time_limit_s out"
+        )
 
     @model_validator(mode="after")
     def _chunks_only_for_chunked_schedules(self) -> SearchSpec:

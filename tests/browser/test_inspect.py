@@ -374,7 +374,12 @@ def test_a_plan_page_shows_the_servers_warnings_and_why_nothing_fits(server, pag
     body = {
         **TINY,
         "model": {**TINY["model"], "hidden_size": 16384, "num_attention_heads": 32},
-        "search": {"micro_batch_sizes": [1], "schedules": ["1f1b"], "time_limit_s": 45},
+        "search": {
+            "micro_batch_sizes": [1],
+            "schedules": ["1f1b"],
+            "method": "cpsat",
+            "time_limit_s": 45,
+        },
     }
     plan = make_plan(server, body)
     assert plan["best"] is None and len(plan["warnings"]) == 2

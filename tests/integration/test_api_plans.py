@@ -266,7 +266,8 @@ def test_cpsat_time_is_capped_with_a_warning(make_client):
         return real_plan(request, store)
 
     client = make_client(planner=record, max_cpsat_time_s=3)
-    body = client.post("/v1/plans", json=tiny(**{"search.time_limit_s": 300})).json()
+    request = tiny(**{"search.method": "cpsat", "search.time_limit_s": 300})
+    body = client.post("/v1/plans", json=request).json()
     assert seen == [3.0]
     assert body["request"]["search"]["time_limit_s"] == 3.0
     assert body["warnings"] == ["search.time_limit_s 300 s lowered to this server's cap of 3 s"]

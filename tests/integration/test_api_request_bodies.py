@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from api.core.db import Database
+from api.store.models import PlanRecord
 from planner.plan import plan as real_plan
 from tests.integration.conftest import assert_problem, example
 from tests.integration.test_api_profiles import H200X, POINT
@@ -179,3 +181,66 @@ def test_a_body_without_repeats_is_read_as_before(client):
 )
 def test_a_boolean_for_a_number_is_refused_naming_the_field(client, path, document, message):
     assert_problem(client.post(path, json=document), 422, message)
+
+
+# -- 3. search.time_limit_s with the grid ---------------------------------------------------
+
+
+def test_a_time_limit_with_the_grid_is_refused_saying_what_to_change(client):
+    body = {**example("tiny-cpu")}
+    body["search"] = {**body["search"], "time_limit_s": 60}
+    problem = assert_problem(
+        client.post("/v1/plans", json=body),
+        422,
+        "body.search: time_limit_s 60 is the time budget of the CP-SAT refinement, which "
+        "method grid does not run; set search.method to cpsat",
+    )
+    assert problem["errors"][0]["loc"] == ["body", "search"]
+    assert client.get("/v1/plans").json()["total"] == 0
+
+
+def test_requests_the_service_echoes_are_accepted_again(make_client):
+    client = make_client(planner=real_plan, max_cpsat_time_s=3)
+    first = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert first.status_code == 201, first.text
+    echoed = first.json()["request"]
+    assert echoed["search"]["method"] == "grid" and echoed["search"]["time_limit_s"] == 10.0
+    again = client.post("/v1/plans", json=echoed)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
+    # A CP-SAT request over the server's cap is echoed with the cap; posted again, it plans.
+    cpsat = example("tiny-cpu")
+    cpsat["search"] = {**cpsat["search"], "schedules": ["1f1b"], "method": "cpsat"}
+    cpsat["search"]["time_limit_s"] = 300
+    lowered = client.post("/v1/plans", json=cpsat)
+    assert lowered.status_code == 201, lowered.text
+    assert lowered.json()["request"]["search"]["time_limit_s"] == 3.0
+    posted = client.post("/v1/plans", json=lowered.json()["request"])
+    assert posted.status_code in (200, 201), posted.text
+
+
+def test_a_plan_stored_with_a_time_limit_and_the_grid_still_serves(make_client, database_url):
+    """Plans stored before the check (the service accepted such requests) keep their launch
+    artefacts, timelines and inspection."""
+    client = make_client(planner=real_plan)
+    created = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert created.status_code == 201, created.text
+    plan_id = created.json()["id"]
+    database = Database(database_url)
+    try:
+        with database.session() as session:
+            record = session.get(PlanRecord, plan_id)
+            assert record is not None and record.result is not None
+            result = json.loads(json.dumps(record.result))
+            result["request"]["search"]["time_limit_s"] = 60.0
+            record.result = result
+            session.commit()
+    finally:
+        database.dispose()
+    fresh = make_client(planner=real_plan)  # no cached answers
+    launch = fresh.get(f"/v1/plans/{plan_id}/candidates/0/launch")
+    assert launch.status_code == 200, launch.text
+    assert fresh.get(f"/v1/plans/{plan_id}/launch.tar.gz").status_code == 200
+    timeline = fresh.get(f"/v1/plans/{plan_id}/timeline")
+    assert timeline.status_code == 200, timeline.text
+    shown = fresh.get(f"/v1/plans/{plan_id}")
+    assert shown.status_code == 200 and shown.json()["request"]["search"]["time_limit_s"] == 60

@@ -96,9 +96,9 @@ def test_booleans_where_they_belong_and_numbers_still_read():
     data["model"]["ffn_hidden_size"] = None
     request = PlanRequest.model_validate(data)
     assert request.training.flash_attention is True and request.model.ffn_hidden_size is None
-    assert (
-        PlanRequest.model_validate(_request("search", "time_limit_s", 5)).search.time_limit_s == 5
-    )
+    cpsat = _request("search", "time_limit_s", 5)
+    cpsat["search"]["method"] = "cpsat"
+    assert PlanRequest.model_validate(cpsat).search.time_limit_s == 5
     # What lax mode reads and a person may mean stays read: "8" and 8.0 for 8.
     assert PlanRequest.model_validate(_request("model", "num_layers", "8")).model.num_layers == 8
     assert PlanRequest.model_validate(_request("model", "num_layers", 8.0)).model.num_layers == 8
