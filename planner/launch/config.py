@@ -86,7 +86,7 @@ def is_plan_request(data: Any) -> bool:
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Parallel(_Spec):

@@ -185,4 +185,4 @@ def _takes_numbers(annotation: Any) -> bool:
 class Spec(BaseModel):
     """Frozen, and an unknown field is an error rather than a silently ignored setting."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

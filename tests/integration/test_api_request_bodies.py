@@ -244,3 +244,20 @@ def test_a_plan_stored_with_a_time_limit_and_the_grid_still_serves(make_client, 
     assert timeline.status_code == 200, timeline.text
     shown = fresh.get(f"/v1/plans/{plan_id}")
     assert shown.status_code == 200 and shown.json()["request"]["search"]["time_limit_s"] == 60
+
+
+# -- 4. NaN and Infinity --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_non_finite_time_limit_is_refused_as_not_finite(client, value):
+    data = example("tiny-cpu")
+    data["search"] = {**data["search"], "method": "cpsat", "time_limit_s": "@"}
+    text = json.dumps(data).replace('"@"', value)
+    problem = assert_problem(
+        _post(client, "/v1/plans", text),
+        422,
+        "body.search.time_limit_s: Input should be a finite number",
+    )
+    assert "less than" not in problem["detail"] and "greater than" not in problem["detail"]
+    assert client.get("/v1/plans").json()["total"] == 0
