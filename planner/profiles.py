@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.bundled import bundled_dir
 from planner.errors import StagewrightError, validation_problems
+from planner.json_input import loads
 
 __all__ = [
     "BUNDLED_PROFILES",
@@ -294,12 +296,21 @@ class JsonProfileStore:
         for folder in folders or (BUNDLED_PROFILES, *extra_profile_dirs()):
             hardware_file = folder / "hardware.json"
             if hardware_file.is_file():
-                for entry in json.loads(hardware_file.read_text())["hardware"]:
-                    store.add_hardware(hardware_from_dict(entry))
+                with _naming_the_file(hardware_file):
+                    entries = _read(hardware_file)["hardware"]
+                    if not isinstance(entries, list) or not all(
+                        isinstance(entry, dict) for entry in entries
+                    ):
+                        raise ValueError("'hardware' must be a list of objects, one per GPU")
+                    hardware = [hardware_from_dict(entry) for entry in entries]
+                for profile in hardware:
+                    store.add_hardware(profile)
             layers_dir = folder / "layers"
             if layers_dir.is_dir():
                 for path in sorted(layers_dir.glob("*.json")):
-                    store.add_points(points_from_dict(json.loads(path.read_text())))
+                    with _naming_the_file(path):
+                        points = points_from_dict(_read(path))
+                    store.add_points(points)
         return store
 
     def add_hardware(self, profile: HardwareProfile) -> None:
@@ -323,13 +334,40 @@ class JsonProfileStore:
         return [p for p in self._points if p.gpu == gpu]
 
 
+def _read(path: Path) -> Any:
+    return loads(path.read_text(encoding="utf-8-sig"))
+
+
+@contextmanager
+def _naming_the_file(path: Path) -> Iterator[None]:
+    """Turn what a hand-edited profile file can get wrong (it does not parse, a key is
+    missing or repeated, a value has the wrong type) into one error naming the file: the
+    profile folders (``STAGEWRIGHT_PROFILES``, ``stagewright profile --out``) are files a
+    person may edit, and a traceback said neither which file nor what to change."""
+    try:
+        yield
+    except OSError as exc:
+        raise StagewrightError(f"cannot read the profile file {path}: {exc.strerror}") from None
+    except KeyError as exc:
+        raise StagewrightError(
+            f"the profile file {path} lacks the field {exc.args[0]!r}; add it (see the "
+            "bundled profiles/ for the fields each entry takes)"
+        ) from None
+    except (ValueError, TypeError, StagewrightError) as exc:
+        raise StagewrightError(f"the profile file {path} cannot be used: {exc}") from None
+
+
 def hardware_from_dict(entry: dict[str, object]) -> HardwareProfile:
     def link(value: object) -> Link:
-        assert isinstance(value, dict)
+        if not isinstance(value, dict):
+            raise ValueError(
+                "intra_node and inter_node must be objects (kind, bandwidth_gbps, latency_us)"
+            )
         return Link(str(value["kind"]), float(value["bandwidth_gbps"]), float(value["latency_us"]))
 
     peaks = entry["peak_flops"]
-    assert isinstance(peaks, dict)
+    if not isinstance(peaks, dict):
+        raise ValueError("peak_flops must be an object: FLOP/s per precision")
     return HardwareProfile(
         name=str(entry["name"]),
         description=str(entry.get("description", "")),
@@ -414,7 +452,8 @@ def points_from_dict(data: dict[str, object]) -> list[LayerPoint]:
     shared = {k: v for k, v in data.items() if k not in ("points", "format", "notes")}
     points = []
     raw_points = data["points"]
-    assert isinstance(raw_points, list)
+    if not isinstance(raw_points, list) or not all(isinstance(r, dict) for r in raw_points):
+        raise ValueError("'points' must be a list of objects, one per measured point")
     for raw in raw_points:
         merged = {**shared, **raw}
         points.append(
@@ -487,18 +526,20 @@ def save_point(point: LayerPoint, folder: Path) -> Path:
     ``folder/layers/<gpu>-measured.json``; returns the file."""
     path = folder / "layers" / f"{point.gpu}-measured.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (
-        json.loads(path.read_text())
-        if path.is_file()
-        else {
-            "format": "stagewright.layers/1",
-            "notes": "Measured with `stagewright profile`.",
-            "points": [],
-        }
-    )
+    data: dict[str, Any] = {
+        "format": "stagewright.layers/1",
+        "notes": "Measured with `stagewright profile`.",
+        "points": [],
+    }
+    if path.is_file():
+        with _naming_the_file(path):
+            data = _read(path)
+            stored = points_from_dict(data)
+    else:
+        stored = []
     points = [
         p
-        for p in points_from_dict(data)
+        for p in stored
         if (p.shape_key(), p.seq_length, p.micro_batch_size)
         != (point.shape_key(), point.seq_length, point.micro_batch_size)
     ]
