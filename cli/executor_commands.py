@@ -264,7 +264,7 @@ def _profile(args: argparse.Namespace) -> int:
     from planner.profiles import extra_profile_dirs, point_to_dict, save_point
 
     try:
-        data = loads(args.model.read_text(encoding="utf-8-sig"))
+        data = loads(args.model.read_text(encoding="utf-8"))
     except OSError as exc:
         raise StagewrightError(f"cannot read {args.model}: {exc.strerror}") from None
     except StagewrightError as exc:  # a key given twice, or nested too deep

@@ -406,8 +406,7 @@ def _describe(result: SimulationResult, width: int) -> str:
 
 def _read_request(path: str) -> PlanRequest:
     try:
-        # utf-8-sig: a request saved with a byte-order mark (Windows editors) reads the same.
-        text = Path(path).read_text(encoding="utf-8-sig")
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise StagewrightError(f"cannot read {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

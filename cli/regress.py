@@ -32,7 +32,6 @@ from planner.specs import CandidateConfig, Plan, PlanRequest, numbers_not_boolea
 __all__ = ["BASELINE_FORMAT", "Outcome", "check_baseline", "load_baseline", "update_baseline"]
 
 BASELINE_FORMAT = "stagewright.baseline/1"
-_CONFIG_KEYS = ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,8 @@ class _Part(BaseModel):
 
 
 class _Config(_Part):
-    """A recorded best configuration (the keys ``_summary`` writes)."""
+    """A recorded best configuration: what ``_summary`` writes (``_CONFIG_KEYS``, then cp
+    and num_chunks where they are not their defaults)."""
 
     _numbers_not_booleans = numbers_not_booleans(
         "t", "p", "d", "micro_batch_size", "cp", "num_chunks"
@@ -75,6 +75,10 @@ class _Config(_Part):
     schedule: str
     cp: int | None = Field(default=None, ge=1)
     num_chunks: int | None = Field(default=None, ge=1)
+
+
+# The keys every recorded configuration has; cp and num_chunks only off their defaults.
+_CONFIG_KEYS = tuple(k for k in _Config.model_fields if k not in ("cp", "num_chunks"))
 
 
 class _Expected(_Part):
@@ -110,8 +114,7 @@ class _Baseline(_Part):
 def load_baseline(path: Path) -> dict[str, Any]:
     """Read and check a baseline file; errors say what to fix."""
     try:
-        # utf-8-sig: a file saved with a byte-order mark (Windows editors) reads the same.
-        data = loads(path.read_text(encoding="utf-8-sig"))
+        data = loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise StagewrightError(f"cannot read {path}: {exc.strerror}") from exc
     except StagewrightError as exc:  # a key given twice, or nested too deep

@@ -26,7 +26,7 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
     """The executor config at ``path`` (with the learning rate overridden when ``lr`` is
     given)."""
     try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise BadInput(f"cannot read {path}: {reason}") from exc

@@ -44,7 +44,11 @@ class JsonTooDeepError(StagewrightError):
 def loads(text: str | bytes | bytearray) -> Any:
     """``json.loads(text)``, refusing an object with a repeated key (DuplicateKeyError) and a
     document nested too deep to parse (JsonTooDeepError); malformed JSON raises
-    ``json.JSONDecodeError`` as ``json.loads`` does."""
+    ``json.JSONDecodeError`` as ``json.loads`` does. A leading byte-order mark (Windows
+    editors, Excel's "CSV UTF-8") is not content: ``json.loads`` skips it in bytes but
+    refuses it in text, which is what every reader of a file hands it."""
+    if isinstance(text, str):
+        text = text.removeprefix("\ufeff")
     try:
         return json.loads(text, object_pairs_hook=_unique)
     except _Repeated:

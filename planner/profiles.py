@@ -335,7 +335,7 @@ class JsonProfileStore:
 
 
 def _read(path: Path) -> Any:
-    return loads(path.read_text(encoding="utf-8-sig"))
+    return loads(path.read_text(encoding="utf-8"))
 
 
 @contextmanager
