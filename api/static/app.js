@@ -50,15 +50,28 @@ function niceAxis(lo, hi, count) {
 }
 const stepDecimals = (step) => Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
 
+// Every request of the dashboard. It always answers {status, headers, body}: a service that
+// cannot be reached is status 0, and an answer that is not JSON (a proxy's error page) is a
+// sentence about it, never the page's HTML source.
 async function api(path, options = {}) {
-  const response = await fetch(path, { headers: { "Accept": "application/json", ...(options.headers || {}) }, ...options });
+  let response, text;
+  try {
+    response = await fetch(path, { ...options, headers: { "Accept": "application/json", ...(options.headers || {}) } });
+    text = await response.text();
+  } catch (error) {
+    return { status: 0, headers: new Headers(), body: { detail: `Could not reach the stagewright service (${error.message}). Check that it is running and that this browser can reach it, then reload the page.` } };
+  }
   let body = null;
-  const text = await response.text();
-  try { body = text ? JSON.parse(text) : null; } catch { body = { detail: text }; }
+  try { body = text ? JSON.parse(text) : null; }
+  catch {
+    const what = `${response.status} ${response.statusText || ""}`.trim();
+    body = { detail: `The server answered ${what} with a page that is not stagewright's (a proxy in front of it, or the service restarting). Try again in a moment; if it persists, look at the service's log.` };
+  }
   return { status: response.status, headers: response.headers, body };
 }
 function problemText(body) {
   if (!body) return "the server did not answer";
+  if (typeof body === "string") return body;
   return body.detail || body.title || JSON.stringify(body);
 }
 

@@ -12,7 +12,7 @@ async function showPlan(id, selection) {
   shown = null;
   app.replaceChildren(el("p", { class: "muted" }, "Loading plan…"));
   const { status, body } = await api(`/v1/plans/${id}?include_rejected=true`);
-  if (status === 404) return app.replaceChildren(el("div", { class: "banner bad" }, `No plan ${id}.`));
+  if (status === 404) return app.replaceChildren(el("div", { class: "banner bad" }, `No plan ${id} in this store: the link may be mistyped, or the plan was deleted. `, el("a", { href: "#/" }, "See the plans in the store.")));
   if (status !== 200) return app.replaceChildren(el("div", { class: "banner bad" }, problemText(body)));
   const state = body.status || "done";
   if (state !== "done") {
