@@ -79,7 +79,13 @@ function problemText(body) {
 function setNav(name) {
   for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.dataset.nav === name);
 }
+// A page fetches before it draws, and the person may have moved on by the time the answer
+// comes: every page takes a ticket when it starts (`pageTicket()`) and draws only while
+// `live()` says no other page has started since.
+let routeSeq = 0;
+function pageTicket() { const n = routeSeq; return () => n === routeSeq; }
 async function route() {
+  routeSeq++;
   const hash = location.hash || "#/";
   let m;
   // A plan's page names what it shows: #/plans/ID (the best), #/plans/ID/candidates/RANK
@@ -99,8 +105,10 @@ window.addEventListener("DOMContentLoaded", route);
 
 // ------------------------------------------------------------------ plan list
 async function showPlans() {
+  const live = pageTicket();
   app.replaceChildren(el("h1", {}, "Plans"), el("p", { class: "muted" }, "Loading…"));
   const { status, body } = await api("/v1/plans?limit=100");
+  if (!live()) return;
   if (status !== 200) return app.replaceChildren(el("div", { class: "banner bad" }, problemText(body)));
   const items = body.items || body.plans || body || [];
   const rows = items.map((p) => el("tr", {},
@@ -123,7 +131,9 @@ async function showPlans() {
 
 // ------------------------------------------------------------------ hardware and profiles
 async function showHardware() {
+  const live = pageTicket();
   const [hw, prof] = await Promise.all([api("/v1/hardware"), api("/v1/profiles")]);
+  if (!live()) return;
   const parts = [el("h1", {}, "Hardware and profiles")];
   if (hw.status !== 200) parts.push(el("div", { class: "banner bad" }, problemText(hw.body)));
   else {

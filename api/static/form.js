@@ -41,7 +41,9 @@ function limitsText(s) {
 }
 
 async function showForm() {
+  const live = pageTicket();
   const [hw, doc] = await Promise.all([api("/v1/hardware"), api("/openapi.json")]);
+  if (!live()) return;
   if (doc.status !== 200) return app.replaceChildren(el("div", { class: "banner bad" }, problemText(doc.body)));
   const gpus = hw.status === 200 ? (hw.body.items || hw.body).map((h) => h.name) : [];
   const schemas = doc.body.components.schemas;
@@ -163,8 +165,10 @@ async function submitForm(form) {
   banner.hidden = true;
   const button = document.getElementById("submit");
   button.disabled = true; button.textContent = "Planning…";
+  const live = pageTicket();
   const { status, headers, body } = await api("/v1/plans", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(readForm()) });
   button.disabled = false; button.textContent = "Plan it";
+  if (!live()) return; // the person has moved on: the plan is in the list
   if (status === 200 || status === 201) { location.hash = `#/plans/${body.id}`; return; }
   if (status === 202) { const loc = headers.get("Location") || ""; location.hash = "#" + loc.replace(/^\/v1/, "").replace(/^\/?/, "/"); return; }
   const errors = (body && (body.errors || body.invalid_params)) || [{ loc: [], msg: problemText(body) }];

@@ -9,19 +9,22 @@ const REJECTED_PAGE = 100;
 
 async function showPlan(id, selection) {
   if (shown && shown.id === id && document.getElementById("detail")) return selectDetail(selection);
+  const live = pageTicket();
   shown = null;
   app.replaceChildren(el("p", { class: "muted" }, "Loading plan…"));
   const { status, body } = await api(`/v1/plans/${id}?include_rejected=true`);
+  if (!live()) return;
   if (status === 404) return app.replaceChildren(el("div", { class: "banner bad" }, `No plan ${id} in this store: the link may be mistyped, or the plan was deleted. `, el("a", { href: "#/" }, "See the plans in the store.")));
   if (status !== 200) return app.replaceChildren(el("div", { class: "banner bad" }, problemText(body)));
   const state = body.status || "done";
   if (state !== "done") {
     app.replaceChildren(el("h1", {}, `Plan ${id.slice(0, 8)}`),
       el("div", { class: "card" }, `Status: ${state}. `, state === "failed" ? problemText(body.error || body) : "This page refreshes until the search finishes."));
-    if (state !== "failed") setTimeout(() => { if (location.hash.startsWith(`#/plans/${id}`)) showPlan(id, selection); }, 1000);
+    if (state !== "failed") setTimeout(() => { if (live() && location.hash.startsWith(`#/plans/${id}`)) showPlan(id, selection); }, 1000);
     return;
   }
   const hw = await api("/v1/hardware");
+  if (!live()) return;
   const entry = hw.status === 200 ? (hw.body.items || hw.body).find((h) => h.name === body.request.cluster.gpu) : null;
   body.capacity_gib = entry ? entry.usable_memory_gib : null;
   shown = { id, plan: body };

@@ -25,7 +25,9 @@ async function runSweep(chart) {
   const banner = document.getElementById("sweep-error");
   banner.hidden = true;
   chart.replaceChildren(el("p", { class: "muted" }, "Searching every limit…"));
+  const live = pageTicket();
   const { status, body: result } = await api("/v1/simulate/memory-sweep", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  if (!live() || !chart.isConnected) return;
   if (status !== 200) { banner.textContent = problemText(result); banner.hidden = false; chart.replaceChildren(); return; }
   chart.replaceChildren(sweepChart(result), sweepTable(result));
 }

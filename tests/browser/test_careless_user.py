@@ -11,6 +11,19 @@ import pytest
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+# Delays the answer to every fetch whose URL contains window.__slow (set by the test) by
+# 1.5 s, inside the page: what a loaded server or a slow link does to one request.
+SLOW_FETCH = """
+const realFetch = window.fetch;
+window.fetch = async (...args) => {
+  const answer = await realFetch(...args);
+  if (window.__slow && String(args[0]).includes(window.__slow))
+    await new Promise((r) => setTimeout(r, 1500));
+  return answer;
+};
+"""
+
+
 def _posts_to(page, path: str) -> list[str]:  # type: ignore[no-untyped-def]
     """The bodies of the POST requests the page sends to `path` from now on."""
     sent: list[str] = []
@@ -28,6 +41,19 @@ def _posts_to(page, path: str) -> list[str]:  # type: ignore[no-untyped-def]
 def _shown(page) -> dict:  # type: ignore[no-untyped-def, type-arg]
     page.click("#json-show")
     return json.loads(page.input_value("#request-json"))  # type: ignore[no-any-return]
+
+
+def test_a_slow_page_does_not_replace_the_page_moved_to(server, page):
+    page.add_init_script(SLOW_FETCH)
+    page.goto(server + "/#/")
+    page.wait_for_selector("h1:has-text('Plans')")
+    page.evaluate("window.__slow = '/openapi.json'")
+    page.click("a[data-nav=new]")  # the form waits for the request schema...
+    page.click("a[data-nav=plans]")  # ...and the person has gone back to the plans
+    page.wait_for_timeout(2500)
+    assert page.url.endswith("#/")
+    assert page.inner_text("h1") == "Plans"
+    assert page.query_selector("#plan-form") is None
 
 
 def test_a_missing_plan_says_what_to_do(server, page):
