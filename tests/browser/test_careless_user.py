@@ -10,6 +10,19 @@ import pytest
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
+TINY = {
+    "model": {
+        "name": "tiny-gpt",
+        "num_layers": 8,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "seq_length": 128,
+        "vocab_size": 1024,
+    },
+    "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
+    "training": {"global_batch_size": 16, "precision": "fp32"},
+    "search": {"micro_batch_sizes": [1, 2], "schedules": ["1f1b", "v-half"], "top_k": 6},
+}
 
 # Delays the answer to every fetch whose URL contains window.__slow (set by the test) by
 # 1.5 s, inside the page: what a loaded server or a slow link does to one request.
@@ -92,3 +105,106 @@ def test_an_unreachable_service_is_said_not_hung(server, page):
     banner = page.wait_for_selector("#form-error:not([hidden])", timeout=5000)
     assert "reach" in banner.inner_text()
     assert page.is_enabled("#submit") and page.inner_text("#submit") == "Plan it"
+
+
+def test_the_form_keeps_what_was_typed_across_back_and_reload(server, page):
+    page.goto(server + "/#/new")
+    page.wait_for_selector("#submit")
+    page.fill("#model\\.name", "my-model")
+    page.fill("#model\\.num_layers", "12")
+    page.fill("#search\\.micro_batch_sizes", "1, 2")
+    page.check("#search\\.schedules input[value='gpipe']")
+    page.uncheck("#search\\.schedules input[value='v-zb']")
+    page.select_option("#training\\.precision", "fp16")
+    typed = {
+        "model.name": "my-model",
+        "model.num_layers": "12",
+        "search.micro_batch_sizes": "1, 2",
+        "training.precision": "fp16",
+    }
+
+    def check() -> None:
+        page.wait_for_selector("#submit")
+        for field, value in typed.items():
+            assert page.input_value("#" + field.replace(".", "\\.")) == value, field
+        assert page.is_checked("#search\\.schedules input[value='gpipe']")
+        assert not page.is_checked("#search\\.schedules input[value='v-zb']")
+
+    page.click("a[data-nav=hardware]")  # to look up a GPU's name
+    page.wait_for_selector("#profiles")
+    page.go_back()
+    check()
+    page.reload()
+    check()
+    # And a way back to the example.
+    page.click("#form-reset")
+    assert page.input_value("#model\\.name") == "gpt3-13b"
+    page.reload()
+    page.wait_for_selector("#submit")
+    assert page.input_value("#model\\.name") == "gpt3-13b"
+
+
+def test_typed_values_the_form_cannot_read_are_marked_not_dropped(server, page):
+    page.goto(server + "/#/new")
+    page.wait_for_selector("#submit")
+    sent = _posts_to(page, "/v1/plans")
+    # A number field holding what is not a number reads as empty in the browser: it used
+    # to be left out of the request, so the field silently took its default.
+    page.click("#search\\.top_k")
+    page.keyboard.press("Control+A")
+    page.keyboard.type("1e")
+    page.click("#submit")
+    error = page.wait_for_selector("[data-error='search.top_k']:not(:empty)")
+    assert "number" in error.inner_text()
+    assert page.get_attribute("#search\\.top_k", "aria-invalid") == "true"
+    assert sent == []
+    page.fill("#search\\.top_k", "5")
+    # A list written as JSON, or with semicolons, is read as the numbers it holds.
+    page.fill("#search\\.micro_batch_sizes", "[1, 2]")
+    page.click("#json-paste summary")
+    assert _shown(page)["search"]["micro_batch_sizes"] == [1, 2]
+    page.fill("#search\\.micro_batch_sizes", "1; 4")
+    assert _shown(page)["search"]["micro_batch_sizes"] == [1, 4]
+    # A word in a list of numbers is named at its field, and nothing is sent.
+    page.fill("#search\\.micro_batch_sizes", "1, two")
+    page.click("#submit")
+    error = page.wait_for_selector("[data-error='search.micro_batch_sizes']:not(:empty)")
+    assert "two" in error.inner_text()
+    assert sent == []
+    # An emptied required field says it is required (not "Input should be a valid string").
+    page.fill("#search\\.micro_batch_sizes", "")
+    page.fill("#model\\.name", "")
+    page.click("#submit")
+    error = page.wait_for_selector("[data-error='model.name']:not(:empty)")
+    assert "required" in error.inner_text().lower()
+    assert sent == []
+    page.fill("#model\\.name", "x")
+    page.click("#submit")
+    page.wait_for_url("**/#/plans/*", timeout=60_000)
+    assert len(sent) == 1
+
+
+@pytest.mark.parametrize(
+    ("patch", "named"),
+    [
+        ({"cluster": {"gpu": "h100"}}, "h100"),
+        ({"training": {"precision": "FP16"}}, "FP16"),
+        ({"search": {"micro_batch_sizes": 2}}, "search.micro_batch_sizes"),
+        ({"search": {"schedules": "v-zb"}}, "search.schedules"),
+        ({"search": {"schedules": ["1f1b", "zb-v"]}}, "zb-v"),
+        ({"training": {"flash_attention": "no"}}, "training.flash_attention"),
+        ({"model": {"num_layers": "eight"}}, "model.num_layers"),
+    ],
+)
+def test_a_pasted_value_the_form_cannot_hold_is_named(server, page, patch, named):
+    page.goto(server + "/#/new")
+    page.wait_for_selector("#submit")
+    request = json.loads(json.dumps(TINY))
+    for group, values in patch.items():
+        request[group].update(values)
+    page.click("#json-paste summary")
+    page.fill("#request-json", json.dumps(request))
+    page.click("#json-fill")
+    assert named in page.inner_text("#json-error")
+    # Nothing was filled: the form still holds the preset, not half of the paste.
+    assert page.input_value("#model\\.name") == "gpt3-13b"
