@@ -5,9 +5,15 @@
 // ------------------------------------------------------------------ memory limits
 // Bubble rate against memory limit of the adaptive schedules (V-shape paper, Figs. 9, 10).
 const SWEEP_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
+// The fields: input id, label, the request's key. What was typed is kept for the tab.
+const SWEEP_FIELDS = [["sweep.devices", "devices", "num_devices"], ["sweep.microbatches", "micro-batches", "num_microbatches"],
+  ["sweep.f", "F", "forward"], ["sweep.b", "B", "backward"], ["sweep.w", "W", "weight"], ["sweep.comm", "communication", "comm"]];
+const SWEEP_DRAFT = "stagewright.sweep-form";
 async function showMemorySweep() {
-  const num = (name, value, step = "any") => el("input", { type: "number", id: name, value, step, min: 0 });
-  const row = (label, input) => el("div", { class: "row" }, el("label", { for: input.id }, label), el("div", {}, input));
+  let draft = {};
+  try { draft = JSON.parse(sessionStorage.getItem(SWEEP_DRAFT) || "{}") || {}; } catch { draft = {}; }
+  const num = (name, value, step = "any") => el("input", { type: "number", id: name, value: typeof draft[name] === "string" ? draft[name] : value, step, min: 0 });
+  const row = (label, input) => el("div", { class: "row", "data-field": input.id }, el("label", { for: input.id }, label), el("div", {}, input));
   const form = el("form", { id: "sweep-form", novalidate: "" },
     el("fieldset", {}, el("legend", {}, "Pipeline (times of one V stage, ms: Table 5, 9.6B, micro-batch 4)"),
       row("devices", num("sweep.devices", 8, 1)), row("micro-batches", num("sweep.microbatches", 32, 1)),
@@ -16,19 +22,50 @@ async function showMemorySweep() {
     el("button", { class: "primary", type: "submit", id: "sweep-submit" }, "Sweep"));
   const chart = el("div", { id: "sweep-chart" });
   form.addEventListener("submit", (ev) => { ev.preventDefault(); runSweep(chart); });
+  form.addEventListener("input", () => {
+    try { sessionStorage.setItem(SWEEP_DRAFT, JSON.stringify(Object.fromEntries(SWEEP_FIELDS.map(([id]) => [id, document.getElementById(id).value])))); } catch { /* nothing kept */ }
+  });
   app.replaceChildren(el("h1", {}, "Memory limits"), el("p", { class: "muted" }, "The fewest bubbles each schedule built for a memory limit reaches under each activation memory limit, a fraction of 1F1B's peak (zb-adaptive at 1 is ZB-1P, at 2 ZB-2P); 1F1B, which has no limit to set, is the reference. Schedules with one stage a device run two V stages' times per stage."), form, chart);
   runSweep(chart);
 }
+// Marks the fields named in `problems` ([id, message]) and lists them in the banner.
+function sweepErrors(problems) {
+  const banner = document.getElementById("sweep-error");
+  for (const [id] of problems) {
+    const input = document.getElementById(id);
+    if (!input) continue;
+    input.setAttribute("aria-invalid", "true");
+    input.closest(".row").classList.add("field-error");
+  }
+  banner.textContent = problems.map(([id, msg]) => { const f = SWEEP_FIELDS.find(([i]) => i === id); return f ? `${f[1]}: ${msg}` : msg; }).join(" ");
+  banner.hidden = false;
+}
 async function runSweep(chart) {
-  const v = (id) => Number(document.getElementById(id).value);
-  const body = { num_devices: v("sweep.devices"), num_microbatches: v("sweep.microbatches"), forward: v("sweep.f"), backward: v("sweep.b"), weight: v("sweep.w"), comm: v("sweep.comm") };
   const banner = document.getElementById("sweep-error");
   banner.hidden = true;
+  for (const n of document.querySelectorAll("#sweep-form [aria-invalid]")) { n.removeAttribute("aria-invalid"); n.closest(".row").classList.remove("field-error"); }
+  // An emptied field (or one holding what is not a number, which the browser reads as
+  // empty) used to be sent as 0: F = 0 ms, drawn without a word.
+  const body = {}, problems = [];
+  for (const [id, , key] of SWEEP_FIELDS) {
+    const input = document.getElementById(id);
+    if (input.value === "" || (input.validity && input.validity.badInput)) problems.push([id, "enter a number (0 for none)"]);
+    else body[key] = Number(input.value);
+  }
+  if (problems.length) return sweepErrors(problems);
   chart.replaceChildren(el("p", { class: "muted" }, "Searching every limit…"));
   const live = pageTicket();
   const { status, body: result } = await api("/v1/simulate/memory-sweep", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
   if (!live() || !chart.isConnected) return;
-  if (status !== 200) { banner.textContent = problemText(result); banner.hidden = false; chart.replaceChildren(); return; }
+  if (status !== 200) {
+    // The server's errors at the fields they name, in the page's words (not body.num_devices).
+    const errors = (result && result.errors) || [];
+    const located = errors.map((e) => { const key = (e.loc || []).filter((x) => x !== "body").join("."); const f = SWEEP_FIELDS.find(([, , k]) => k === key); return f ? [f[0], e.msg] : null; });
+    if (errors.length && located.every(Boolean)) sweepErrors(located);
+    else { banner.textContent = problemText(result); banner.hidden = false; }
+    chart.replaceChildren();
+    return;
+  }
   chart.replaceChildren(sweepChart(result), sweepTable(result));
 }
 function sweepChart(sweep) {

@@ -208,3 +208,29 @@ def test_a_pasted_value_the_form_cannot_hold_is_named(server, page, patch, named
     assert named in page.inner_text("#json-error")
     # Nothing was filled: the form still holds the preset, not half of the paste.
     assert page.input_value("#model\\.name") == "gpt3-13b"
+
+
+def test_the_memory_sweep_does_not_read_an_empty_field_as_zero(server, page):
+    page.goto(server + "/#/memory")
+    page.wait_for_selector("#sweep-table tbody tr")
+    sent = _posts_to(page, "/v1/simulate/memory-sweep")
+    page.fill("#sweep\\.f", "")
+    page.click("#sweep-submit")
+    banner = page.wait_for_selector("#sweep-error:not([hidden])")
+    assert "F" in banner.inner_text() and "number" in banner.inner_text()
+    assert sent == []
+    # The server's answer names the field as the page labels it, not the API's name.
+    page.fill("#sweep\\.f", "12.96")
+    page.fill("#sweep\\.devices", "1")
+    page.click("#sweep-submit")
+    page.wait_for_function("document.querySelector('#sweep-error').textContent.includes('2')")
+    text = page.inner_text("#sweep-error")
+    assert "devices" in text and "body." not in text and "num_devices" not in text
+    assert page.get_attribute("#sweep\\.devices", "aria-invalid") == "true"
+    # What was typed survives a look at another page and the back button.
+    page.fill("#sweep\\.devices", "4")
+    page.click("a[data-nav=hardware]")
+    page.wait_for_selector("#profiles")
+    page.go_back()
+    page.wait_for_selector("#sweep-table tbody tr")
+    assert page.input_value("#sweep\\.devices") == "4"
