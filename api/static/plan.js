@@ -182,7 +182,9 @@ async function loadRejectedMemory(id, n, cap, box, searched) {
 }
 
 // A table sorted by a clicked column, optionally paged (`pageSize`) and with clickable rows
-// (`href(row)`); `rowData(row)` gives the row's data- attributes.
+// (`href(row)`); `rowData(row)` gives the row's data- attributes. From the keyboard: each
+// heading is a button (its th says how the table is sorted, aria-sort), and a clickable row's
+// first cell is a link to the same place (`linkLabel(row)` names it).
 function sortableTable(id, columns, rows, initial, options = {}) {
   const table = el("table", { id });
   const thead = el("thead"), tbody = el("tbody");
@@ -202,12 +204,16 @@ function sortableTable(id, columns, rows, initial, options = {}) {
     tbody.replaceChildren(...visible.map((r) => {
       const attrs = { class: r.__best ? "best" : "", ...(options.rowData ? options.rowData(r) : {}) };
       if (options.href) { attrs.class += " pick"; attrs.onclick = (ev) => { if (!ev.target.closest("a")) location.hash = options.href(r); }; }
-      return el("tr", attrs, columns.map((c) => el("td", { class: c.left ? "l" : "" }, c.text ? c.text(r) : c.value(r))));
+      return el("tr", attrs, columns.map((c, i) => {
+        const content = c.text ? c.text(r) : c.value(r);
+        return el("td", { class: c.left ? "l" : "" }, i === 0 && options.href ? el("a", { href: options.href(r), "aria-label": options.linkLabel ? options.linkLabel(r) : null }, content) : content);
+      }));
     }));
     thead.replaceChildren(el("tr", {}, columns.map((c, i) => el("th", {
       class: `sortable ${c.left ? "l" : ""} ${i === key ? (dir > 0 ? "sorted-asc" : "sorted-desc") : ""}`,
+      "aria-sort": i === key ? (dir > 0 ? "ascending" : "descending") : null,
       onclick: () => { if (key === i) dir = -dir; else { key = i; dir = 1; } draw(); },
-    }, c.label))));
+    }, el("button", { type: "button", class: "sort" }, c.label)))));
     if (size !== Infinity) {
       const first = all.length ? page * size + 1 : 0, last = Math.min(all.length, (page + 1) * size);
       pager.replaceChildren(
@@ -245,7 +251,7 @@ function candidatesTable(id, plan) {
     { label: "bubble", value: (r) => r.predicted.bubble_fraction, text: (r) => pct(r.predicted.bubble_fraction) },
     { label: "peak GiB", value: (r) => r.predicted.peak_memory_gib, text: (r) => fmt(r.predicted.peak_memory_gib, 1) },
   ];
-  return sortableTable("candidates", cols, rows, null, { href: (r) => `#/plans/${id}/candidates/${r.__rank}`, rowData: (r) => ({ "data-candidates": r.__rank }) });
+  return sortableTable("candidates", cols, rows, null, { href: (r) => `#/plans/${id}/candidates/${r.__rank}`, linkLabel: (r) => `candidate #${r.__rank}: ${cfgText(r.config)}`, rowData: (r) => ({ "data-candidates": r.__rank }) });
 }
 
 function scheduleTable(plan) {
@@ -276,18 +282,18 @@ function rejectedSection(id, plan) {
     { label: "configuration", value: (r) => cfgText(r.config), left: true },
     { label: "peak GiB", value: (r) => r.predicted ? r.predicted.peak_memory_gib : -1, text: (r) => r.predicted ? fmt(r.predicted.peak_memory_gib, 1) : "–" },
     { label: "reason", value: (r) => r.reason, left: true, text: (r) => el("span", { class: "reason" }, r.reason) },
-  ], rows, { index: 0, dir: 1 }, { pageSize: REJECTED_PAGE, href: (r) => `#/plans/${id}/rejected/${r.__n}`, rowData: (r) => ({ "data-rejected": r.__n }) });
+  ], rows, { index: 0, dir: 1 }, { pageSize: REJECTED_PAGE, href: (r) => `#/plans/${id}/rejected/${r.__n}`, linkLabel: (r) => `rejected #${r.__n}: ${cfgText(r.config)}`, rowData: (r) => ({ "data-rejected": r.__n }) });
   const tableEl = table.querySelector("table");
   let active = null;
   const summary = el("table", { id: "rejected-reasons" },
     el("thead", {}, el("tr", {}, el("th", { class: "l" }, "reason"), el("th", {}, "configurations"), el("th", {}, ""))),
     el("tbody", {}, ordered.map(([kind, count]) => el("tr", { "data-kind": kind },
       el("td", { class: "l" }, kind), el("td", {}, count.toLocaleString("en")),
-      el("td", {}, el("button", { class: "filter", onclick: (ev) => {
+      el("td", {}, el("button", { class: "filter", "aria-label": `show only: ${kind}`, "aria-pressed": "false", onclick: (ev) => {
         active = active === kind ? null : kind;
         tableEl.filter(active ? (r) => r.__kind === active : () => true);
-        for (const b of summary.querySelectorAll("button.filter")) b.textContent = "show only";
-        if (active) ev.target.textContent = "show all";
+        for (const b of summary.querySelectorAll("button.filter")) { b.textContent = "show only"; b.setAttribute("aria-pressed", "false"); }
+        if (active) { ev.target.textContent = "show all"; ev.target.setAttribute("aria-pressed", "true"); }
       } }, "show only"))))));
   return el("div", {}, el("div", { class: "card" }, summary), table);
 }
@@ -309,7 +315,7 @@ function launchBlock(id, c, rank) {
     el("br"), `Runs as planned on: ${(c.runtimes || []).join(", ") || "none"}` + (limits.length ? ` (not on ${limits.join("; ")})` : ""));
   return el("div", { id: "launch" }, download, items.map(([title, text], i) => el("div", { class: "artefact card" },
     el("b", {}, title),
-    el("button", { class: "copy", "data-copy": i, onclick: (ev) => copy(text, ev.target) }, "copy"),
+    el("button", { class: "copy", "data-copy": i, "aria-label": `copy the ${title}`, onclick: (ev) => copy(text, ev.target) }, "copy"),
     el("pre", {}, text.length > 20000 ? text.slice(0, 20000) + "\n… (copy gets all of it)" : text))));
 }
 async function copy(text, button) {

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from tests.browser.conftest import make_plan
+
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 TINY = {
@@ -234,3 +236,86 @@ def test_the_memory_sweep_does_not_read_an_empty_field_as_zero(server, page):
     page.go_back()
     page.wait_for_selector("#sweep-table tbody tr")
     assert page.input_value("#sweep\\.devices") == "4"
+
+
+def test_every_candidate_and_rejected_row_opens_from_the_keyboard(server, page):
+    plan = make_plan(server, TINY)
+    assert len(plan["candidates"]) >= 2 and plan["rejected"]
+    page.goto(f"{server}/#/plans/{plan['id']}")
+    page.wait_for_selector("#candidates tbody tr")
+    target = f"#/plans/{plan['id']}/candidates/2"
+    for _ in range(120):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.getAttribute('href')") == target:
+            break
+    else:
+        raise AssertionError("Tab never reaches the second candidate")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#detail-title:has-text('Candidate #2')")
+    assert page.url.endswith(target)
+    # A rejected configuration has its link too, and a column sorts from the keyboard.
+    assert page.query_selector(f"#rejected a[href='#/plans/{plan['id']}/rejected/1']")
+    page.focus("#candidates th:has-text('peak GiB') button")
+    page.keyboard.press("Enter")
+    assert page.get_attribute("#candidates th:has-text('peak GiB')", "aria-sort") == "ascending"
+
+
+# Names every control that a screen reader would announce without one, and every text
+# below the WCAG AA contrast ratio against its background.
+A11Y = """() => {
+  const problems = [];
+  const named = (n) => n.getAttribute('aria-label') || n.getAttribute('aria-labelledby')
+    || (n.labels && n.labels.length)
+    || (['BUTTON', 'A', 'SUMMARY'].includes(n.tagName) && n.textContent.trim());
+  for (const n of document.querySelectorAll('input, select, textarea, button, a[href], summary'))
+    if (!named(n)) problems.push('no name: ' + n.outerHTML.slice(0, 80));
+  for (const l of document.querySelectorAll('label[for]')) {
+    const t = document.getElementById(l.htmlFor);
+    if (!t || !t.labels || ![...t.labels].includes(l))
+      problems.push('label for nothing: ' + l.htmlFor);
+  }
+  const names = {};
+  for (const b of document.querySelectorAll('button:not(th button)')) {  // a heading's: its table
+    const name = b.getAttribute('aria-label') || b.textContent.trim();
+    names[name] = (names[name] || 0) + 1;
+  }
+  for (const [name, count] of Object.entries(names))
+    if (count > 1) problems.push(`${count} buttons named "${name}"`);
+  const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const linear = (x) => (x /= 255) <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4;
+  const lum = ([r, g, b]) => 0.2126 * linear(r) + 0.7152 * linear(g) + 0.0722 * linear(b);
+  const background = (e) => {
+    for (; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c.length === 3 || c[3] > 0.5) return c;
+    }
+    return [255, 255, 255];
+  };
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walk.nextNode()) {
+    const e = walk.currentNode.parentElement, text = walk.currentNode.textContent.trim();
+    if (!text || e.closest('svg') || !e.offsetParent) continue;
+    const [a, b] = [lum(rgb(getComputedStyle(e).color)), lum(background(e))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const big = parseFloat(getComputedStyle(e).fontSize) >= 24;
+    if (ratio < (big ? 3 : 4.5))
+      problems.push(`contrast ${ratio.toFixed(2)}: "${text.slice(0, 30)}"`);
+  }
+  return problems;
+}"""
+
+
+def test_every_control_has_a_name_and_text_is_readable(server, page):
+    plan = make_plan(server, TINY)
+    page.goto(server + "/#/new")
+    page.wait_for_selector("#submit")
+    page.click("#json-paste summary")
+    assert page.evaluate(A11Y) == []
+    assert page.get_by_role("group", name="schedules").count() == 1
+    assert page.get_by_role("textbox", name="request as JSON").count() == 1
+    # A field's hint and error are read with it.
+    described = page.get_attribute("#model\\.hidden_size", "aria-describedby") or ""
+    assert "model.hidden_size-hint" in described.split()
+    page.goto(f"{server}/#/plans/{plan['id']}/candidates/2")
+    page.wait_for_selector("#gantt[data-actions-per-device]")
+    assert page.evaluate(A11Y) == []
