@@ -99,7 +99,7 @@ function sweepChart(sweep) {
 }
 function sweepTable(sweep) {
   const heads = ["memory limit", ...sweep.schedules.flatMap((name) => [`${name} bubble`, "its peak"])];
-  return el("table", { id: "sweep-table" },
+  return el("div", { class: "wide" }, el("table", { id: "sweep-table" },
     el("thead", {}, el("tr", {}, heads.map((h) => el("th", {}, h)))),
-    el("tbody", {}, sweep.points.map((p) => el("tr", {}, [fmt(p.memory_limit, 3), ...sweep.schedules.flatMap((name) => [pct(p.bubble[name]), fmt(p.peak[name], 3)])].map((c) => el("td", {}, c))))));
+    el("tbody", {}, sweep.points.map((p) => el("tr", {}, [fmt(p.memory_limit, 3), ...sweep.schedules.flatMap((name) => [pct(p.bubble[name]), fmt(p.peak[name], 3)])].map((c) => el("td", {}, c)))))));
 }

@@ -5,10 +5,11 @@ read, a service that does not answer, only the keyboard, a phone. Headless Chrom
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import make_plan
+from tests.browser.conftest import make_plan, screenshots
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -319,3 +320,24 @@ def test_every_control_has_a_name_and_text_is_readable(server, page):
     page.goto(f"{server}/#/plans/{plan['id']}/candidates/2")
     page.wait_for_selector("#gantt[data-actions-per-device]")
     assert page.evaluate(A11Y) == []
+
+
+def test_every_page_fits_a_phone(server, page):
+    body = json.loads(Path("examples/gpt3-96b-32xa100.json").read_text())
+    plan = make_plan(server, body)
+    page.set_viewport_size({"width": 375, "height": 740})
+    overflow = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    for where, ready in [
+        ("#/", "#plans"),
+        ("#/new", "#submit"),
+        ("#/hardware", "#profiles"),
+        ("#/memory", "#sweep-table tbody tr"),
+        (f"#/plans/{plan['id']}/candidates/2", "#gantt[data-actions-per-device]"),
+        (f"#/plans/{plan['id']}/rejected/1", "#rejected-breakdown"),
+    ]:
+        page.goto(f"{server}/{where}")
+        page.reload()
+        page.wait_for_selector(ready)
+        page.wait_for_timeout(300)
+        assert page.evaluate(overflow) <= 0, where
+    screenshots(page, "phone-rejected-detail")
