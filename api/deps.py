@@ -4,6 +4,7 @@ validates them strictly)."""
 
 from __future__ import annotations
 
+import email.message
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Annotated, Any
 
@@ -13,6 +14,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
+from api.problems import not_json
 from api.security import Principal, bearer_scheme, get_principal
 from api.state import AppState
 from planner.json_input import DuplicateKeyError, JsonTooDeepError, loads
@@ -72,12 +74,27 @@ class _JsonBodyRequest(Request):
         return self._parsed
 
 
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI's rule for a body it parses as JSON: application/json or application/*+json
+    (parameters such as charset aside). Without a Content-Type it does not."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
 class JsonBodyRoute(APIRoute):
     """A route that parses its JSON body once, before FastAPI reads it, and answers a key
     given twice with the usual 422 naming the key and where it is: ``json.loads``, which
     FastAPI parses with, keeps the last of two equal keys and says nothing. Any other body
     that does not parse is left to FastAPI's own answer (400), and a body nested too deep
-    to parse gets that 400 with the reason."""
+    to parse gets that 400 with the reason. A body whose Content-Type is not JSON (or
+    missing: ``curl -d`` sends a form) is a 415 naming the header to send, not FastAPI's
+    422 that the body 'should be a valid dictionary'."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -87,6 +104,9 @@ class JsonBodyRoute(APIRoute):
         async def parse_then_handle(request: Request) -> Response:
             request = _JsonBodyRequest(request.scope, request.receive)
             if await request.body():
+                content_type = request.headers.get("content-type")
+                if not _is_json(content_type):
+                    raise not_json(content_type)
                 try:
                     await request.json()
                 except DuplicateKeyError as exc:

@@ -129,6 +129,19 @@ def plan_not_done(plan_id: str, status: str, what: str) -> ApiProblem:
     )
 
 
+def not_json(content_type: str | None) -> ApiProblem:
+    """415: a body sent without a JSON media type (``curl -d @file`` sends it as a form),
+    which FastAPI would read as bytes and refuse as 'not an object'."""
+    sent = f"as {content_type!r}" if content_type else "without a Content-Type"
+    return ApiProblem(
+        415,
+        "unsupported-media-type",
+        f"the body is sent {sent}; send it as JSON with the header Content-Type: "
+        "application/json (curl: -H 'Content-Type: application/json')",
+        title="Unsupported media type",
+    )
+
+
 def limit_error(loc: Sequence[str | int], message: str) -> dict[str, Any]:
     """One entry of a limit problem's ``errors``: where, and the limit with the value."""
     return {"loc": ["body", *loc], "msg": message, "type": "limit"}

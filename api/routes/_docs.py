@@ -21,6 +21,7 @@ _WHY = {
     410: "The profiles this plan was priced with are no longer kept.",
     413: "The request body is larger, or the request's estimated work or answer bigger, than "
     "this server accepts; 'detail' gives the figure and the limit.",
+    415: "The body is not sent as JSON: send the header Content-Type: application/json.",
     422: "The request is invalid, cannot be planned, or is beyond this server's limits; "
     "'detail' says what to change.",
     503: "The database is unreachable (retry after Retry-After seconds) or the queue is full.",

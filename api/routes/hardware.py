@@ -49,7 +49,7 @@ async def read_hardware(
     summary="Create or replace a hardware profile",
     responses={
         200: {"model": HardwarePublic, "description": "Replaced (or identical) profile."},
-        **problems_of(400, 401, 403, 408, 413, 422, 503),
+        **problems_of(400, 401, 403, 408, 413, 415, 422, 503),
     },
 )
 async def write_hardware(body: HardwareIn, state: StateDep, response: Response) -> HardwarePublic:

@@ -27,7 +27,7 @@ router = APIRouter(prefix="/v1/measurements", tags=["measurements"], route_class
     summary="Store measured runs (all or none)",
     responses={
         200: {"model": MeasuredRunsWriteResult, "description": "Every run was already stored."},
-        **problems_of(400, 401, 403, 408, 413, 422, 503),
+        **problems_of(400, 401, 403, 408, 413, 415, 422, 503),
     },
 )
 async def write_measurements(

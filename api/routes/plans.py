@@ -65,7 +65,7 @@ def _response(answer: plans.PlanAnswer) -> Response:
     responses={
         200: {"model": PlanPublic, "description": "Answered from the store (identical request)."},
         202: {"model": PlanPublic, "description": "Still searching: poll the Location."},
-        **problems_of(400, 401, 403, 408, 413, 422, 503),
+        **problems_of(400, 401, 403, 408, 413, 415, 422, 503),
     },
 )
 async def create_plan(
@@ -163,7 +163,7 @@ async def list_plans(
     response_model=MeasurementPublic,
     dependencies=[*WRITE, Depends(strict_body(MeasurementIn))],
     summary="Report what the executor measured for a candidate of this plan",
-    responses=problems_of(400, 401, 403, 404, 408, 409, 413, 422, 503),
+    responses=problems_of(400, 401, 403, 404, 408, 409, 413, 415, 422, 503),
 )
 async def create_measurement(
     plan_id: PlanId, body: MeasurementIn, state: StateDep, response: Response

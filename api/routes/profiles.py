@@ -47,7 +47,7 @@ async def read_profiles(
             "model": ProfilesWriteResult,
             "description": "Nothing was new (all replaced or identical).",
         },
-        **problems_of(400, 401, 403, 408, 413, 422, 503),
+        **problems_of(400, 401, 403, 408, 413, 415, 422, 503),
     },
 )
 async def write_profiles(

@@ -48,7 +48,7 @@ EXAMPLES = {
     response_model=SimulateResult,
     dependencies=[*WRITE, Depends(strict_body(SimulateRequest))],
     summary="Simulate one pipeline schedule",
-    responses=problems_of(400, 401, 403, 408, 413, 422, 503),
+    responses=problems_of(400, 401, 403, 408, 413, 415, 422, 503),
 )
 async def simulate_schedule(
     body: Annotated[SimulateRequest, Body(openapi_examples=EXAMPLES)], state: StateDep
@@ -65,7 +65,7 @@ async def simulate_schedule(
     response_model=MemorySweepResult,
     dependencies=[*WRITE, Depends(strict_body(MemorySweepRequest))],
     summary="Bubble rate against memory limit of the adaptive schedules",
-    responses=problems_of(400, 401, 403, 408, 413, 422, 503),
+    responses=problems_of(400, 401, 403, 408, 413, 415, 422, 503),
 )
 async def sweep_memory(body: MemorySweepRequest, state: StateDep) -> MemorySweepResult:
     """v-adaptive and zb-adaptive searched and simulated at memory limits from the least

@@ -1,0 +1,175 @@
+"""Requests as people and scripts write them by hand (`curl -d @file` without a JSON
+Content-Type, a query parameter given twice, HEAD from a load balancer, NaN typed into a
+query): each either answered as it means or refused with a problem that says what to
+change, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from planner.plan import plan as real_plan
+from tests.integration.conftest import assert_problem, example
+from tests.integration.test_api_profiles import H200X, POINT
+from tests.reliability.test_inputs import RUN
+
+SIMULATE = {
+    "schedule": "1f1b",
+    "num_devices": 2,
+    "num_microbatches": 4,
+    "forward": 1.0,
+    "backward": 2.0,
+}
+BODIES: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/plans", example("tiny-cpu")),
+    ("/v1/simulate", SIMULATE),
+    (
+        "/v1/simulate/memory-sweep",
+        {"num_devices": 4, "num_microbatches": 4, "forward": 1.0, "backward": 1.0},
+    ),
+    ("/v1/hardware", H200X),
+    ("/v1/profiles", {"layers": [POINT]}),
+    ("/v1/measurements", {"runs": [RUN]}),
+]
+
+
+# -- a JSON body sent as something else ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"],
+)
+@pytest.mark.parametrize(("path", "body"), BODIES, ids=[p for p, _ in BODIES])
+def test_a_json_body_sent_as_another_media_type_is_415_saying_which_header(
+    client, database_url, path, body, content_type
+):
+    """`curl -d @request.json URL` sends application/x-www-form-urlencoded: the JSON was
+    answered 'Input should be a valid dictionary or object to extract fields from'."""
+    response = client.post(path, content=json.dumps(body), headers={"content-type": content_type})
+    problem = assert_problem(
+        response, 415, content_type.split(";")[0], "Content-Type: application/json"
+    )
+    assert problem["type"] == "urn:stagewright:problem:unsupported-media-type"
+    assert client.get("/v1/plans").json()["total"] == 0
+
+
+def test_a_json_body_without_a_content_type_is_415_saying_which_header(client):
+    """FastAPI reads a body without a Content-Type as bytes, not JSON: it was answered
+    'Input should be a valid dictionary or object to extract fields from' too."""
+    response = client.post("/v1/simulate", content=json.dumps(SIMULATE))
+    assert_problem(response, 415, "without a Content-Type", "Content-Type: application/json")
+
+
+def test_json_media_types_are_read_as_json(client):
+    for content_type in ("application/json; charset=utf-8", "application/merge-patch+json"):
+        response = client.post(
+            "/v1/simulate", content=json.dumps(SIMULATE), headers={"content-type": content_type}
+        )
+        assert response.status_code == 200, (content_type, response.text)
+    # An empty body keeps its own answer, whatever it is labelled.
+    empty = client.post("/v1/simulate", content=b"", headers={"content-type": "text/plain"})
+    assert_problem(empty, 400, "not valid JSON")
+
+
+def test_the_openapi_document_lists_415_on_every_write():
+    from api.app import create_app
+    from api.core.config import Settings
+
+    document = create_app(Settings(database_url="sqlite://")).openapi()
+    for path, body in BODIES:
+        assert "415" in document["paths"][path]["post"]["responses"], path
+    assert "415" in document["paths"]["/v1/plans/{plan_id}/measurements"]["post"]["responses"]
+
+
+# -- a query parameter given twice -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        ("/v1/plans?status=done&status=failed", "status"),
+        ("/v1/plans?limit=1&limit=50", "limit"),
+        ("/v1/measurements?gpu=cpu&gpu=a100-sxm-80g", "gpu"),
+        ("/v1/profiles?offset=0&offset=10", "offset"),
+    ],
+)
+def test_a_query_parameter_given_twice_is_refused_naming_it(client, url, name):
+    """The last of the two was used and the first dropped without a word."""
+    body = assert_problem(client.get(url), 422, f"query parameter {name!r} is given 2 times")
+    assert body["errors"] == [
+        {
+            "loc": ["query", name],
+            "msg": f"query parameter {name!r} is given 2 times; give it once",
+            "type": "repeated_query_parameter",
+        }
+    ]
+
+
+def test_a_plan_post_with_a_repeated_wait_is_refused_before_any_search(make_client):
+    client = make_client(planner=real_plan)
+    refused = client.post("/v1/plans?wait_s=0&wait_s=20", json=example("tiny-cpu"))
+    assert_problem(refused, 422, "'wait_s' is given 2 times")
+    assert client.get("/v1/plans").json()["total"] == 0
+
+
+# -- HEAD ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/healthz", "/metrics", "/v1/plans", "/v1/hardware/cpu", "/v1/schedules", "/"]
+)
+def test_head_answers_as_get_without_a_body(client, path):
+    """HEAD, which load balancers and uptime checks send, was 405 on every endpoint (even
+    /healthz) though HTTP requires it wherever GET is served."""
+    got = client.get(path)
+    head = client.head(path)
+    assert head.status_code == got.status_code == 200, head.text
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+
+
+def test_head_of_a_missing_plan_is_404_and_head_of_a_write_only_route_is_405(client):
+    missing = client.head(f"/v1/plans/{'a' * 32}")
+    assert missing.status_code == 404 and missing.content == b""
+    refused = client.head("/v1/simulate")
+    assert refused.status_code == 405 and refused.content == b""
+    assert refused.headers["allow"] == "POST"
+    # A GET route's 405 lists HEAD beside GET.
+    listed = client.put("/v1/hardware/cpu")
+    body = assert_problem(listed, 405, "PUT is not allowed", "GET, HEAD")
+    assert listed.headers["allow"] == "GET, HEAD" and body["status"] == 405
+
+
+def test_head_needs_the_read_scope_like_get(make_client):
+    client = make_client(api_tokens="ci:write:w; dash:read:r")
+    assert client.head("/v1/plans").status_code == 401
+    assert client.head("/v1/plans", headers={"Authorization": "Bearer r"}).status_code == 200
+
+
+# -- numbers in the query ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/v1/plans/{plan}/timeline?start_s={value}",
+        "/v1/plans/{plan}/timeline?end_s={value}",
+    ],
+)
+def test_a_non_finite_number_in_the_query_is_refused_as_not_finite(client, url, value):
+    """?start_s=nan was refused as 'Input should be less than or equal to 1000000000'."""
+    plan = "a" * 32
+    response = client.get(url.format(plan=plan, value=value))
+    assert_problem(response, 422, "finite number")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_wait_is_refused_as_not_finite(make_client, value):
+    client = make_client(planner=real_plan)
+    response = client.post(f"/v1/plans?wait_s={value}", json=example("tiny-cpu"))
+    assert_problem(response, 422, "query.wait_s", "finite number")
+    assert client.get("/v1/plans").json()["total"] == 0
