@@ -1,14 +1,20 @@
-"""Unknown query parameters are refused, not ignored.
+"""Unknown or repeated query parameters are refused, not ignored.
 
 FastAPI reads the query parameters a route declares and drops any other silently, so a
-misspelt one (``?include_rejcted=true``) would answer as if it were not there. Every route
-of the API (those in its OpenAPI document; not the dashboard's pages) runs
-:func:`no_unknown_query_parameters` first: a parameter the route does not
-declare is a 422 naming it and the ones the route takes, through the same problem+json
-handler as every other validation error.
+misspelt one (``?include_rejcted=true``) would answer as if it were not there; and of a
+parameter given twice (``?status=done&status=failed``) it reads the last and drops the
+other. Every route of the API (those in its OpenAPI document; not the dashboard's pages)
+runs :func:`no_unknown_query_parameters` first: a parameter the route does not declare, or
+one of its parameters given more than once, is a 422 naming it (and the ones the route
+takes), through the same problem+json handler as every other validation error. (No route
+takes a list in its query; one that did would read every value and is left alone.)
 """
 
 from __future__ import annotations
+
+import types
+from collections import Counter
+from typing import Any, Union, get_args, get_origin
 
 from fastapi import Request
 from fastapi.dependencies.models import Dependant
@@ -18,16 +24,26 @@ from fastapi.routing import APIRoute
 __all__ = ["no_unknown_query_parameters"]
 
 
-def _query_names(dependant: Dependant) -> set[str]:
-    """The query parameters a route reads, its dependencies' included."""
-    names = {param.alias for param in dependant.query_params}
+def _query_names(dependant: Dependant) -> dict[str, bool]:
+    """The query parameters a route reads, its dependencies' included: name -> whether it
+    takes several values (a list, which FastAPI reads every value of)."""
+    names = {
+        param.alias: _takes_several(param.field_info.annotation) for param in dependant.query_params
+    }
     for sub in dependant.dependencies:
-        names |= _query_names(sub)
+        names.update(_query_names(sub))
     return names
 
 
+def _takes_several(annotation: Any) -> bool:
+    if get_origin(annotation) in (Union, types.UnionType):  # list[str] | None
+        return any(_takes_several(arg) for arg in get_args(annotation))
+    return get_origin(annotation) in (list, set, frozenset, tuple)
+
+
 async def no_unknown_query_parameters(request: Request) -> None:
-    """Refuse the request (422) when its query names a parameter its route does not take."""
+    """Refuse the request (422) when its query names a parameter its route does not take,
+    or gives one that takes a single value more than once."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute) or not request.query_params:
         return
@@ -36,19 +52,32 @@ async def no_unknown_query_parameters(request: Request) -> None:
     # Derived on each request that has a query: a walk over a handful of parameters. (A
     # cache by id(route) could answer for another application's route that reused the id;
     # routes themselves are unhashable.)
-    declared = frozenset(_query_names(route.dependant))
+    declared = _query_names(route.dependant)
     unknown = sorted({name for name in request.query_params if name not in declared})
-    if not unknown:
-        return
-    takes = ", ".join(sorted(declared)) if declared else "none"
-    raise RequestValidationError(
-        [
-            {
-                "type": "extra_forbidden",
-                "loc": ("query", name),
-                "msg": f"unknown query parameter {name!r}; this endpoint takes: {takes}",
-                "input": request.query_params.get(name),
-            }
-            for name in unknown
-        ]
-    )
+    if unknown:
+        takes = ", ".join(sorted(declared)) if declared else "none"
+        raise RequestValidationError(
+            [
+                {
+                    "type": "extra_forbidden",
+                    "loc": ("query", name),
+                    "msg": f"unknown query parameter {name!r}; this endpoint takes: {takes}",
+                    "input": request.query_params.get(name),
+                }
+                for name in unknown
+            ]
+        )
+    given = Counter(name for name, _ in request.query_params.multi_items())
+    repeated = sorted(name for name, n in given.items() if n > 1 and not declared[name])
+    if repeated:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "repeated_query_parameter",
+                    "loc": ("query", name),
+                    "msg": f"query parameter {name!r} is given {given[name]} times; give it once",
+                    "input": request.query_params.getlist(name),
+                }
+                for name in repeated
+            ]
+        )

@@ -115,6 +115,25 @@ def test_a_plan_post_with_a_repeated_wait_is_refused_before_any_search(make_clie
     assert client.get("/v1/plans").json()["total"] == 0
 
 
+def test_a_list_query_parameter_may_still_be_given_several_times():
+    """The refusal is for parameters that take one value: a route that declares a list
+    (none of the API's does today) reads every value, so repeating it is how to give it."""
+    from fastapi import Depends, FastAPI, Query
+    from fastapi.testclient import TestClient
+
+    from api.query_parameters import no_unknown_query_parameters
+
+    app = FastAPI(dependencies=[Depends(no_unknown_query_parameters)])
+
+    @app.get("/tags")
+    def tags(tag: list[str] | None = Query(None), limit: int = 5) -> dict[str, Any]:
+        return {"tag": tag, "limit": limit}
+
+    with TestClient(app) as local:
+        assert local.get("/tags?tag=a&tag=b").json() == {"tag": ["a", "b"], "limit": 5}
+        assert local.get("/tags?limit=1&limit=2").status_code == 422
+
+
 # -- HEAD ---------------------------------------------------------------------------------
 
 
