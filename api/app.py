@@ -12,8 +12,8 @@ work on threads (``api.state.offload``); the store (``api/store``) is SQL. Error
 problem+json in one place (``api.problems``).
 
 Middleware, outermost first: metrics (sees every answer), authentication and scopes
-(before any body is read), body size and arrival-time limits, then FastAPI's routing and
-the problem+json handlers.
+(before any body is read), body size and arrival-time limits, HEAD answered as GET without
+the body, then FastAPI's routing and the problem+json handlers.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from fastapi.staticfiles import StaticFiles
 
 from api.core.config import Settings
 from api.core.db import Database
+from api.head_requests import HeadAsGetMiddleware
 from api.jobs.runner import JobRunner
 from api.jobs.search import InlineSearch, Planner, ProcessSearch, Searcher
 from api.limits import BodyLimitMiddleware
@@ -157,6 +158,7 @@ def create_app(
     app.mount("/static", StaticFiles(directory=dashboard.STATIC), name="static")
     app.mount("/docs-assets", StaticFiles(directory=dashboard.DOCS_ASSETS), name="docs-assets")
 
+    app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
     )

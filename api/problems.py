@@ -385,12 +385,14 @@ _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 def _allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this path (Starlette names only the first
-    matching route's): ask the router about each method."""
+    matching route's): ask the router about each method; HEAD wherever GET is."""
     allowed = []
     for method in _METHODS:
         scope = {**request.scope, "method": method}
         if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
             allowed.append(method)
+    if "GET" in allowed and "HEAD" not in allowed:  # api.head_requests serves it
+        allowed.insert(allowed.index("GET") + 1, "HEAD")
     return allowed
 
 

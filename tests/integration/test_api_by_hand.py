@@ -150,6 +150,13 @@ def test_head_answers_as_get_without_a_body(client, path):
     assert head.headers["content-type"] == got.headers["content-type"]
 
 
+def test_head_is_counted_under_its_route(client):
+    client.head("/v1/hardware/cpu")
+    text = client.get("/metrics").text
+    line = 'stagewright_http_requests_total{method="HEAD",route="/v1/hardware/{name}",status="200"} 1'
+    assert line in text
+
+
 def test_head_of_a_missing_plan_is_404_and_head_of_a_write_only_route_is_405(client):
     missing = client.head(f"/v1/plans/{'a' * 32}")
     assert missing.status_code == 404 and missing.content == b""
