@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query
+from fastapi.exceptions import RequestValidationError
 from fastapi import Path as PathParam
 from starlette.responses import Response
 
@@ -78,6 +79,7 @@ async def create_plan(
             ge=0,
             # The server's max_wait_s is written into the OpenAPI document (api.openapi).
             le=600,
+            allow_inf_nan=False,
             description="Seconds to wait for the search before answering 202 (default: the "
             "server's plan_wait_s; 0 answers at once).",
         ),
@@ -183,6 +185,46 @@ async def list_measurements(plan_id: PlanId, state: StateDep) -> list[Measuremen
     return await offload(state, measurements.list_measurements, state, plan_id)
 
 
+def _timeline_window(
+    start_s: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=1e9,
+            allow_inf_nan=False,
+            description="Only actions that end at or after this time.",
+        ),
+    ] = 0.0,
+    end_s: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=1e9,
+            allow_inf_nan=False,
+            description="Only actions that start at or before this time (not before start_s).",
+        ),
+    ] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=20_000, description="At most this many actions, earliest first.")
+    ] = 20_000,
+) -> timelines.TimelineWindow:
+    """The window a timeline request asks for; one that ends before it starts is refused
+    (it would answer no action at all, as if the schedule were empty there)."""
+    if end_s is not None and end_s < start_s:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "less_than_start",
+                    "loc": ("query", "end_s"),
+                    "msg": f"end_s {end_s:g} is before start_s {start_s:g}; give an end_s at "
+                    "or after start_s, or leave it out for the rest of the step",
+                    "input": end_s,
+                }
+            ]
+        )
+    return timelines.TimelineWindow(start_s=start_s, end_s=end_s, limit=limit)
+
+
 @router.get(
     "/{plan_id}/timeline",
     summary="The simulated timeline of one of a plan's ranked candidates",
@@ -195,17 +237,8 @@ async def list_measurements(plan_id: PlanId, state: StateDep) -> list[Measuremen
 async def timeline(
     plan_id: PlanId,
     state: StateDep,
+    window: Annotated[timelines.TimelineWindow, Depends(_timeline_window)],
     candidate: CandidateIndex = 0,
-    start_s: Annotated[
-        float, Query(ge=0, le=1e9, description="Only actions that end at or after this time.")
-    ] = 0.0,
-    end_s: Annotated[
-        float | None,
-        Query(ge=0, le=1e9, description="Only actions that start at or before this time."),
-    ] = None,
-    limit: Annotated[
-        int, Query(ge=1, le=20_000, description="At most this many actions, earliest first.")
-    ] = 20_000,
 ) -> Response:
     """The candidate's schedule, simulated with the profiles the plan was priced with:
     ``mode`` 'actions' lists each device's compute actions and BPipe transfers
@@ -213,7 +246,6 @@ async def timeline(
     (``truncated`` and ``next_start_s`` say where to continue); ``mode`` 'summary' (a
     schedule too large to simulate action by action) gives each device's forward,
     backward, weight, busy and idle time over the step."""
-    window = timelines.TimelineWindow(start_s=start_s, end_s=end_s, limit=limit)
     body = await offload(state, timelines.plan_timeline_json, state, plan_id, candidate, window)
     return Response(content=body, media_type="application/json")
 

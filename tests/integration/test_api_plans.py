@@ -491,6 +491,21 @@ def test_a_timeline_is_windowed_and_says_where_to_continue(client):
     assert whole["profiles"] == {"gpu": "cpu", "revision": plan["hardware_revision"]}
 
 
+def test_a_timeline_window_that_ends_before_it_starts_is_refused(client):
+    """?start_s=5&end_s=1 answered 200 with no action on any device, as if the schedule
+    were empty there."""
+    plan = client.post("/v1/plans", json=example("tiny-cpu")).json()
+    url = f"/v1/plans/{plan['id']}/timeline"
+    body = assert_problem(
+        client.get(url, params={"start_s": 5, "end_s": 1}),
+        422,
+        "query.end_s: end_s 1 is before start_s 5",
+    )
+    assert body["errors"][0]["loc"] == ["query", "end_s"]
+    point = client.get(url, params={"start_s": 0.1, "end_s": 0.1})  # an instant is a window
+    assert point.status_code == 200, point.text
+
+
 def test_a_plan_is_deleted_with_its_measurements(client):
     plan = client.post("/v1/plans", json=example("tiny-cpu")).json()
     client.post(f"/v1/plans/{plan['id']}/measurements", json={"step_time_s": 1.0})
