@@ -216,6 +216,11 @@ class LayerPointIn(_ApiModel):
     )
     source: Note = Field(default="", description="Where the point comes from.")
 
+    def key(self) -> tuple[object, ...]:
+        """What identifies its stored row: its shape, sequence length and micro-batch size."""
+        point = self.to_point()
+        return (point.shape_key(), point.seq_length, point.micro_batch_size)
+
     def to_point(self) -> LayerPoint:
         return LayerPoint(
             gpu=self.gpu,
@@ -263,14 +268,50 @@ class ProfilesIn(_ApiModel):
     """Layer points and link measurements to store (POST /v1/profiles). A point whose shape
     (gpu, precision, sizes, t, recompute, switches) is already stored replaces it."""
 
-    layers: list[LayerPointIn] = Field(default_factory=list, description="Layer points.")
-    links: list[LinkIn] = Field(default_factory=list, max_length=256, description="Links.")
+    layers: list[LayerPointIn] = Field(
+        default_factory=list, description="Layer points, each shape at most once."
+    )
+    links: list[LinkIn] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Links, each (gpu, scope) at most once.",
+    )
 
     @model_validator(mode="after")
     def _not_empty(self) -> ProfilesIn:
         if not self.layers and not self.links:
             raise ValueError("nothing to store: give at least one entry in 'layers' or 'links'")
         return self
+
+    # One entry per stored row: a second of the same key would replace the first within
+    # the request, its values lost without a word.
+    @field_validator("layers")
+    @classmethod
+    def _shapes_once(cls, layers: list[LayerPointIn]) -> list[LayerPointIn]:
+        _once(
+            "layers",
+            [point.key() for point in layers],
+            "shape (gpu, precision, sizes, t, recompute and switches; ffn_hidden_size null "
+            "is 4 x hidden_size)",
+        )
+        return layers
+
+    @field_validator("links")
+    @classmethod
+    def _links_once(cls, links: list[LinkIn]) -> list[LinkIn]:
+        _once("links", [(link.gpu, link.scope) for link in links], "gpu and scope")
+        return links
+
+
+def _once(field: str, keys: list[Any], what: str) -> None:
+    first: dict[Any, int] = {}
+    for index, key in enumerate(keys):
+        if key in first:
+            raise ValueError(
+                f"{field}[{index}] has the same {what} as {field}[{first[key]}]; send each "
+                f"{'shape' if field == 'layers' else 'link'} once, with the values to store"
+            )
+        first[key] = index
 
 
 class ProfilesWriteResult(_ApiModel):

@@ -200,6 +200,35 @@ def test_post_profiles_upserts_by_shape(client):
     assert stored[0]["ffn_hidden_size"] == 2048 and stored[0]["origin"] == "api"
 
 
+def test_a_layer_shape_given_twice_in_one_upload_is_refused_naming_both(client):
+    """Two points of one shape in one request were both 'stored', the first replaced by
+    the second ('created 1, updated 1'): the first one's times were lost without a word."""
+    slower = dict(POINT, forward_ms=9.0)
+    spelled_out = dict(POINT, ffn_hidden_size=4 * POINT["hidden_size"], weight_ms=1.0)
+    for second in (slower, spelled_out, POINT):
+        body = assert_problem(
+            client.post("/v1/profiles", json={"layers": [POINT, dict(POINT, t=2), second]}),
+            422,
+            "body.layers: layers[2] has the same shape",
+            "as layers[0]; send each shape once",
+        )
+        assert body["errors"][0]["loc"] == ["body", "layers"]
+    assert client.get("/v1/profiles", params={"gpu": "cpu"}).json()["total_layers"] == 0
+    assert client.get("/v1/hardware/cpu").json()["revision"] == 1
+
+
+def test_a_link_given_twice_in_one_upload_is_refused_naming_both(client):
+    link = {"gpu": "cpu", "scope": "inter_node", "kind": "eth", "bandwidth_gbps": 12.5}
+    links = [dict(link, latency_us=20), dict(link, scope="intra_node", latency_us=1)]
+    body = assert_problem(
+        client.post("/v1/profiles", json={"links": [*links, dict(link, latency_us=30)]}),
+        422,
+        "body.links: links[2] has the same gpu and scope as links[0]; send each link once",
+    )
+    assert body["errors"][0]["loc"] == ["body", "links"]
+    assert client.get("/v1/hardware/cpu").json()["inter_node"]["kind"] == "loopback-gloo"
+
+
 def test_post_profiles_links(client):
     link = {
         "gpu": "cpu",
@@ -224,7 +253,12 @@ def test_post_profiles_errors(make_client):
         "POST /v1/hardware",
     )
     assert_problem(
-        client.post("/v1/profiles", json={"layers": [POINT] * 3}), 422, "limit of 2 per request"
+        client.post(
+            "/v1/profiles",
+            json={"layers": [dict(POINT, micro_batch_size=mb) for mb in (1, 2, 4)]},
+        ),
+        422,
+        "limit of 2 per request",
     )
     body = assert_problem(
         client.post("/v1/profiles", json={"layers": [dict(POINT, forward_ms=0)]}), 422
