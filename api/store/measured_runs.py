@@ -155,7 +155,10 @@ def _filtered(stmt: Any, gpu: str | None, model: str | None, source: str | None)
     if model is not None:
         stmt = stmt.where(MeasuredRunRecord.model_name == model)
     if source is not None:
-        stmt = stmt.where(func.lower(MeasuredRunRecord.source).contains(source.lower()))
+        # autoescape: '%' and '_' are the text asked for, not LIKE's wildcards (calibrate's
+        # --source matches the same way, in Python).
+        lowered = func.lower(MeasuredRunRecord.source)
+        stmt = stmt.where(lowered.contains(source.lower(), autoescape=True))
     return stmt
 
 

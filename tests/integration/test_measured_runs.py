@@ -104,6 +104,18 @@ def test_post_and_list_measured_runs(client):
     assert_problem(client.get("/v1/measurements", params={"gpu": "Not A Name"}), 422)
 
 
+@pytest.mark.parametrize("needle", ["_", "%", "a_test", "100%"])
+def test_the_source_filter_matches_its_text_not_sql_wildcards(client, needle):
+    """?source=_ listed every run (LIKE's any-one-character), ?source=% too, unlike
+    `stagewright calibrate --source`, which matches the text."""
+    runs = [with_(RUN, source="a test run"), with_(RUN, source="100% of a_test's steps")]
+    assert client.post("/v1/measurements", json={"runs": runs}).status_code == 201
+    listed = client.get("/v1/measurements", params={"gpu": "cpu", "source": needle}).json()
+    expected = [r["source"] for r in runs if needle.lower() in r["source"].lower()]
+    assert [r["source"] for r in listed["items"]] == expected
+    assert listed["total"] == len(expected)
+
+
 def test_bad_runs_are_refused_whole_naming_the_run_and_field(client):
     before = client.get("/v1/measurements").json()["total"]
     mismatch = with_(RUN, **{"config.p": 2})
