@@ -120,13 +120,17 @@ def plan_not_found(plan_id: str) -> ApiProblem:
 
 
 def plan_not_done(plan_id: str, status: str, what: str) -> ApiProblem:
-    return ApiProblem(
-        409,
-        "plan-not-done",
-        f"plan {plan_id} is {status}; {what} once its search is done (poll GET "
-        "/v1/plans/{id} until status is 'done')",
-        title="Plan not done",
-    )
+    if status == "failed":  # it never will be done: polling would not end
+        detail = (
+            f"plan {plan_id} failed, so you cannot {what}; GET /v1/plans/{plan_id} says "
+            "why in its 'error': submit a corrected request to POST /v1/plans"
+        )
+    else:
+        detail = (
+            f"plan {plan_id} is {status}; {what} once its search is done (poll GET "
+            f"/v1/plans/{plan_id} until status is 'done')"
+        )
+    return ApiProblem(409, "plan-not-done", detail, title="Plan not done")
 
 
 def not_json(content_type: str | None) -> ApiProblem:

@@ -330,6 +330,41 @@ def test_a_planner_error_in_the_job_is_422_and_stored(make_client):
     assert client.get("/v1/plans").json()["total"] == 2
 
 
+@pytest.mark.parametrize(
+    "path", ["/measurements", "/timeline", "/candidates/0/launch", "/launch.tar.gz", "/rejected/0"]
+)
+def test_a_failed_plan_says_it_failed_not_to_poll_until_done(make_client, path):
+    """A failed plan's measurements, timeline and launch files were refused with 'poll GET
+    /v1/plans/{id} until status is 'done'': it never will be, and '{id}' was printed as
+    is."""
+
+    def refuse(request, store):
+        raise StagewrightError("this model cannot be split that way; use fewer stages")
+
+    client = make_client(planner=refuse)
+    plan_id = client.post("/v1/plans", json=example("tiny-cpu")).headers["location"][-32:]
+    url = f"/v1/plans/{plan_id}{path}"
+    answer = client.post(url, json={"step_time_s": 1.0}) if "meas" in path else client.get(url)
+    body = assert_problem(
+        answer, 409, f"plan {plan_id} failed", f"GET /v1/plans/{plan_id}", "submit"
+    )
+    assert "poll" not in body["detail"] and "{id}" not in body["detail"]
+
+
+def test_a_plan_still_searching_names_its_own_id_to_poll(make_client):
+    release = threading.Event()
+
+    def slow(request, store):
+        release.wait(30)
+        return real_plan(request, store)
+
+    client = make_client(planner=slow)
+    plan_id = client.post("/v1/plans?wait_s=0", json=example("tiny-cpu")).json()["id"]
+    answer = client.get(f"/v1/plans/{plan_id}/timeline")
+    release.set()
+    assert_problem(answer, 409, f"poll GET /v1/plans/{plan_id} until status is 'done'")
+
+
 def test_a_planner_bug_is_500_without_internals(make_client):
     def crash(request, store):
         raise ZeroDivisionError("secret internals")
