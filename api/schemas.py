@@ -389,7 +389,8 @@ class MeasurementIn(_ApiModel):
     peak_activation_bytes: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
         default_factory=list,
         max_length=65_536,
-        description="Peak saved-activation bytes per rank, in rank order.",
+        description="Peak saved-activation bytes per rank, in rank order: one per rank of "
+        "the plan, or none.",
     )
     data: dict[str, Any] = Field(
         default_factory=dict,

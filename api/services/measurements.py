@@ -54,6 +54,22 @@ def add_measurement(state: AppState, plan_id: str, body: MeasurementIn) -> Measu
                     }
                 ],
             )
+        peaks = len(body.peak_activation_bytes)
+        if peaks and peaks != record.num_gpus:
+            raise problems.ApiProblem(
+                422,
+                "wrong-rank-count",
+                f"peak_activation_bytes has {peaks} entries, but plan {plan_id} runs on "
+                f"{record.num_gpus} ranks: give one per rank, in rank order, or none",
+                title="Not one entry per rank",
+                errors=[
+                    {
+                        "loc": ["body", "peak_activation_bytes"],
+                        "msg": f"must have {record.num_gpus} entries (one per rank) or none",
+                        "type": "wrong_length",
+                    }
+                ],
+            )
         predicted = candidates[body.candidate]["predicted"]["iteration_time_s"]
         row = crud.create_measurement(
             session=session,

@@ -471,6 +471,26 @@ def test_measurements_error_paths(make_client):
     assert_problem(nan, 422, "step_time_s")
 
 
+def test_peak_activation_bytes_need_one_entry_per_rank(client):
+    """A list of 9 peaks for a plan on 4 ranks was stored as given: which rank each is
+    cannot be told, and nothing said so."""
+    plan = client.post("/v1/plans", json=example("tiny-cpu")).json()
+    url = f"/v1/plans/{plan['id']}/measurements"
+    body = assert_problem(
+        client.post(url, json={"step_time_s": 1.0, "peak_activation_bytes": list(range(9))}),
+        422,
+        "9 entries",
+        "runs on 4 ranks",
+        "one per rank",
+    )
+    assert body["errors"][0]["loc"] == ["body", "peak_activation_bytes"]
+    assert client.get(url).json() == []
+    for peaks in ([], [10, 20, 30, 40]):
+        stored = client.post(url, json={"step_time_s": 1.0, "peak_activation_bytes": peaks})
+        assert stored.status_code == 201, stored.text
+        assert stored.json()["peak_activation_bytes"] == peaks
+
+
 # -- launch artefacts, timelines, deletion ---------------------------------------------------
 
 
