@@ -582,6 +582,20 @@ class MemorySweepRequest(_ApiModel):
     comm: Seconds = Field(default=0.0, description="Time added to every edge between devices.")
 
     @model_validator(mode="after")
+    def _times_per_v_stage(self) -> MemorySweepRequest:
+        # The swept schedules are V-shaped: a list holds their stages' times, which the
+        # schedule builder would refuse as "got 4 values for 8 stages" without saying why 8.
+        v_stages = 2 * self.num_devices
+        for name in ("forward", "backward", "weight"):
+            value = getattr(self, name)
+            if isinstance(value, list) and len(value) != v_stages:
+                raise ValueError(
+                    f"{name} needs one time or {v_stages} (one per V stage, 2 a device), "
+                    f"got {len(value)}; give one number, or one time per V stage"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _bounded(self) -> MemorySweepRequest:
         # About 25 searches of both schedulers: a few seconds at 512 cells on one core.
         if self.num_devices * self.num_microbatches > 512:

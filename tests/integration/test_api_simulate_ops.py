@@ -173,6 +173,22 @@ def test_memory_sweep_is_the_figure_of_the_cli(client):
     assert_problem(client.post("/v1/simulate/memory-sweep", json=too_many), 422, "above 512")
 
 
+@pytest.mark.parametrize("field", ["forward", "backward", "weight"])
+def test_memory_sweep_times_per_stage_say_the_stages_are_v_stages(client, field):
+    """Four times for 4 devices were refused as "forward times: got 4 values for 8
+    stages", which did not say where 8 came from (the CLI's --plot says it since b4fb896)."""
+    body = {"num_devices": 4, "num_microbatches": 8, "forward": 1, "backward": 1}
+    response = client.post("/v1/simulate/memory-sweep", json=body | {field: [1, 2, 3, 4]})
+    problem = assert_problem(
+        response,
+        422,
+        f"{field} needs one time or 8 (one per V stage, 2 a device), got 4",
+    )
+    assert problem["title"] == "Invalid request"
+    per_v_stage = client.post("/v1/simulate/memory-sweep", json=body | {field: [1] * 8})
+    assert per_v_stage.status_code == 200, per_v_stage.text
+
+
 def test_schedules_lists_the_registry(client):
     response = client.get("/v1/schedules")
     assert response.status_code == 200
