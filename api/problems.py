@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from api.core.db import is_unavailable
+from api.schemas import HARDWARE_NAME_PATTERN, HARDWARE_NAME_RULE, NO_NUL_PATTERN
 from planner.errors import ScheduleConfigError, SimulationError, StagewrightError
 from planner.profiles import UnknownHardwareError
 
@@ -301,11 +302,23 @@ async def _api_problem(request: Request, exc: Exception) -> Response:
     return problem_response(body, exc.headers)
 
 
+# The patterns of the API's own models and query parameters, said as what to send.
+_PATTERN_RULES = {
+    HARDWARE_NAME_PATTERN: HARDWARE_NAME_RULE,
+    NO_NUL_PATTERN: "a NUL character (\\u0000) cannot be stored or searched for; leave it out",
+}
+
+
 def _location(loc: Sequence[str | int]) -> str:
     return ".".join(str(part) for part in loc) or "request"
 
 
 def _message(err: Mapping[str, Any]) -> str:
+    if err.get("type") == "string_pattern_mismatch":
+        rule = _PATTERN_RULES.get(str((err.get("ctx") or {}).get("pattern")))
+        if rule is not None:  # instead of "String should match pattern '^[a-z0-9]...'"
+            given = repr(err.get("input"))
+            return f"{rule}; got {given if len(given) <= 80 else given[:77] + '...'}"
     msg = str(err.get("msg", "invalid value"))
     # Pydantic prefixes the text of a ValueError raised by a validator; ours already reads
     # as a sentence that says what to change.

@@ -26,6 +26,7 @@ from planner.specs import ScheduleName as ScheduleName
 
 __all__ = [
     "HARDWARE_NAME_PATTERN",
+    "HARDWARE_NAME_RULE",
     "DeviceTiming",
     "HardwareIn",
     "HardwarePublic",
@@ -37,6 +38,7 @@ __all__ = [
     "LinkSpec",
     "MeasurementIn",
     "MeasurementPublic",
+    "NO_NUL_PATTERN",
     "PlanList",
     "PlanPublic",
     "PlanStatus",
@@ -53,6 +55,10 @@ __all__ = [
 PlanStatus = Literal["queued", "running", "done", "failed"]
 Origin = Literal["bundled", "api"]
 HARDWARE_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+HARDWARE_NAME_RULE = (
+    "hardware names are lower-case letters, digits, '.', '_' and '-' (at most 64, the "
+    "first a letter or digit); GET /v1/hardware lists them"
+)
 HardwareName = Annotated[
     str,
     Field(
@@ -62,9 +68,9 @@ HardwareName = Annotated[
     ),
 ]
 # PostgreSQL text cannot hold NUL characters; nothing a person writes needs one.
-_NO_NUL = r"^[^\x00]*$"
-Label = Annotated[str, Field(max_length=200, pattern=_NO_NUL)]
-Note = Annotated[str, Field(max_length=2000, pattern=_NO_NUL)]
+NO_NUL_PATTERN = r"^[^\x00]*$"
+Label = Annotated[str, Field(max_length=200, pattern=NO_NUL_PATTERN)]
+Note = Annotated[str, Field(max_length=2000, pattern=NO_NUL_PATTERN)]
 _MAX_SECONDS = 1e9
 Seconds = Annotated[float, Field(ge=0, le=_MAX_SECONDS)]
 _MAX_DEPTH = 32

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from api.deps import WRITE, JsonBodyRoute, StateDep, strict_body
 from api.measurement_schemas import MeasuredRunList, MeasuredRunsIn, MeasuredRunsWriteResult
 from api.routes._docs import problems_of
-from api.schemas import HARDWARE_NAME_PATTERN
+from api.schemas import HARDWARE_NAME_PATTERN, NO_NUL_PATTERN
 from api.services import measured_runs
 from api.state import offload
 
@@ -51,11 +51,20 @@ async def read_measurements(
         str | None, Query(pattern=HARDWARE_NAME_PATTERN, description="Only this hardware's runs.")
     ] = None,
     model: Annotated[
-        str | None, Query(max_length=200, description="Only runs of this model (its name).")
+        str | None,
+        Query(
+            max_length=200,
+            pattern=NO_NUL_PATTERN,
+            description="Only runs of this model (its name).",
+        ),
     ] = None,
     source: Annotated[
         str | None,
-        Query(max_length=200, description="Only runs whose source contains this (any case)."),
+        Query(
+            max_length=200,
+            pattern=NO_NUL_PATTERN,
+            description="Only runs whose source contains this (any case).",
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Runs per page.")] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000, description="Runs to skip.")] = 0,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query
-from fastapi.exceptions import RequestValidationError
 from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
 from api import problems
@@ -23,6 +23,7 @@ from api.problems import PROBLEM_MEDIA_TYPE
 from api.routes._docs import PLAN_EXAMPLES, problems_of
 from api.schemas import (
     HARDWARE_NAME_PATTERN,
+    NO_NUL_PATTERN,
     MeasurementIn,
     MeasurementPublic,
     PlanList,
@@ -142,7 +143,7 @@ async def list_plans(
     ] = None,
     model: Annotated[
         str | None,
-        Query(max_length=200, pattern=r"^[^\x00]*$", description="Only this model name."),
+        Query(max_length=200, pattern=NO_NUL_PATTERN, description="Only this model name."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=100, description="Page size.")] = 20,
     offset: Annotated[int, Query(ge=0, le=1_000_000, description="Plans to skip.")] = 0,

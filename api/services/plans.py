@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from api import problems
 from api.hashing import request_hash
 from api.limits import check_plan_request
-from api.schemas import HARDWARE_NAME_PATTERN, PlanList, PlanSummary
+from api.schemas import HARDWARE_NAME_PATTERN, HARDWARE_NAME_RULE, PlanList, PlanSummary
 from api.security import Principal
 from api.services import read_retried
 from api.store import crud
@@ -152,10 +152,7 @@ def submit_plan(state: AppState, body: PlanRequest, principal: Principal) -> cru
     request, warnings = check_plan_request(body, settings)
     gpu = request.cluster.gpu
     if not _HARDWARE_NAME.fullmatch(gpu):
-        raise UnknownHardwareError(
-            f"unknown GPU {gpu!r}: hardware names are lower-case letters, digits, '.', '_' "
-            "and '-'; GET /v1/hardware lists them"
-        )
+        raise UnknownHardwareError(f"unknown GPU {gpu!r}: {HARDWARE_NAME_RULE}")
     with state.database.session(write=True) as session:
         snapshot = snapshot_current(session=session, gpu=gpu)
         # Fails now (422) for e.g. bf16 on a V100, instead of in the background job.

@@ -6,7 +6,7 @@ change, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 
@@ -79,7 +79,7 @@ def test_the_openapi_document_lists_415_on_every_write():
     from api.core.config import Settings
 
     document = create_app(Settings(database_url="sqlite://")).openapi()
-    for path, body in BODIES:
+    for path, _ in BODIES:
         assert "415" in document["paths"][path]["post"]["responses"], path
     assert "415" in document["paths"]["/v1/plans/{plan_id}/measurements"]["post"]["responses"]
 
@@ -126,7 +126,7 @@ def test_a_list_query_parameter_may_still_be_given_several_times():
     app = FastAPI(dependencies=[Depends(no_unknown_query_parameters)])
 
     @app.get("/tags")
-    def tags(tag: list[str] | None = Query(None), limit: int = 5) -> dict[str, Any]:
+    def tags(tag: Annotated[list[str] | None, Query()] = None, limit: int = 5) -> dict[str, Any]:
         return {"tag": tag, "limit": limit}
 
     with TestClient(app) as local:
@@ -153,7 +153,9 @@ def test_head_answers_as_get_without_a_body(client, path):
 def test_head_is_counted_under_its_route(client):
     client.head("/v1/hardware/cpu")
     text = client.get("/metrics").text
-    line = 'stagewright_http_requests_total{method="HEAD",route="/v1/hardware/{name}",status="200"} 1'
+    line = (
+        'stagewright_http_requests_total{method="HEAD",route="/v1/hardware/{name}",status="200"} 1'
+    )
     assert line in text
 
 
@@ -199,3 +201,33 @@ def test_a_non_finite_wait_is_refused_as_not_finite(make_client, value):
     response = client.post(f"/v1/plans?wait_s={value}", json=example("tiny-cpu"))
     assert_problem(response, 422, "query.wait_s", "finite number")
     assert client.get("/v1/plans").json()["total"] == 0
+
+
+# -- names and text -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body", "where"),
+    [
+        ("GET", "/v1/plans?gpu=A100", None, "query.gpu"),
+        ("GET", "/v1/profiles?gpu=CPU", None, "query.gpu"),
+        ("GET", "/v1/measurements?gpu=a100%20sxm", None, "query.gpu"),
+        ("POST", "/v1/hardware", dict(H200X, name="H200X"), "body.name"),
+        ("POST", "/v1/profiles", {"layers": [dict(POINT, gpu="CPU")]}, "body.layers.0.gpu"),
+    ],
+)
+def test_a_hardware_name_out_of_its_rule_says_the_rule(client, method, url, body, where):
+    """These said "String should match pattern '^[a-z0-9][a-z0-9._-]{0,63}$'", where a
+    plan request's cluster.gpu says what names are made of."""
+    response = client.request(method, url, json=body)
+    problem = assert_problem(response, 422, f"{where}: hardware names are lower-case letters")
+    assert "pattern" not in problem["detail"] and "GET /v1/hardware lists them" in problem["detail"]
+
+
+@pytest.mark.parametrize("name", ["model", "source"])
+def test_a_nul_in_a_measurements_filter_is_refused_alike_on_every_backend(client, name):
+    """?model=a%00b listed nothing on SQLite and was a 422 'the database cannot store a
+    value of this request' on PostgreSQL, for a read."""
+    response = client.get(f"/v1/measurements?{name}=a%00b")
+    assert_problem(response, 422, f"query.{name}: a NUL character", "leave it out")
+    assert_problem(client.get("/v1/plans?model=a%00b"), 422, "query.model: a NUL character")
