@@ -9,7 +9,12 @@ import json
 from typing import Annotated, Any
 
 import pytest
+from fastapi import Depends, FastAPI, Query
+from fastapi.testclient import TestClient
 
+from api.app import create_app
+from api.core.config import Settings
+from api.query_parameters import no_unknown_query_parameters
 from planner.plan import plan as real_plan
 from tests.integration.conftest import assert_problem, example
 from tests.integration.test_api_profiles import H200X, POINT
@@ -75,9 +80,6 @@ def test_json_media_types_are_read_as_json(client):
 
 
 def test_the_openapi_document_lists_415_on_every_write():
-    from api.app import create_app
-    from api.core.config import Settings
-
     document = create_app(Settings(database_url="sqlite://")).openapi()
     for path, _ in BODIES:
         assert "415" in document["paths"][path]["post"]["responses"], path
@@ -118,11 +120,6 @@ def test_a_plan_post_with_a_repeated_wait_is_refused_before_any_search(make_clie
 def test_a_list_query_parameter_may_still_be_given_several_times():
     """The refusal is for parameters that take one value: a route that declares a list
     (none of the API's does today) reads every value, so repeating it is how to give it."""
-    from fastapi import Depends, FastAPI, Query
-    from fastapi.testclient import TestClient
-
-    from api.query_parameters import no_unknown_query_parameters
-
     app = FastAPI(dependencies=[Depends(no_unknown_query_parameters)])
 
     @app.get("/tags")
