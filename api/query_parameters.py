@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import types
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Union, get_args, get_origin
 
 from fastapi import Request
@@ -54,30 +55,33 @@ async def no_unknown_query_parameters(request: Request) -> None:
     # routes themselves are unhashable.)
     declared = _query_names(route.dependant)
     unknown = sorted({name for name in request.query_params if name not in declared})
-    if unknown:
-        takes = ", ".join(sorted(declared)) if declared else "none"
-        raise RequestValidationError(
-            [
-                {
-                    "type": "extra_forbidden",
-                    "loc": ("query", name),
-                    "msg": f"unknown query parameter {name!r}; this endpoint takes: {takes}",
-                    "input": request.query_params.get(name),
-                }
-                for name in unknown
-            ]
-        )
+    takes = ", ".join(sorted(declared)) if declared else "none"
+    _refuse(
+        request,
+        "extra_forbidden",
+        unknown,
+        lambda name: f"unknown query parameter {name!r}; this endpoint takes: {takes}",
+    )
     given = Counter(name for name, _ in request.query_params.multi_items())
-    repeated = sorted(name for name, n in given.items() if n > 1 and not declared[name])
-    if repeated:
+    _refuse(
+        request,
+        "repeated_query_parameter",
+        sorted(name for name, n in given.items() if n > 1 and not declared[name]),
+        lambda name: f"query parameter {name!r} is given {given[name]} times; give it once",
+    )
+
+
+def _refuse(request: Request, kind: str, names: list[str], message: Callable[[str], str]) -> None:
+    """A 422 with one entry per parameter in ``names`` (nothing when there is none)."""
+    if names:
         raise RequestValidationError(
             [
                 {
-                    "type": "repeated_query_parameter",
+                    "type": kind,
                     "loc": ("query", name),
-                    "msg": f"query parameter {name!r} is given {given[name]} times; give it once",
+                    "msg": message(name),
                     "input": request.query_params.getlist(name),
                 }
-                for name in repeated
+                for name in names
             ]
         )

@@ -40,35 +40,25 @@ def add_measurement(state: AppState, plan_id: str, body: MeasurementIn) -> Measu
         record = load_done_plan(session, plan_id, "report measurements for it")
         candidates = (record.result or {}).get("candidates") or []
         if body.candidate >= len(candidates):
-            raise problems.ApiProblem(
-                422,
+            raise _wrong_for_this_plan(
                 "no-such-candidate",
+                "No such candidate",
                 f"candidate {body.candidate} does not exist: plan {plan_id} has "
                 f"{len(candidates)} candidate(s), numbered 0 to {max(len(candidates) - 1, 0)}",
-                title="No such candidate",
-                errors=[
-                    {
-                        "loc": ["body", "candidate"],
-                        "msg": f"must be below {len(candidates)}",
-                        "type": "less_than",
-                    }
-                ],
+                ("candidate", f"must be below {len(candidates)}", "less_than"),
             )
         peaks = len(body.peak_activation_bytes)
         if peaks and peaks != record.num_gpus:
-            raise problems.ApiProblem(
-                422,
+            raise _wrong_for_this_plan(
                 "wrong-rank-count",
+                "Not one entry per rank",
                 f"peak_activation_bytes has {peaks} entries, but plan {plan_id} runs on "
                 f"{record.num_gpus} ranks: give one per rank, in rank order, or none",
-                title="Not one entry per rank",
-                errors=[
-                    {
-                        "loc": ["body", "peak_activation_bytes"],
-                        "msg": f"must have {record.num_gpus} entries (one per rank) or none",
-                        "type": "wrong_length",
-                    }
-                ],
+                (
+                    "peak_activation_bytes",
+                    f"must have {record.num_gpus} entries (one per rank) or none",
+                    "wrong_length",
+                ),
             )
         predicted = candidates[body.candidate]["predicted"]["iteration_time_s"]
         row = crud.create_measurement(
@@ -89,6 +79,17 @@ def add_measurement(state: AppState, plan_id: str, body: MeasurementIn) -> Measu
             config=candidates[body.candidate]["config"],
         )
         return public
+
+
+def _wrong_for_this_plan(
+    slug: str, title: str, detail: str, error: tuple[str, str, str]
+) -> problems.ApiProblem:
+    """422: a measurement valid in itself that does not fit the plan it is reported for;
+    ``error`` is the field's (name, message, type)."""
+    field, msg, kind = error
+    return problems.ApiProblem(
+        422, slug, detail, title=title, errors=[{"loc": ["body", field], "msg": msg, "type": kind}]
+    )
 
 
 @read_retried

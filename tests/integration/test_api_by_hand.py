@@ -18,15 +18,9 @@ from api.query_parameters import no_unknown_query_parameters
 from planner.plan import plan as real_plan
 from tests.integration.conftest import assert_problem, example
 from tests.integration.test_api_profiles import H200X, POINT
+from tests.integration.test_api_request_bodies import SIMULATE
 from tests.reliability.test_inputs import RUN
 
-SIMULATE = {
-    "schedule": "1f1b",
-    "num_devices": 2,
-    "num_microbatches": 4,
-    "forward": 1.0,
-    "backward": 2.0,
-}
 BODIES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/plans", example("tiny-cpu")),
     ("/v1/simulate", SIMULATE),
