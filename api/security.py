@@ -3,7 +3,8 @@
 The operator configures tokens, each with a name, scopes and a secret
 (``STAGEWRIGHT_API_TOKENS='ci:write:s3cret; ops:admin:t0p'``). Scopes:
 
-- ``read``: GET and HEAD. Reads are open to anyone unless some token lists ``read``.
+- ``read``: GET and HEAD. Reads are open to anyone unless some token lists ``read``;
+  ``GET /healthz``, the readiness probe, is open always.
 - ``write``: POST (plans, measurements, profiles, simulate) and DELETE of the plans this
   token created; a write token may also read.
 - ``admin``: everything, including DELETE of anyone's plan.
@@ -47,6 +48,10 @@ _IMPLIES: dict[str, frozenset[str]] = {
 }
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _READS = ("GET", "HEAD", "OPTIONS")
+# Read without a token even when reads need one: the readiness probe of the image's
+# HEALTHCHECK and of load balancers, which have no token to send (it tells only whether
+# the database answers).
+_PROBES = frozenset({"/healthz"})
 
 # Only documents the scheme in OpenAPI (and lets /docs send a token); the middleware below
 # does the checking.
@@ -116,6 +121,19 @@ def parse_tokens(api_tokens: str | None, api_token: str | None) -> list[Token]:
             f"STAGEWRIGHT_API_TOKENS: token name(s) {', '.join(doubled)} given twice; name each "
             "once (STAGEWRIGHT_API_TOKEN is the token named 'default')"
         )
+    for i, token in enumerate(tokens):
+        for other in tokens[i + 1 :]:
+            if hmac.compare_digest(token.secret, other.secret):
+                # Otherwise the name and scopes a request gets depend on the entries' order.
+                raise SettingsError(
+                    f"STAGEWRIGHT_API_TOKENS: tokens {token.name} and {other.name} have the "
+                    "same secret; give each token a secret of its own"
+                )
+    if api_tokens and api_tokens.strip() and len(tokens) == int(bool(api_token)):
+        raise SettingsError(
+            "STAGEWRIGHT_API_TOKENS is set but lists no token (only separators); write "
+            "name:scopes:secret entries, e.g. ci:write:s3cret, or unset it"
+        )
     return tokens
 
 
@@ -139,6 +157,10 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         needed = "read" if scope["method"] in _READS else "write"
+        if needed == "read" and scope.get("path") in _PROBES:
+            scope.setdefault("state", {})["principal"] = ANONYMOUS_READER
+            await self.app(scope, receive, send)
+            return
         header = _authorization(scope)
         principal = self._principal(header)
         state = scope.setdefault("state", {})

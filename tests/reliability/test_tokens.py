@@ -80,9 +80,32 @@ def test_the_single_token_of_earlier_versions_writes_and_administers(make_client
         ("ci:fly:s3cret", "(not fly)"),
         ("c i:write:s3cret", "the name is letters"),
         ("ci:write:a; ci:read:b", "token name(s) ci given twice"),
+        # One secret under two names: which name and scopes a request got depended on the
+        # order of the entries (a read-only dashboard's secret pasted into the CI entry
+        # wrote as 'dash' or 'ci' by chance).
+        ("dash:read:same-secret; ci:write:same-secret", "tokens dash and ci have the same"),
+        # Only separators: no token at all, so the service was open to every write.
+        (" ; ;\n", "STAGEWRIGHT_API_TOKENS is set but lists no token"),
     ],
 )
 def test_a_token_list_that_does_not_parse_says_which_entry_and_how(entries, says):
     with pytest.raises(SettingsError) as raised:
         parse_tokens(entries, None)
     assert says in str(raised.value)
+    assert "same-secret" not in str(raised.value)
+
+
+def test_the_single_token_may_not_repeat_a_listed_secret():
+    with pytest.raises(SettingsError, match="tokens default and ops have the same secret"):
+        parse_tokens("ops:admin:t0p", "t0p")
+
+
+def test_the_health_probe_needs_no_token_when_reads_do(make_client):
+    """The image's HEALTHCHECK and load balancers probe GET /healthz without a token: once
+    a token listed "read" it answered 401 and the container was reported unhealthy."""
+    client = make_client(api_tokens=TOKENS)
+    answer = client.get("/healthz")
+    assert answer.status_code == 200 and answer.json()["database"]
+    assert_problem(client.get("/metrics"), 401, "requires a token for reads")
+    assert_problem(client.get("/v1/plans"), 401, "requires a token for reads")
+    assert_problem(client.post("/healthz"), 401, "requires a token for writes")
