@@ -78,11 +78,15 @@ class Settings(BaseModel):
     job_lease_s: float = Field(
         default=30.0,
         gt=0,
+        le=86_400,
         description="A running job whose process stopped renewing it for this long is "
         "queued again (the process died).",
     )
     job_poll_s: float = Field(
-        default=1.0, gt=0, description="How often a process looks for queued or orphaned jobs."
+        default=1.0,
+        ge=0.01,
+        le=3600,
+        description="How often a process looks for queued or orphaned jobs.",
     )
     job_max_attempts: int = Field(
         default=3, ge=1, description="Interrupted runs after which a job is marked failed."
@@ -156,6 +160,8 @@ class Settings(BaseModel):
     job_memory_mb: int = Field(
         default=4096,
         ge=256,
+        # 16 TiB: beyond what the kernel's address-space limit takes (it failed every search).
+        le=16_777_216,
         description="Memory (address space) limit of a search process; a search over it fails "
         "with the reason and the process is replaced.",
     )

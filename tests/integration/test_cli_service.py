@@ -53,11 +53,20 @@ def test_profiles_load_on_postgresql(postgres_schema, capsys):
         (["--database-url", "sqlite://"], {}, "in-memory SQLite"),
         ([], {"STAGEWRIGHT_PLANNER_THREADS": "many"}, "STAGEWRIGHT_PLANNER_THREADS='many'"),
         ([], {"STAGEWRIGHT_MAX_BODY_BYTES": "10"}, "greater than or equal to 1024"),
+        # Accepted before, then broke at run time: the job poller failed on every round (a
+        # lease beyond any date) or died (a wait the clock cannot express), so jobs left
+        # queued or orphaned never ran again; a memory limit past the kernel's failed every search
+        # as "it may have run out of memory".
+        ([], {"STAGEWRIGHT_JOB_LEASE_S": "inf"}, "STAGEWRIGHT_JOB_LEASE_S='inf': Input should"),
+        ([], {"STAGEWRIGHT_JOB_POLL_S": "1e12"}, "less than or equal to 3600"),
+        ([], {"STAGEWRIGHT_JOB_POLL_S": "1e-9"}, "greater than or equal to 0.01"),
+        ([], {"STAGEWRIGHT_JOB_MEMORY_MB": "99999999999999"}, "less than or equal to 16777216"),
         (["--port", "70000"], {}, "--port 70000 is not a port"),
         (["--workers", "0"], {}, "--workers must be at least 1"),
     ],
 )
-def test_serve_reports_bad_settings_in_one_line(monkeypatch, capsys, args, env, needle):
+def test_serve_reports_bad_settings_in_one_line(monkeypatch, capsys, tmp_path, args, env, needle):
+    monkeypatch.chdir(tmp_path)  # a setting accepted by mistake must not serve from the checkout
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     code, out, err = run(capsys, "serve", *args)
