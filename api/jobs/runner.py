@@ -224,6 +224,16 @@ class JobRunner:
             result, error = self._search(slot, claimed, snapshot)
             if self._stop.is_set():  # stop() has handed the job back to the queue
                 return None
+            if result is None and error is None:  # interrupted from outside: run it again
+                with self._db.session() as session:
+                    crud.requeue_interrupted(
+                        session=session,
+                        claim=claimed.claim,
+                        max_attempts=self._settings.job_max_attempts,
+                        interrupted=problems.search_interrupted_body,
+                    )
+                self._wake.set()  # the poller hands it to a thread without waiting
+                return None
             with self._db.session() as session:
                 stored = crud.finish_job(
                     session=session,
@@ -266,8 +276,9 @@ class JobRunner:
         if outcome.kind == "limit":
             log.warning("job %s (plan %s): %s", claimed.job_id, claimed.plan_id, outcome.detail)
             return None, problems.search_over_limit_body(outcome.detail, instance)
-        if outcome.kind == "stopped":
-            return None, None  # not stored: stop() has put the job back in the queue
+        if outcome.kind in ("stopped", "interrupted"):
+            # Not stored: stop() has put the job back in the queue, or _run puts it back.
+            return None, None
         error_id = uuid.uuid4().hex[:12]
         log.error("job %s (plan %s) failed: error id %s", claimed.job_id, claimed.plan_id, error_id)
         return None, problems.search_bug_body(error_id, instance)

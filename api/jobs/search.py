@@ -41,6 +41,10 @@ log = logging.getLogger("stagewright.jobs")
 
 Planner = Callable[[PlanRequest, Any], Plan]
 _POLL_S = 0.25  # how often a waiting thread checks whether the server is stopping
+# Signals that stop processes from outside (a service manager stopping every process of
+# the service, a closed terminal): an interruption, not something the search did. The
+# kernel ends a process over its memory with SIGKILL, never with these.
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,9 @@ class SearchOutcome:
     """How a search ended. ``kind``: 'done' (``plan`` is the Plan's JSON), 'refused' (the
     planner said why the request cannot be planned), 'limit' (over the wall-clock or
     memory limit), 'bug' (anything else; details in the log), 'stopped' (the server is
-    stopping; the job goes back to the queue)."""
+    stopping; the job goes back to the queue), 'interrupted' (the search process was
+    stopped from outside the server, e.g. by a service manager stopping every process:
+    the job runs again, as after a crash)."""
 
     kind: str
     plan: dict[str, Any] | None = None
@@ -115,6 +121,11 @@ class _Process:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
+            # A process group of its own: Ctrl-C in the server's terminal (SIGINT to its
+            # foreground group) stops the server, which stops its search processes itself;
+            # reaching them too, it printed their tracebacks and failed a running search
+            # as "killed by signal SIGINT; it may have run out of memory".
+            process_group=0,
         )
 
     def alive(self) -> bool:
@@ -133,6 +144,9 @@ class _Process:
         if code < 0:
             return f"the search process was killed by signal {signal.Signals(-code).name}"
         return f"the search process exited with status {code}"
+
+    def stopped_from_outside(self) -> bool:
+        return -self.popen.wait() in _STOP_SIGNALS
 
 
 class ProcessSearch:
@@ -201,6 +215,9 @@ class ProcessSearch:
         if answer is None:  # the process died: out of memory killed, or crashed
             detail = process.died()
             self._retire(slot, process)
+            if process.stopped_from_outside():
+                log.warning("search process %s; the job will run again", detail)
+                return SearchOutcome("interrupted", detail=detail)
             log.warning("search process %s", detail)
             return SearchOutcome(
                 "limit",

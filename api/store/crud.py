@@ -393,6 +393,40 @@ def requeue_orphans(
                 .execution_options(**fresh)
             )
         )
+    requeued, failed = _take_back(session, jobs, max_attempts, interrupted)
+    session.commit()
+    return requeued, failed
+
+
+def requeue_interrupted(
+    *,
+    session: Session,
+    claim: str,
+    max_attempts: int,
+    interrupted: Callable[[str, int], dict[str, Any]],
+) -> tuple[int, int]:
+    """The job this process runs under ``claim`` was interrupted from outside (its search
+    process stopped by a signal): back to the queue, or failed after ``max_attempts`` runs,
+    as an orphan is. Returns (requeued, failed)."""
+    jobs = list(
+        session.scalars(
+            select(Job)
+            .where(Job.claim == claim, Job.status == "running")
+            .execution_options(populate_existing=True)
+        )
+    )
+    requeued, failed = _take_back(session, jobs, max_attempts, interrupted)
+    session.commit()
+    return requeued, failed
+
+
+def _take_back(
+    session: Session,
+    jobs: Sequence[Job],
+    max_attempts: int,
+    interrupted: Callable[[str, int], dict[str, Any]],
+) -> tuple[int, int]:
+    now = utcnow()
     requeued = failed = 0
     for job in jobs:
         if job.attempts >= max_attempts:
@@ -417,7 +451,6 @@ def requeue_orphans(
         else:
             _requeue(session, job, count_attempt=True)
             requeued += 1
-    session.commit()
     return requeued, failed
 
 

@@ -8,6 +8,8 @@ CPU example."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -67,3 +69,54 @@ def test_the_next_search_gets_a_new_process(make_client, database_url):
     second = client.post("/v1/plans", json=request)
     assert_problem(second, 422, "took longer than this server's limit of 1 s")
     assert wait_until(lambda: client.get("/healthz").status_code == 200)
+
+
+def _search_process(client):
+    """The search process of the client's only planner thread that is running a search."""
+    processes = client.app.state.stagewright.runner._searcher._processes
+    assert wait_until(lambda: len(processes) == 1)
+    return next(iter(processes.values())).popen
+
+
+def test_ctrl_c_in_the_servers_terminal_does_not_fail_the_running_search(make_client, database_url):
+    """Ctrl-C in the terminal of `stagewright serve` sends SIGINT to every process of the
+    foreground group, the search processes too. Each printed a KeyboardInterrupt
+    traceback, and a busy one died before the server began to stop: its plan was failed
+    for good with "killed by signal SIGINT; it may have run out of memory". The server
+    owns its search processes' lifetime: they run in a process group of their own, which
+    the terminal's signals do not reach."""
+    client = make_client(
+        search_function=f"{SEARCHES}:endless", planner_threads=1, job_timeout_s=60.0
+    )
+    accepted = client.post("/v1/plans", params={"wait_s": 0}, json=example("tiny-cpu"))
+    assert accepted.status_code == 202
+    plan_id = accepted.json()["id"]
+    assert wait_until(lambda: _job_of(database_url, plan_id)[0] == "running")
+    process = _search_process(client)
+    assert os.getpgid(process.pid) != os.getpgid(0)  # the terminal's SIGINT misses it
+    time.sleep(0.5)
+    assert process.poll() is None
+    assert _job_of(database_url, plan_id) == ("running", 1)
+
+
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGHUP])
+def test_a_search_process_stopped_from_outside_is_run_again_not_failed(
+    make_client, database_url, sent
+):
+    """systemd stops a service by sending SIGTERM to each of its processes, the search
+    processes included; a hang-up ends them with the terminal. Such a death is an
+    interruption, as a crash of the server is: the job runs again (an attempt counted),
+    instead of failing with "it may have run out of memory"."""
+    client = make_client(
+        search_function=f"{SEARCHES}:endless",
+        planner_threads=1,
+        job_timeout_s=60.0,
+        job_lease_s=1.0,
+    )
+    accepted = client.post("/v1/plans", params={"wait_s": 0}, json=example("tiny-cpu"))
+    plan_id = accepted.json()["id"]
+    assert wait_until(lambda: _job_of(database_url, plan_id)[0] == "running")
+    first = _search_process(client)
+    first.send_signal(sent)
+    assert wait_until(lambda: _job_of(database_url, plan_id) == ("running", 2), timeout_s=20)
+    assert client.get(f"/v1/plans/{plan_id}").json()["status"] == "running"
