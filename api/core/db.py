@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, select
+from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, select
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -411,8 +411,43 @@ def migrate(database: Database, revision: str = "head") -> None:
     with migration_connection(database) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             conn.execute(select(func.pg_advisory_xact_lock(_MIGRATION_LOCK_KEY)))
+        _check_schema_revision(conn, config)
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
+
+
+def _check_schema_revision(conn: Connection, config: Any) -> None:
+    """Refuse, with what to do, a database these migrations cannot upgrade: one migrated by
+    a newer stagewright (an image rolled back), or one holding stagewright's tables without
+    Alembic's record of their revision (made by hand, or alembic_version dropped), which
+    the first migration would try to create again. Nothing is changed."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from api.store.models import Base
+
+    script = ScriptDirectory.from_config(config)
+    head = script.get_current_head()
+    current = MigrationContext.configure(conn).get_current_heads()
+    for found in current:
+        try:
+            known = script.get_revision(found) is not None
+        except Exception:  # Alembic's "Can't locate revision"
+            known = False
+        if not known:
+            raise SettingsError(
+                f"the database's schema is at revision {found}, but the newest this version "
+                f"of stagewright knows is {head}: a newer stagewright migrated it; run that "
+                "version (or newer) against it, or point this one at another database"
+            )
+    if not current:
+        ours = sorted(set(Base.metadata.tables) & set(inspect(conn).get_table_names()))
+        if ours:
+            raise SettingsError(
+                f"the database has stagewright's tables ({', '.join(ours)}) but no "
+                "alembic_version recording their schema revision, so they cannot be "
+                "upgraded; restore it from a backup, or use a new, empty database"
+            )
 
 
 def wait_for_database(database: Database, timeout_s: float) -> None:

@@ -111,6 +111,68 @@ def test_alembic_command_line_upgrades_checks_and_downgrades(empty_database_url)
     assert f"{head} (head)" in current.stdout
 
 
+def _profiles_load(url: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "profiles", "load", "--database-url", url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.returncode, done.stderr
+
+
+def _migrated(url: str) -> None:
+    database = Database(url)
+    try:
+        migrate(database)
+    finally:
+        database.dispose()
+
+
+def test_a_schema_newer_than_the_code_is_one_line_and_left_alone(empty_database_url):
+    """An image rolled back after a newer one migrated the database: `serve` and `profiles
+    load` ended in Alembic's traceback ("Can't locate revision identified by ...")."""
+    _migrated(empty_database_url)
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0099_future'"))
+    code, err = _profiles_load(empty_database_url)
+    assert code == 2 and "Traceback" not in err, err
+    assert err.count("\n") == 1
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert "the database's schema is at revision 0099_future" in err
+    assert f"newest this version of stagewright knows is {head}" in err
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == (
+            "0099_future"
+        )
+    engine.dispose()
+
+
+def test_stagewrights_tables_without_a_schema_revision_are_one_line(empty_database_url):
+    """A database whose tables were made without the migrations (or whose alembic_version
+    was dropped): the upgrade began again from the first migration and ended in a
+    traceback ("table hardware already exists")."""
+    _migrated(empty_database_url)
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE alembic_version"))
+    engine.dispose()
+    code, err = _profiles_load(empty_database_url)
+    assert code == 2 and "Traceback" not in err, err
+    assert err.count("\n") == 1
+    assert "has stagewright's tables (" in err and "but no alembic_version" in err
+
+
+def test_a_database_with_other_tables_only_is_migrated(empty_database_url):
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE notes (body TEXT)"))
+    engine.dispose()
+    assert _profiles_load(empty_database_url)[0] == 0
+
+
 def test_loading_the_bundled_profiles_twice_changes_nothing(database):
     with database.session() as session:
         report = load_bundled_profiles(session=session)
