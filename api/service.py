@@ -39,6 +39,16 @@ def _check_sqlite_path(database: Database) -> None:
             "processes; use a file, e.g. sqlite:///stagewright.db"
         )
     file = Path(path).expanduser().resolve()
+    try:
+        _check_sqlite_file(file)
+    except OSError as exc:  # a name longer than the file system takes, a broken mount...
+        raise SettingsError(
+            f"cannot open the SQLite file {file} ({exc.strerror or exc}); choose another "
+            "--database-url"
+        ) from None
+
+
+def _check_sqlite_file(file: Path) -> None:
     folder = file.parent
     if not folder.is_dir():
         raise SettingsError(
@@ -50,6 +60,14 @@ def _check_sqlite_path(database: Database) -> None:
             f"{file} is a folder, not an SQLite file; name a file in it, e.g. "
             f"sqlite:///{file / 'stagewright.db'}"
         )
+    for needed in (folder, file) if file.exists() else (folder,):
+        if not os.access(needed, os.W_OK):
+            what = "folder" if needed == folder else "file"
+            raise SettingsError(
+                f"the {what} {needed} is not writable by this user, and SQLite writes the "
+                "database and its -wal and -shm files there; make it writable or choose "
+                "another --database-url"
+            )
     if file.is_file() and file.stat().st_size > 0:
         with file.open("rb") as opened:
             header = opened.read(len(_SQLITE_HEADER))

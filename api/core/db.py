@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -86,6 +87,11 @@ def normalize_url(url: str | URL) -> URL:
         raise SettingsError(
             f"database {parsed.get_backend_name()!r} is not supported; use SQLite "
             "(sqlite:///stagewright.db) or PostgreSQL (postgresql+psycopg://...)"
+        )
+    if parsed.get_backend_name() == "sqlite" and parsed.get_driver_name() != "pysqlite":
+        raise SettingsError(
+            f"there is no driver {parsed.get_driver_name()!r} for sqlite here; write "
+            f"sqlite:///{parsed.database or 'stagewright.db'} (Python's own sqlite3)"
         )
     return parsed
 
@@ -463,6 +469,9 @@ def wait_for_database(database: Database, timeout_s: float) -> None:
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
+            refused = _refusal(database, exc)
+            if refused is not None:  # waiting would not change it
+                raise SettingsError(refused) from None
             if time.monotonic() >= deadline:
                 raise SettingsError(
                     f"cannot reach the database at {describe_url(database.url)} "
@@ -472,6 +481,37 @@ def wait_for_database(database: Database, timeout_s: float) -> None:
             if attempt == 1:
                 log.warning("waiting for the database at %s", describe_url(database.url))
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+# What a PostgreSQL server that answers says of a URL that can never connect (a database
+# or role that does not exist, a password or client it refuses), and what libpq says of
+# options it cannot use. The server's messages are in English unless lc_messages says
+# otherwise; an unrecognised one is waited out as before.
+_REFUSED = re.compile(
+    r"FATAL:\s+(database \".*\" does not exist|role \".*\" does not exist|"
+    r"password authentication failed|no pg_hba\.conf entry|.*authentication failed)"
+    r"|^connection is bad: invalid|^invalid connection option|^invalid dsn"
+)
+
+
+def _refusal(database: Database, exc: BaseException) -> str | None:
+    """What to say at once of a connection that failed for good, else None (wait on)."""
+    reason = _reason(exc)
+    if database.dialect == "sqlite":  # a file: no server that could come up later
+        return (
+            f"cannot open the SQLite file {database.url.database} ({reason}); check that "
+            "this user may create and write it and its folder (SQLite keeps its -wal and "
+            "-shm files beside it), or choose another --database-url"
+        )
+    found = _REFUSED.search(reason)
+    if found is None:
+        return None
+    said = reason[found.start() :] if reason[found.start() :].startswith("FATAL") else reason
+    return (
+        f"the database server refused the connection to {describe_url(database.url)} "
+        f"({' '.join(said.split())}); fix the URL (--database-url or "
+        "STAGEWRIGHT_DATABASE_URL), or create the database or role it names"
+    )
 
 
 def _reason(exc: BaseException) -> str:

@@ -6,15 +6,18 @@ import io
 import json
 import logging
 import logging.config
+import os
+import time
 
 import httpx
 import pytest
+from sqlalchemy.engine import make_url
 
 from api.core.config import Settings, SettingsError
-from api.core.db import normalize_url
+from api.core.db import Database, normalize_url, wait_for_database
 from api.service import _log_config
 from cli.main import main
-from tests.integration.conftest import example
+from tests.integration.conftest import PG_ADMIN_URL, example
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -51,6 +54,8 @@ def test_profiles_load_on_postgresql(postgres_schema, capsys):
         (["--database-url", "mysql://u@h/db"], {}, "'mysql' is not supported"),
         (["--database-url", "sqlite:///no/such/folder/x.db"], {}, "does not exist; create it"),
         (["--database-url", "sqlite://"], {}, "in-memory SQLite"),
+        # A driver name with a typo was SQLAlchemy's NoSuchModuleError traceback.
+        (["--database-url", "sqlite+pysqlit:///x.db"], {}, "no driver 'pysqlit' for sqlite"),
         ([], {"STAGEWRIGHT_PLANNER_THREADS": "many"}, "STAGEWRIGHT_PLANNER_THREADS='many'"),
         ([], {"STAGEWRIGHT_MAX_BODY_BYTES": "10"}, "greater than or equal to 1024"),
         # Accepted before, then broke at run time: the job poller failed on every round (a
@@ -148,6 +153,62 @@ def test_unreachable_postgres_is_reported_after_the_wait(monkeypatch, capsys):
     assert "cannot reach the database at postgresql" in err
     assert "://nobody:***@127.0.0.1:1/none (" in err
     assert "secret" not in err and "check that it is running" in err
+
+
+def _timed(capsys, *args: str) -> tuple[int, str, float]:
+    started = time.monotonic()
+    code, _, err = run(capsys, *args)
+    return code, err, time.monotonic() - started
+
+
+def test_a_database_that_refuses_us_is_said_at_once(monkeypatch, capsys, postgres_schema):
+    """A database or role that does not exist on a server that answers was retried for
+    STAGEWRIGHT_DATABASE_WAIT_S (30 s) as if the server were still starting, then
+    reported as "cannot reach the database ... check that it is running"."""
+    monkeypatch.setenv("STAGEWRIGHT_DATABASE_WAIT_S", "30")
+    url = make_url(PG_ADMIN_URL)
+    for wrong, says in (
+        (url.set(database="sw_no_such_database"), 'database "sw_no_such_database" does not'),
+        (url.set(username="sw_no_such_role"), 'role "sw_no_such_role" does not exist'),
+    ):
+        text = wrong.render_as_string(hide_password=False)
+        code, err, took = _timed(capsys, "profiles", "load", "--database-url", text)
+        assert code == 2 and err.count("\n") == 1, err
+        assert took < 10, took
+        assert "refused the connection" in err and says in err
+        assert "check that it is running" not in err
+
+
+def test_a_sqlite_file_that_cannot_be_opened_is_said_at_once(monkeypatch, capsys, tmp_path):
+    """An SQLite file SQLite cannot open (here a name longer than the file system takes;
+    a read-only folder or file does the same) was retried for 30 s, then "cannot reach the
+    database ... check that it is running": SQLite has no server to wait for."""
+    monkeypatch.setenv("STAGEWRIGHT_DATABASE_WAIT_S", "30")
+    path = tmp_path / ("x" * 300 + ".db")
+    code, err, took = _timed(capsys, "profiles", "load", "--database-url", f"sqlite:///{path}")
+    assert code == 2 and err.count("\n") == 1, err
+    assert took < 10, took
+    assert "cannot open the SQLite file" in err and "File name too long" in err
+    # Past the checks of the path, the wait itself does not wait for a file.
+    database = Database(f"sqlite:///{path}")
+    started = time.monotonic()
+    with pytest.raises(SettingsError, match="cannot open the SQLite file .*; check that this"):
+        wait_for_database(database, 30)
+    assert time.monotonic() - started < 10
+    database.dispose()
+
+
+def test_a_sqlite_folder_this_user_cannot_write_is_named(monkeypatch, capsys, tmp_path):
+    """A read-only folder (a volume mounted read-only, or owned by another user): SQLite
+    must create its -wal and -shm files there. (Faked: the tests may run as root.)"""
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real_access(p, mode)
+    )
+    code, _, err = run(capsys, "profiles", "load", "--database-url", f"sqlite:///{tmp_path}/a.db")
+    assert code == 2 and err.count("\n") == 1
+    assert f"the folder {tmp_path} is not writable by this user" in err
+    assert not (tmp_path / "a.db").exists()
 
 
 def test_settings_from_the_environment():
