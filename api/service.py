@@ -9,9 +9,11 @@ from the environment, which is set here from the options.
 from __future__ import annotations
 
 import copy
+import errno
 import logging
 import logging.config
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,37 @@ def _log_config() -> dict[str, Any]:
     return config
 
 
+def check_listen(host: str, port: int) -> None:
+    """Refuse an address this process cannot listen on, before the database is touched or
+    the server announced (uvicorn would find out after both). The socket is closed again
+    at once; uvicorn binds its own (with SO_REUSEADDR, as here)."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise SettingsError(
+            f"--host {host} does not resolve ({reason}); use an address of this machine, "
+            "e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+        ) from None
+    family, kind, proto, _, address = found[0]
+    shown = f"[{host}]" if ":" in host else host
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            hint = {
+                errno.EADDRINUSE: "another program (another stagewright serve?) listens "
+                "there; stop it or choose another --port",
+                errno.EACCES: "ports below 1024 need privileges; choose another --port",
+                errno.EADDRNOTAVAIL: "no interface of this machine has that address; "
+                "choose another --host",
+            }.get(exc.errno or 0, "choose another --host or --port")
+            raise SettingsError(
+                f"cannot listen on {shown}:{port} ({exc.strerror or exc}); {hint}"
+            ) from None
+
+
 def serve(*, host: str, port: int, database_url: str | None, workers: int) -> int:
     import uvicorn
 
@@ -146,6 +179,7 @@ def serve(*, host: str, port: int, database_url: str | None, workers: int) -> in
     # Every setting is checked before the database is touched or the server announced; the
     # tokens are otherwise parsed only by the application, in the server process.
     parse_tokens(settings.api_tokens, settings.api_token)
+    check_listen(host, port)
     log_config = _log_config()
     logging.config.dictConfig(log_config)
     report = prepare_database(settings)

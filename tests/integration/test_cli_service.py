@@ -7,6 +7,7 @@ import json
 import logging
 import logging.config
 import os
+import socket
 import time
 
 import httpx
@@ -118,6 +119,47 @@ def test_serve_refuses_bad_tokens_before_touching_the_database(
     assert err.startswith("stagewright serve: error: ") and err.count("\n") == 1
     assert needle in err and "xyzzy" not in err  # the secret is not shown
     assert not database.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_serve_that_cannot_listen_says_so_before_touching_the_database(
+    monkeypatch, capsys, tmp_path
+):
+    """A port in use or a --host that does not resolve: serve migrated the database and
+    printed "stagewright serving on http://..." first, then uvicorn's "ERROR: [Errno 98]
+    ..." or "[Errno -2] Name or service not known", and exited with status 1 or 3."""
+    monkeypatch.chdir(tmp_path)
+    database = tmp_path / "never.db"
+    url = f"sqlite:///{database}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code, out, err = run(capsys, "serve", "--port", port, "--database-url", url)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err
+    code, out, err = run(capsys, "serve", "--host", "no-such-host.invalid", "--database-url", url)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--host no-such-host.invalid does not resolve" in err
+    assert not database.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        # "" binds every interface: an unset $HOST in `--host "$HOST"` exposed the service.
+        (["--host", ""], "--host is empty; use 127.0.0.1"),
+        (["--host", " "], "--host is empty; use 127.0.0.1"),
+        # Each process starts its search processes and database pool: 100,000 of them
+        # took the machine down.
+        (["--workers", "100000"], "--workers 100000 is more server processes than"),
+    ],
+)
+def test_serve_refuses_a_host_or_workers_no_one_means(monkeypatch, capsys, tmp_path, args, needle):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "serve", *args, "--database-url", f"sqlite:///{tmp_path}/n.db")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert needle in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_serve_warns_of_a_variable_that_names_no_setting(monkeypatch, capsys, tmp_path):
