@@ -18,13 +18,13 @@ RUN groupadd --system stagewright \
 
 WORKDIR /app
 
-# Dependencies first (their layer is reused while only the code changes). The packages are
-# stubs here so that pip can resolve and install the project's requirements.
+# Dependencies first (their layer is reused while only the code changes): the project's
+# requirements and its service extra, read from pyproject.toml. (The project itself cannot
+# be built yet: pyproject.toml names every package folder, and they are copied below.)
 COPY pyproject.toml README.md ./
-RUN mkdir -p planner api executor cli \
-    && touch planner/__init__.py api/__init__.py executor/__init__.py cli/__init__.py \
-    && pip install '.[service]' \
-    && pip uninstall --yes stagewright
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['service']))" > requirements.txt \
+    && pip install -r requirements.txt \
+    && rm requirements.txt
 
 # The code, the bundled profiles and the migrations. An editable install keeps `profiles/`
 # and `migrations/` beside the packages, where the code looks for them.
