@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from api.core.config import Settings, SettingsError
-from api.core.db import Database, describe_url, migrate, wait_for_database
+from api.core.db import Database, describe_url, migrate, reported_failures, wait_for_database
 from api.security import parse_tokens
 from api.store.profiles import WriteReport, load_bundled_profiles
 
@@ -86,9 +86,10 @@ def prepare_database(settings: Settings) -> WriteReport:
     try:
         _check_sqlite_path(database)
         wait_for_database(database, settings.database_wait_s)
-        migrate(database)
-        with database.session() as session:
-            return load_bundled_profiles(session=session)
+        with reported_failures(database.url):
+            migrate(database)
+            with database.session() as session:
+                return load_bundled_profiles(session=session)
     finally:
         database.dispose()
 

@@ -108,14 +108,14 @@ def _session(database_url: str | None) -> Iterator[tuple[Session, str]]:
     """A session on the prepared store (migrated, bundled profiles loaded) and its name."""
     with needs_extra("service", "the SQL store"):
         from api.core.config import Settings
-        from api.core.db import Database, describe_url
+        from api.core.db import Database, describe_url, reported_failures
         from api.service import prepare_database
 
     settings = Settings.from_env(database_url=database_url)
     prepare_database(settings)
     database = Database(settings.database_url)
     try:
-        with database.session() as session:
+        with reported_failures(database.url), database.session() as session:
             yield session, describe_url(database.url)
     finally:
         database.dispose()

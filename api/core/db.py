@@ -46,6 +46,7 @@ __all__ = [
     "migrate",
     "migration_connection",
     "normalize_url",
+    "reported_failures",
     "wait_for_database",
 ]
 
@@ -512,6 +513,28 @@ def _refusal(database: Database, exc: BaseException) -> str | None:
         f"({' '.join(said.split())}); fix the URL (--database-url or "
         "STAGEWRIGHT_DATABASE_URL), or create the database or role it names"
     )
+
+
+@contextmanager
+def reported_failures(url: str | URL) -> Iterator[None]:
+    """For the command-line tools: a database failure that is no bug of theirs (a full or
+    read-only file system, a server gone) becomes one SettingsError line saying what to
+    check, instead of SQLAlchemy's traceback. The transaction that failed is rolled back."""
+    try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        reason = _reason(exc)
+        lowered = reason.lower()
+        if "disk" in lowered or "space" in lowered or "full" in lowered:
+            hint = "check the free space (and quotas) of its file system"
+        elif "readonly" in lowered or "read-only" in lowered:
+            hint = "check that this user may write the database file and its folder"
+        else:
+            hint = "check that the database is running and try again"
+        raise SettingsError(
+            f"the database at {describe_url(url)} failed ({reason}); the write in progress "
+            f"was rolled back; {hint}"
+        ) from None
 
 
 def _reason(exc: BaseException) -> str:

@@ -253,6 +253,58 @@ def test_a_sqlite_folder_this_user_cannot_write_is_named(monkeypatch, capsys, tm
     assert not (tmp_path / "a.db").exists()
 
 
+def test_a_full_disk_under_the_store_is_one_line_and_stores_nothing(tmp_path):
+    """`measurements add` onto an SQLite file whose file system is full (here: a file size
+    limit, as `ulimit -f` sets) ended in SQLAlchemy's "disk I/O error" traceback."""
+    import resource
+    import sqlite3
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import REPO
+
+    url = f"sqlite:///{tmp_path / 'full.db'}"
+    assert main(["profiles", "load", "--database-url", url]) == 0
+    bundled = json.loads((REPO / "profiles/measurements/a100-sxm-80g-public.json").read_text())
+    runs = bundled["runs"] if isinstance(bundled, dict) else bundled
+    more = []
+    for copy in range(4):
+        for run_ in runs:
+            changed = json.loads(json.dumps(run_))
+            changed["source"] = (f"{changed.get('source', '')} copy {copy} " + "x" * 1500)[:1990]
+            more.append(changed)
+    added = tmp_path / "more.json"
+    added.write_text(json.dumps({"runs": more}))
+    limit = (tmp_path / "full.db").stat().st_size + 8192
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "measurements",
+            "add",
+            str(added),
+            "--database-url",
+            url,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=small_disk,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "disk I/O error" in done.stderr and "free space" in done.stderr
+    with sqlite3.connect(tmp_path / "full.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert db.execute("SELECT count(*) FROM measured_runs").fetchone() == (len(runs),)
+
+
 def test_settings_from_the_environment():
     settings = Settings.from_env(
         {"STAGEWRIGHT_PLAN_WAIT_S": "0.5", "STAGEWRIGHT_API_TOKEN": " ", "OTHER": "x"},
