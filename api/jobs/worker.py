@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             write_message(channel, answer)
         except MemoryError:
             return 3
+        except BrokenPipeError:  # the server is gone (killed): nobody is left to answer
+            return 0
         if answer["outcome"] == "memory":
             return 3  # the heap may be fragmented past use: let a new process take over
     return 0

@@ -120,3 +120,29 @@ def test_a_search_process_stopped_from_outside_is_run_again_not_failed(
     first.send_signal(sent)
     assert wait_until(lambda: _job_of(database_url, plan_id) == ("running", 2), timeout_s=20)
     assert client.get(f"/v1/plans/{plan_id}").json()["status"] == "running"
+
+
+def test_a_search_process_whose_server_died_ends_quietly():
+    """After the server was killed (SIGKILL, the OOM killer), its search process finished
+    the search in hand and ended with a BrokenPipeError traceback in the server's log when
+    it answered. It ends quietly now: nobody is left to answer."""
+    import subprocess
+    import sys
+
+    from api.jobs.worker import write_message
+
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "api.jobs.worker", f"{SEARCHES}:endless", "1024"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdout.close()  # the server is gone: no reader of the answer
+    write_message(worker.stdin, {"request": {}, "snapshot": {}})  # answered at once: a bug
+    worker.stdin.close()
+    assert worker.stderr is not None
+    err = worker.stderr.read()
+    worker.wait(timeout=60)
+    worker.stderr.close()
+    assert worker.returncode == 0 and err == b"", err.decode()[-2000:]
