@@ -28,7 +28,7 @@ from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from api.core.config import Settings
-from api.core.db import Database
+from api.core.db import POOL_MARGIN, Database
 from api.head_requests import HeadAsGetMiddleware
 from api.jobs.runner import JobRunner
 from api.jobs.search import InlineSearch, Planner, ProcessSearch, Searcher
@@ -52,7 +52,7 @@ from api.security import AuthMiddleware, parse_tokens
 from api.services.health import HealthProbe
 from api.state import AppState
 
-__all__ = ["SEARCH_FUNCTION", "create_app", "served_app"]
+__all__ = ["SEARCH_FUNCTION", "connections_per_process", "create_app", "served_app"]
 
 log = logging.getLogger("stagewright.api")
 
@@ -73,6 +73,12 @@ def _database_threads(settings: Settings) -> int:
     """Threads of one server process that may hold a database connection at once: the
     request threads, the planner threads, the job poller and the health probe."""
     return settings.request_threads + settings.planner_threads + 2
+
+
+def connections_per_process(settings: Settings) -> int:
+    """The most PostgreSQL connections one server process opens: its pool (one per thread
+    that may use the database, and the pool's margin) and the deletion feed's own."""
+    return _database_threads(settings) + POOL_MARGIN + 1
 
 
 def served_app() -> FastAPI:

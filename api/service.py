@@ -140,6 +140,36 @@ def _log_config() -> dict[str, Any]:
     return config
 
 
+def connection_budget_warning(database: Database, settings: Settings, workers: int) -> str | None:
+    """What to change when ``workers`` server processes may open more connections than the
+    PostgreSQL server has left for them (it refuses the rest with "too many clients
+    already", which the service can only answer with 503), else None."""
+    if database.dialect != "postgresql":
+        return None
+    from api.app import connections_per_process
+
+    each = connections_per_process(settings)
+    with database.engine.connect() as conn:
+        limit = int(conn.exec_driver_sql("SHOW max_connections").scalar_one())
+        reserved = int(conn.exec_driver_sql("SHOW superuser_reserved_connections").scalar_one())
+        in_use = int(
+            conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).scalar_one()
+        )
+    left = limit - reserved - in_use
+    if workers * each <= left:
+        return None
+    return (
+        f"{workers} server process(es) may open up to {workers * each} connections "
+        f"({each} each: STAGEWRIGHT_REQUEST_THREADS + STAGEWRIGHT_PLANNER_THREADS + 7), but "
+        f"the database's max_connections is {limit}, {reserved} of them reserved for "
+        f"superusers and {in_use} in use; under load it will refuse some and requests "
+        "answer 503: lower --workers or STAGEWRIGHT_REQUEST_THREADS, or raise max_connections"
+    )
+
+
 def check_listen(host: str, port: int) -> None:
     """Refuse an address this process cannot listen on, before the database is touched or
     the server announced (uvicorn would find out after both). The socket is closed again
@@ -184,6 +214,16 @@ def serve(*, host: str, port: int, database_url: str | None, workers: int) -> in
     log_config = _log_config()
     logging.config.dictConfig(log_config)
     report = prepare_database(settings)
+    database = Database(settings.database_url)
+    try:
+        warning = connection_budget_warning(database, settings, workers)
+    except Exception as exc:  # a warning only: the server answers 503 until the database does
+        warning = None
+        log.debug("could not count the database's connections: %s", exc)
+    finally:
+        database.dispose()
+    if warning is not None:
+        log.warning("%s", warning)
     log.info(
         "database %s ready; bundled profiles: %d created, %d updated, %d unchanged",
         describe_url(settings.database_url),

@@ -39,6 +39,7 @@ from planner.bundled import bundled_dir
 
 __all__ = [
     "MIGRATIONS",
+    "POOL_MARGIN",
     "Database",
     "alembic_config",
     "describe_url",
@@ -62,7 +63,7 @@ _WRITE_OPTION = "stagewright_write"
 _SQLITE_BUSY_MS = 15_000
 _CONNECT_TIMEOUT_S = 3
 _POOL_TIMEOUT_S = 5
-_POOL_MARGIN = 4
+POOL_MARGIN = 4  # connections a pool may open past its size, for a moment
 _DEFAULT_CONNECTIONS = 5
 _PING_AFTER_S = 1.0
 _TCP_USER_TIMEOUT_MS = 10_000
@@ -298,7 +299,7 @@ def _make_engine(
     engine = create_engine(
         url,
         pool_size=connections,
-        max_overflow=_POOL_MARGIN,
+        max_overflow=POOL_MARGIN,
         pool_timeout=_POOL_TIMEOUT_S,
         connect_args=_postgres_options(url, statement_timeout_s),
     )

@@ -305,6 +305,33 @@ def test_a_full_disk_under_the_store_is_one_line_and_stores_nothing(tmp_path):
         assert db.execute("SELECT count(*) FROM measured_runs").fetchone() == (len(runs),)
 
 
+def test_more_connections_than_postgresql_allows_are_warned_of(postgres_schema, tmp_path):
+    """--workers 5 with the default 16 request threads may open 125 connections; a
+    PostgreSQL with the default max_connections (100) then refused some under load with
+    "too many clients already", which the service could only answer as "the database is
+    unreachable" (503). serve now says so when it starts."""
+    from api.service import connection_budget_warning
+    from tests.integration.conftest import schema_url
+
+    settings = Settings(database_url=schema_url(postgres_schema))
+    database = Database(settings.database_url)
+    try:
+        with database.engine.connect() as conn:
+            limit = int(conn.exec_driver_sql("SHOW max_connections").scalar_one())
+        workers = limit // 25 + 1
+        warning = connection_budget_warning(database, settings, workers)
+        assert warning is not None
+        assert f"{workers} server process(es) may open up to {workers * 25} connections" in warning
+        assert f"max_connections is {limit}" in warning
+        assert "lower --workers or STAGEWRIGHT_REQUEST_THREADS" in warning
+        assert connection_budget_warning(database, settings, 1) is None
+    finally:
+        database.dispose()
+    sqlite = Database(f"sqlite:///{tmp_path / 'x.db'}")
+    assert connection_budget_warning(sqlite, settings, 1000) is None
+    sqlite.dispose()
+
+
 def test_settings_from_the_environment():
     settings = Settings.from_env(
         {"STAGEWRIGHT_PLAN_WAIT_S": "0.5", "STAGEWRIGHT_API_TOKEN": " ", "OTHER": "x"},
