@@ -189,14 +189,16 @@ def recompute_working_bytes(
     recompute: Recompute,
     cp: int = 1,
 ) -> float:
-    """Transient memory while a recomputed layer runs its backward: the activations of that one
-    layer as if nothing were recomputed (full), or its attention scores (selective)."""
+    """Transient memory while a recomputed layer runs its backward, beyond what the layer keeps
+    (its :func:`activation_bytes_per_layer`): what the recomputation adds back, the layer's
+    activations as if nothing were recomputed less those it kept. Full: all but the layer's
+    input, which Megatron's CheckpointFunction re-runs the layer on as a detached view (no
+    copy) of the input it saved, so the first norm's input is the checkpoint already counted;
+    selective: the attention scores."""
     if recompute == "none":
         return 0.0
     full_layer = activation_bytes_per_layer(model, training, micro_batch, t, "none", cp)
-    if recompute == "full":
-        return full_layer
-    return full_layer - activation_bytes_per_layer(model, training, micro_batch, t, "selective", cp)
+    return full_layer - activation_bytes_per_layer(model, training, micro_batch, t, recompute, cp)
 
 
 def embedding_activation_bytes(

@@ -196,13 +196,33 @@ def test_recompute_working_bytes(sp):
     t = 4
     tr = training(sequence_parallel=sp)
     assert recompute_working_bytes(model(), tr, B, t, "none") == 0
-    # Full: one layer's activations as if nothing were recomputed.
+    # Full: one layer's activations as if nothing were recomputed, less its input: Megatron's
+    # CheckpointFunction re-runs the layer on a detached view of the input it saved (no
+    # copy), so the first norm's input in Table 2's count is the checkpoint the stored bytes
+    # already hold (2sbh, 2sbh/t with sequence parallelism).
     full = recompute_working_bytes(model(), tr, B, t, "full")
-    assert full == pytest.approx(korthikanti("none", t, sp))
+    assert full == pytest.approx(korthikanti("none", t, sp) - korthikanti("full", t, sp))
     # Selective: the attention scores it recomputes, 5as/h x sbh (/t).
     sbh = S * B * H
     selective = recompute_working_bytes(model(), tr, B, t, "selective")
     assert selective == pytest.approx(5 * A * S / H * sbh / t)
+
+
+@pytest.mark.parametrize("t", [1, 4])
+@pytest.mark.parametrize("sp", [False, True])
+def test_full_recompute_of_one_layer_needs_no_more_than_keeping_it(sp, t):
+    """A device holding one micro-batch of one layer: with full recomputation it keeps the
+    layer's input (2sbh, /t with sequence parallelism) and, during the backward, the
+    recomputed layer, whose input is that same tensor; at the peak it holds exactly what the
+    layer keeps without recomputation, Table 2's sbh (10 + 24/t + 5as/(ht)) (34/t + 5as/(ht)
+    with sequence parallelism), never more."""
+    sp = sp and t > 1
+    tr = training(sequence_parallel=sp)
+    stored = activation_bytes_per_layer(model(), tr, B, t, "full")
+    working = recompute_working_bytes(model(), tr, B, t, "full")
+    sbh, scores = S * B * H, 5 * A * S / H
+    kept = sbh / t * (34 + scores) if sp else sbh * (10 + 24 / t + scores / t)
+    assert stored + working == pytest.approx(kept, rel=1e-12)
 
 
 def test_selective_recompute_has_no_working_set_with_flash_attention():
@@ -583,8 +603,9 @@ def test_distributed_optimizer_shards_optimizer_states_over_d():
 def test_full_recompute_stores_layer_inputs_and_one_working_layer():
     ctx = context(gpt3_13b_request())
     memory = estimate(ctx, config_13b("1f1b", [5] * 8, recompute="full")).memory
-    # 8 micro-batches x 5 layers x 2sbh, plus one layer's activations while it recomputes.
-    expected = 8 * (5 * 2 * SBH_13B + EMBEDDING_ACT_13B) + LAYER_ACT_13B
+    # 8 micro-batches x 5 layers x 2sbh, plus one layer's activations while it recomputes,
+    # less that layer's input: it is one of the 8 x 5 checkpoints (re-run as a view of it).
+    expected = 8 * (5 * 2 * SBH_13B + EMBEDDING_ACT_13B) + LAYER_ACT_13B - 2 * SBH_13B
     assert memory[0].activations == pytest.approx(expected, rel=1e-12)
 
 
