@@ -253,9 +253,12 @@ class Settings(BaseModel):
         env = os.environ if environ is None else environ
         known = {ENV_PREFIX + name.upper() for name in cls.model_fields} | OTHER_VARIABLES
         lines = []
+        # Matched without the prefix every name shares, which would make any two look alike
+        # (STAGEWRIGHT_LOG_LEVEL was "did you mean STAGEWRIGHT_JOB_LEASE_S?").
+        names = sorted(name[len(ENV_PREFIX) :] for name in known)
         for variable in sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in known):
-            close = difflib.get_close_matches(variable, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            close = difflib.get_close_matches(variable[len(ENV_PREFIX) :], names, n=1)
+            hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
             lines.append(f"{variable} is not a stagewright setting{hint}; it is ignored")
         return lines
 

@@ -178,6 +178,10 @@ def test_serve_warns_of_a_variable_that_names_no_setting(monkeypatch, capsys, tm
     assert Settings.unknown_variables(
         {"STAGEWRIGHT_PROFILES": "a", "STAGEWRIGHT_QQQQQQQQQQQQQQQQQQQQ": "1"}
     ) == ["STAGEWRIGHT_QQQQQQQQQQQQQQQQQQQQ is not a stagewright setting; it is ignored"]
+    # Only what follows the shared prefix is compared: no setting resembles a log level.
+    assert Settings.unknown_variables({"STAGEWRIGHT_LOG_LEVEL": "debug"}) == [
+        "STAGEWRIGHT_LOG_LEVEL is not a stagewright setting; it is ignored"
+    ]
 
 
 def test_the_test_suites_own_variables_are_not_warned_of():
