@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
-from api.core.db import is_unavailable
+from api.core.db import is_unavailable, storage_trouble
 from api.schemas import HARDWARE_NAME_PATTERN, HARDWARE_NAME_RULE, NO_NUL_PATTERN
 from planner.errors import ScheduleConfigError, SimulationError, StagewrightError
 from planner.profiles import UnknownHardwareError
@@ -193,14 +193,19 @@ def forbidden_body(detail: str, instance: str) -> dict[str, Any]:
     return problem_body(403, "forbidden", detail, title="Not allowed", instance=instance)
 
 
-def database_unavailable_body(instance: str | None) -> dict[str, Any]:
-    return problem_body(
-        503,
-        "database-unavailable",
+def database_unavailable_body(instance: str | None, storage: str | None = None) -> dict[str, Any]:
+    """503: the database could not answer. ``storage`` (from ``storage_trouble``) says what
+    the operator must fix when it could not write for want of storage, which no retry mends
+    by itself."""
+    detail = (
         "the database is unreachable or not ready; retry in a few seconds "
-        "(operators: check that it runs and that STAGEWRIGHT_DATABASE_URL points at it)",
-        title="Database unavailable",
-        instance=instance,
+        "(operators: check that it runs and that STAGEWRIGHT_DATABASE_URL points at it)"
+        if storage is None
+        else "the database could not write (the change in progress was rolled back); retry "
+        f"once an operator has fixed it (operators: {storage})"
+    )
+    return problem_body(
+        503, "database-unavailable", detail, title="Database unavailable", instance=instance
     )
 
 
@@ -417,7 +422,7 @@ async def _database_error(request: Request, exc: Exception) -> Response:
     if is_unavailable(exc):
         log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
         return problem_response(
-            database_unavailable_body(_instance(request)),
+            database_unavailable_body(_instance(request), storage_trouble(exc)),
             {"Retry-After": str(RETRY_AFTER_S)},
         )
     if isinstance(exc, DataError):

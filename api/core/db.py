@@ -48,6 +48,7 @@ __all__ = [
     "migration_connection",
     "normalize_url",
     "reported_failures",
+    "storage_trouble",
     "wait_for_database",
 ]
 
@@ -524,18 +525,24 @@ def reported_failures(url: str | URL) -> Iterator[None]:
     try:
         yield
     except (OperationalError, InterfaceError) as exc:
-        reason = _reason(exc)
-        lowered = reason.lower()
-        if "disk" in lowered or "space" in lowered or "full" in lowered:
-            hint = "check the free space (and quotas) of its file system"
-        elif "readonly" in lowered or "read-only" in lowered:
-            hint = "check that this user may write the database file and its folder"
-        else:
-            hint = "check that the database is running and try again"
+        hint = storage_trouble(exc) or "check that the database is running and try again"
         raise SettingsError(
-            f"the database at {describe_url(url)} failed ({reason}); the write in progress "
-            f"was rolled back; {hint}"
+            f"the database at {describe_url(url)} failed ({_reason(exc)}); the write in "
+            f"progress was rolled back; {hint}"
         ) from None
+
+
+def storage_trouble(exc: BaseException) -> str | None:
+    """What an operator must check when the database failed for want of storage (its file
+    system full or over a quota, SQLite's "disk I/O error" when a write cannot grow the file,
+    a file or folder it may not write), else None: waiting alone will not mend it, unlike a
+    database that is restarting."""
+    lowered = _reason(exc).lower()
+    if "disk" in lowered or "space" in lowered or "full" in lowered:
+        return "check the free space (and quotas) of its file system"
+    if "readonly" in lowered or "read-only" in lowered:
+        return "check that this user may write the database file and its folder"
+    return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -6,19 +6,23 @@ change, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Annotated, Any
 
 import pytest
 from fastapi import Depends, FastAPI, Query
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
 
 from api.app import create_app
 from api.core.config import Settings
 from api.query_parameters import no_unknown_query_parameters
+from api.services import measured_runs
 from planner.plan import plan as real_plan
 from tests.integration.conftest import assert_problem, example
 from tests.integration.test_api_profiles import H200X, POINT
 from tests.integration.test_api_request_bodies import SIMULATE
+from tests.integration.test_measured_runs import RUN as MEASURED_RUN
 from tests.reliability.test_inputs import RUN
 
 BODIES: list[tuple[str, dict[str, Any]]] = [
@@ -222,3 +226,33 @@ def test_a_nul_in_a_measurements_filter_is_refused_alike_on_every_backend(client
     response = client.get(f"/v1/measurements?{name}=a%00b")
     assert_problem(response, 422, f"query.{name}: a NUL character", "leave it out")
     assert_problem(client.get("/v1/plans?model=a%00b"), 422, "query.model: a NUL character")
+
+
+# -- a database that cannot write --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reason, fix",
+    [
+        ("database or disk is full", "check the free space (and quotas) of its file system"),
+        ("disk I/O error", "check the free space (and quotas) of its file system"),
+        ("attempt to write a readonly database", "check that this user may write the database"),
+    ],
+)
+def test_a_database_that_cannot_write_says_what_the_operator_must_fix(
+    client, monkeypatch, reason, fix
+):
+    """A full disk used to be answered "the database is unreachable or not ready; retry in
+    a few seconds", which no retry mends: the 503 stays (the client may retry later), and
+    says that the write failed and what the operator must fix."""
+
+    def no_room(*_args: Any, **_kwargs: Any) -> None:
+        raise OperationalError(
+            "INSERT INTO measured_runs ...", {}, sqlite3.OperationalError(reason)
+        )
+
+    monkeypatch.setattr(measured_runs, "add_measured_runs", no_room)
+    response = client.post("/v1/measurements", json={"runs": [MEASURED_RUN]})
+    body = assert_problem(response, 503, "could not write", fix)
+    assert body["type"].endswith("database-unavailable") and "unreachable" not in body["detail"]
+    assert response.headers["Retry-After"]
