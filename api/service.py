@@ -161,10 +161,11 @@ def connection_budget_warning(database: Database, settings: Settings, workers: i
     left = limit - reserved - in_use
     if workers * each <= left:
         return None
+    fixed = each - settings.request_threads - settings.planner_threads
     return (
         f"{workers} server process(es) may open up to {workers * each} connections "
-        f"({each} each: STAGEWRIGHT_REQUEST_THREADS + STAGEWRIGHT_PLANNER_THREADS + 7), but "
-        f"the database's max_connections is {limit}, {reserved} of them reserved for "
+        f"({each} each: STAGEWRIGHT_REQUEST_THREADS + STAGEWRIGHT_PLANNER_THREADS + {fixed}), "
+        f"but the database's max_connections is {limit}, {reserved} of them reserved for "
         f"superusers and {in_use} in use; under load it will refuse some and requests "
         "answer 503: lower --workers or STAGEWRIGHT_REQUEST_THREADS, or raise max_connections"
     )
