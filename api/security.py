@@ -49,8 +49,8 @@ _IMPLIES: dict[str, frozenset[str]] = {
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _READS = ("GET", "HEAD", "OPTIONS")
 # Read without a token even when reads need one: the readiness probe of the image's
-# HEALTHCHECK and of load balancers, which have no token to send (it tells only whether
-# the database answers).
+# HEALTHCHECK and of load balancers, which have no token to send. Its body is open with it:
+# the database backend, the stagewright version and the queued and running job counts.
 _PROBES = frozenset({"/healthz"})
 
 # Only documents the scheme in OpenAPI (and lets /docs send a token); the middleware below
