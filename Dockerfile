@@ -20,8 +20,9 @@ WORKDIR /app
 
 # Dependencies first (their layer is reused while only the code changes): the project's
 # requirements and its service extra, read from pyproject.toml. (The project itself cannot
-# be built yet: pyproject.toml names every package folder, and they are copied below.)
-COPY pyproject.toml README.md ./
+# be built yet: pyproject.toml names every package folder, and they are copied below, with
+# README.md, its long description, which changes far more often than the requirements.)
+COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['service']))" > requirements.txt \
     && pip install -r requirements.txt \
     && rm requirements.txt
@@ -34,7 +35,7 @@ COPY executor ./executor
 COPY cli ./cli
 COPY profiles ./profiles
 COPY migrations ./migrations
-COPY alembic.ini ./
+COPY alembic.ini README.md ./
 RUN pip install --no-deps -e . \
     && python -c "import api.app, cli.main, planner.search"
 
