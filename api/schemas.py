@@ -222,11 +222,6 @@ class LayerPointIn(_ApiModel):
     )
     source: Note = Field(default="", description="Where the point comes from.")
 
-    def key(self) -> tuple[object, ...]:
-        """What identifies its stored row: its shape, sequence length and micro-batch size."""
-        point = self.to_point()
-        return (point.shape_key(), point.seq_length, point.micro_batch_size)
-
     def to_point(self) -> LayerPoint:
         return LayerPoint(
             gpu=self.gpu,
@@ -296,7 +291,7 @@ class ProfilesIn(_ApiModel):
     def _shapes_once(cls, layers: list[LayerPointIn]) -> list[LayerPointIn]:
         _once(
             "layers",
-            [point.key() for point in layers],
+            [point.to_point().row_key() for point in layers],
             "shape (gpu, precision, sizes, t, recompute and switches; ffn_hidden_size null "
             "is 4 x hidden_size)",
         )

@@ -264,6 +264,11 @@ class LayerPoint:
             self.flash_attention,
         )
 
+    def row_key(self) -> tuple[object, ...]:
+        """What identifies a stored point: its shape, sequence length and micro-batch size (a
+        second point of the same key replaces the first)."""
+        return (self.shape_key(), self.seq_length, self.micro_batch_size)
+
 
 class ProfileStore(Protocol):
     """What the planner needs from wherever profiles are kept."""
@@ -537,12 +542,7 @@ def save_point(point: LayerPoint, folder: Path) -> Path:
             stored = points_from_dict(data)
     else:
         stored = []
-    points = [
-        p
-        for p in stored
-        if (p.shape_key(), p.seq_length, p.micro_batch_size)
-        != (point.shape_key(), point.seq_length, point.micro_batch_size)
-    ]
+    points = [p for p in stored if p.row_key() != point.row_key()]
     points.append(point)
     data["points"] = [point_to_dict(p) for p in points]
     path.write_text(json.dumps(data, indent=1))
