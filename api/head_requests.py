@@ -14,7 +14,7 @@ from __future__ import annotations
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["HeadAsGetMiddleware"]
+__all__ = ["HeadAsGetMiddleware", "serves"]
 
 
 class HeadAsGetMiddleware:
@@ -22,7 +22,7 @@ class HeadAsGetMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "HEAD" or not _serves_get(scope):
+        if scope["type"] != "http" or scope["method"] != "HEAD" or not serves(scope, "GET"):
             await self.app(scope, receive, send)
             return
 
@@ -43,7 +43,8 @@ class HeadAsGetMiddleware:
                 scope["route"] = as_get["route"]
 
 
-def _serves_get(scope: Scope) -> bool:
+def serves(scope: Scope, method: str) -> bool:
+    """Whether some route of the scope's application serves ``method`` at its path."""
     routes = getattr(scope.get("app"), "routes", ())
-    as_get = {**scope, "method": "GET"}
-    return any(route.matches(as_get)[0] == Match.FULL for route in routes)
+    asked = {**scope, "method": method}
+    return any(route.matches(asked)[0] == Match.FULL for route in routes)

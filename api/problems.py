@@ -22,9 +22,9 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DataError, SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.routing import Match
 
 from api.core.db import is_unavailable, storage_trouble
+from api.head_requests import serves
 from api.schemas import HARDWARE_NAME_PATTERN, HARDWARE_NAME_RULE, NO_NUL_PATTERN
 from planner.errors import ScheduleConfigError, SimulationError, StagewrightError
 from planner.profiles import UnknownHardwareError
@@ -408,11 +408,7 @@ _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 def _allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this path (Starlette names only the first
     matching route's): ask the router about each method; HEAD wherever GET is."""
-    allowed = []
-    for method in _METHODS:
-        scope = {**request.scope, "method": method}
-        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
-            allowed.append(method)
+    allowed = [method for method in _METHODS if serves(request.scope, method)]
     if "GET" in allowed and "HEAD" not in allowed:  # api.head_requests serves it
         allowed.insert(allowed.index("GET") + 1, "HEAD")
     return allowed
