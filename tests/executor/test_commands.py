@@ -305,3 +305,20 @@ def test_run_and_profile_record_measured_runs_that_calibrate_reads(capsys, job, 
 def test_record_needs_two_steps(capsys, job):
     assert main(["run", str(job), "--steps", "1", "--record"]) == 2
     assert "--record needs at least 2 steps" in capsys.readouterr().err
+
+
+def test_a_rank_whose_verify_fails_exits_with_status_3(job, tmp_path, corrupting_env):
+    """The worker ends with os._exit(status) (executor/worker.py): the mismatch's status 3
+    must still reach torchrun, which names each failed rank's exit code."""
+    done = torchrun(
+        [job],
+        2,
+        tmp_path / "o",
+        "--steps",
+        "1",
+        "--verify",
+        env={**corrupting_env, "STAGEWRIGHT_TEST_CORRUPT": "1"},
+    )
+    assert done.returncode != 0
+    assert "verify: FAILED" in done.stdout
+    assert re.search(r"exitcode\s*:\s*3\b", done.stderr), done.stderr[-2000:]
