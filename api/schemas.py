@@ -529,11 +529,14 @@ class SimulateResult(_ApiModel):
 
 
 class Health(_ApiModel):
+    """The readiness probe's answer. A caller without the read scope, where reads need one
+    (a load balancer's probe has no token), gets only ``status``; the rest is null."""
+
     status: Literal["ok"]
-    database: str = Field(description="Backend in use: sqlite or postgresql.")
-    version: str = Field(description="stagewright version.")
-    jobs_queued: int
-    jobs_running: int
+    database: str | None = Field(description="Backend in use: sqlite or postgresql.")
+    version: str | None = Field(description="stagewright version.")
+    jobs_queued: int | None
+    jobs_running: int | None
 
 
 class ScheduleParameterPublic(_ApiModel):

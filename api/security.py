@@ -49,8 +49,9 @@ _IMPLIES: dict[str, frozenset[str]] = {
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _READS = ("GET", "HEAD", "OPTIONS")
 # Read without a token even when reads need one: the readiness probe of the image's
-# HEALTHCHECK and of load balancers, which have no token to send. Its body is open with it:
-# the database backend, the stagewright version and the queued and running job counts.
+# HEALTHCHECK and of load balancers, which have no token to send. Such a caller is marked
+# (``request.state.probe_only``) and told only the status, not the backend, the version or
+# the job counts, which a reader is.
 _PROBES = frozenset({"/healthz"})
 
 # Only documents the scheme in OpenAPI (and lets /docs send a token); the middleware below
@@ -157,13 +158,15 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         needed = "read" if scope["method"] in _READS else "write"
-        if needed == "read" and scope.get("path") in _PROBES:
-            scope.setdefault("state", {})["principal"] = ANONYMOUS_READER
-            await self.app(scope, receive, send)
-            return
         header = _authorization(scope)
         principal = self._principal(header)
         state = scope.setdefault("state", {})
+        if needed == "read" and scope.get("path") in _PROBES:
+            reader = (principal is not None and principal.can("read")) or self.reads_open
+            state["principal"] = principal if principal is not None else ANONYMOUS_READER
+            state["probe_only"] = not reader
+            await self.app(scope, receive, send)
+            return
         if principal is not None and principal.can(needed):
             state["principal"] = principal
             await self.app(scope, receive, send)

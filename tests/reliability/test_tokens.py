@@ -105,7 +105,21 @@ def test_the_health_probe_needs_no_token_when_reads_do(make_client):
     a token listed "read" it answered 401 and the container was reported unhealthy."""
     client = make_client(api_tokens=TOKENS)
     answer = client.get("/healthz")
-    assert answer.status_code == 200 and answer.json()["database"]
+    # Only the status to a caller without a token: the backend, the version and the job
+    # counts are a reader's (a version fingerprint and how busy the service is).
+    assert answer.status_code == 200 and answer.json() == {
+        "status": "ok",
+        "database": None,
+        "version": None,
+        "jobs_queued": None,
+        "jobs_running": None,
+    }
+    assert client.get("/healthz", headers={"Authorization": "Bearer nope"}).status_code == 200
+    full = client.get("/healthz", headers=_as("r-secret")).json()
+    assert full["database"] in ("sqlite", "postgresql") and full["version"]
+    assert isinstance(full["jobs_queued"], int)
+    # Reads open to all: everyone is a reader, as before.
+    assert make_client().get("/healthz").json()["database"] in ("sqlite", "postgresql")
     assert_problem(client.get("/metrics"), 401, "requires a token for reads")
     assert_problem(client.get("/v1/plans"), 401, "requires a token for reads")
     assert_problem(client.post("/healthz"), 401, "requires a token for writes")
