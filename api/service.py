@@ -202,11 +202,40 @@ def check_listen(host: str, port: int) -> None:
             ) from None
 
 
+# The most server processes `serve` starts: WORKERS_PER_CPU per CPU it may run on, at least
+# MIN_WORKER_CAP. A guard against a typo (each process starts its own search processes and
+# pool of database connections), not a tuning rule.
+WORKERS_PER_CPU = 4
+MIN_WORKER_CAP = 8
+
+
+def check_serve_options(host: str, port: int, workers: int) -> None:
+    """Refuse a port, host or number of server processes no one means, in one line each."""
+    if not 0 < port < 65536:
+        raise SettingsError(f"--port {port} is not a port; use 1-65535")
+    if not host.strip():  # "" binds every interface: an unset $HOST, not a choice
+        raise SettingsError(
+            "--host is empty; use 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+        )
+    if workers < 1:
+        raise SettingsError("--workers must be at least 1")
+    # The CPUs this process may run on (a container's cpuset), not the whole host's.
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    most = max(MIN_WORKER_CAP, WORKERS_PER_CPU * (cpus or 1))
+    if workers > most:
+        raise SettingsError(
+            f"--workers {workers} is more server processes than the {cpus or 1} CPU(s) this "
+            f"process may run on can serve; use 1-{most} (each runs "
+            "STAGEWRIGHT_PLANNER_THREADS searches of its own)"
+        )
+
+
 def serve(*, host: str, port: int, database_url: str | None, workers: int) -> int:
     import uvicorn
 
     from api.http_protocol import NoDelayH11Protocol
 
+    check_serve_options(host, port, workers)
     settings = Settings.from_env(database_url=database_url)
     # Every setting is checked before the database is touched or the server announced; the
     # tokens are otherwise parsed only by the application, in the server process.

@@ -509,31 +509,10 @@ def _emit(result: Plan, folder: Path) -> int:
     return len(files)
 
 
-# The most server processes `serve` starts: WORKERS_PER_CPU per CPU, at least MIN_WORKER_CAP.
-WORKERS_PER_CPU = 4
-MIN_WORKER_CAP = 8
-
-
 def _serve(args: argparse.Namespace) -> int:
     with needs_extra("service", "the service"):
         from api.service import serve  # the web stack loads only for the service
 
-    if not 0 < args.port < 65536:
-        raise StagewrightError(f"--port {args.port} is not a port; use 1-65535")
-    if not args.host.strip():  # "" binds every interface: an unset $HOST, not a choice
-        raise StagewrightError(
-            "--host is empty; use 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
-        )
-    if args.workers < 1:
-        raise StagewrightError("--workers must be at least 1")
-    # Each server process starts its search processes and its pool of database connections.
-    most = max(MIN_WORKER_CAP, WORKERS_PER_CPU * (os.cpu_count() or 1))
-    if args.workers > most:
-        raise StagewrightError(
-            f"--workers {args.workers} is more server processes than this machine's "
-            f"{os.cpu_count() or 1} CPU(s) can serve; use 1-{most} (each runs "
-            "STAGEWRIGHT_PLANNER_THREADS searches of its own)"
-        )
     return serve(
         host=args.host, port=args.port, database_url=args.database_url, workers=args.workers
     )
