@@ -76,7 +76,8 @@ class _JsonBodyRequest(Request):
 
 def _is_json(content_type: str | None) -> bool:
     """FastAPI's rule for a body it parses as JSON: application/json or application/*+json
-    (parameters such as charset aside). Without a Content-Type it does not."""
+    (parameters such as charset aside). A body without a Content-Type is not JSON here,
+    whatever the FastAPI version (some parse it as JSON, newer ones refuse it)."""
     if not content_type:
         return False
     message = email.message.Message()

@@ -130,7 +130,7 @@ def parse_tokens(api_tokens: str | None, api_token: str | None) -> list[Token]:
                     f"STAGEWRIGHT_API_TOKENS: tokens {token.name} and {other.name} have the "
                     "same secret; give each token a secret of its own"
                 )
-    if api_tokens and api_tokens.strip() and len(tokens) == int(bool(api_token)):
+    if api_tokens and api_tokens.strip() and not any(entries):
         raise SettingsError(
             "STAGEWRIGHT_API_TOKENS is set but lists no token (only separators); write "
             "name:scopes:secret entries, e.g. ci:write:s3cret, or unset it"

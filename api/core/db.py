@@ -492,7 +492,7 @@ def wait_for_database(database: Database, timeout_s: float) -> None:
 # otherwise; an unrecognised one is waited out as before.
 _REFUSED = re.compile(
     r"FATAL:\s+(database \".*\" does not exist|role \".*\" does not exist|"
-    r"password authentication failed|no pg_hba\.conf entry|.*authentication failed)"
+    r"no pg_hba\.conf entry|.*authentication failed)"
     r"|^connection is bad: invalid|^invalid connection option|^invalid dsn"
 )
 
@@ -538,7 +538,7 @@ def storage_trouble(exc: BaseException) -> str | None:
     a file or folder it may not write), else None: waiting alone will not mend it, unlike a
     database that is restarting."""
     lowered = _reason(exc).lower()
-    if "disk" in lowered or "space" in lowered or "full" in lowered:
+    if "disk" in lowered or "space" in lowered:  # SQLite's "database or disk is full"
         return "check the free space (and quotas) of its file system"
     if "readonly" in lowered or "read-only" in lowered:
         return "check that this user may write the database file and its folder"

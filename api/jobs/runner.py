@@ -226,11 +226,18 @@ class JobRunner:
                 return None
             if result is None and error is None:  # interrupted from outside: run it again
                 with self._db.session() as session:
-                    crud.requeue_interrupted(
+                    _, failed = crud.requeue_interrupted(
                         session=session,
                         claim=claimed.claim,
                         max_attempts=self._settings.job_max_attempts,
                         interrupted=problems.search_interrupted_body,
+                    )
+                if failed:
+                    log.warning(
+                        "job %s (plan %s): interrupted %d times, the limit; failed for good",
+                        claimed.job_id,
+                        claimed.plan_id,
+                        self._settings.job_max_attempts,
                     )
                 self._wake.set()  # the poller hands it to a thread without waiting
                 return None

@@ -55,7 +55,8 @@ _RANK = textwrap.dedent(
     del holder
     before = gloo_threads()
     _leave_together(0, 1, 30.0)
-    print(json.dumps({"before": before, "after": gloo_threads()}))
+    print(json.dumps({"before": before, "after": gloo_threads()}), flush=True)
+    os._exit(0)  # as the worker ends: a kept group's threads never meet the finalization
     """
 )
 
