@@ -10,20 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.browser.conftest import make_plan, screenshots
+from tests.browser.test_inspect import TINY as INSPECT_TINY
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
+# The test_inspect model at a batch of 16, two micro-batch sizes and two schedules.
 TINY = {
-    "model": {
-        "name": "tiny-gpt",
-        "num_layers": 8,
-        "hidden_size": 256,
-        "num_attention_heads": 8,
-        "seq_length": 128,
-        "vocab_size": 1024,
-    },
-    "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
-    "training": {"global_batch_size": 16, "precision": "fp32"},
+    "model": INSPECT_TINY["model"],
+    "cluster": INSPECT_TINY["cluster"],
+    "training": {**INSPECT_TINY["training"], "global_batch_size": 16},
     "search": {"micro_batch_sizes": [1, 2], "schedules": ["1f1b", "v-half"], "top_k": 6},
 }
 
