@@ -262,7 +262,7 @@ function scheduleTable(plan) {
     { label: "best configuration", value: (r) => r.best_config ? cfgText(r.best_config) : "", left: true },
     { label: "step s", value: (r) => r.best_iteration_time_s ?? Infinity, text: (r) => fmt(r.best_iteration_time_s, 3) },
     { label: "vs best 1F1B", value: (r) => r.speedup_vs_1f1b ?? 0, text: (r) => r.speedup_vs_1f1b ? fmt(r.speedup_vs_1f1b, 3) + "×" : "–" },
-  ], plan.by_schedule, { index: 3, dir: 1 });
+  ], plan.by_schedule, { index: 4, dir: 1 });
 }
 
 // What kind of rejection a reason is: its text before the first ':', ';' or '(', numbers

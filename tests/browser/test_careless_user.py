@@ -336,3 +336,31 @@ def test_every_page_fits_a_phone(server, page):
         page.wait_for_timeout(300)
         assert page.evaluate(overflow) <= 0, where
     screenshots(page, "phone-rejected-detail")
+
+
+def test_the_by_schedule_table_opens_sorted_by_step_time(server, page):
+    """It opened sorted by the best configuration's text (the step time's column index less
+    one, from before the weights column came in), an order that says nothing of speed."""
+    plan = make_plan(
+        server,
+        {**TINY, "search": {**TINY["search"], "schedules": ["1f1b", "gpipe", "v-half", "v-zb"]}},
+    )
+    page.goto(f"{server}/#/plans/{plan['id']}")
+    page.wait_for_selector("#by-schedule tbody tr")
+    heading = page.query_selector("#by-schedule th[aria-sort]")
+    assert heading is not None and heading.inner_text() == "step s"
+    assert heading.get_attribute("aria-sort") == "ascending"
+    shown = [
+        row.query_selector_all("td")[0].inner_text()
+        for row in page.query_selector_all("#by-schedule tbody tr")
+    ]
+    expected = [
+        s["schedule"]
+        for s in sorted(
+            plan["by_schedule"],
+            key=lambda s: (
+                float("inf") if s["best_iteration_time_s"] is None else s["best_iteration_time_s"]
+            ),
+        )
+    ]
+    assert shown == expected
