@@ -90,9 +90,17 @@ async function route() {
   let m;
   // A plan's page names what it shows: #/plans/ID (the best), #/plans/ID/candidates/RANK
   // (1 = best) or #/plans/ID/rejected/N (the N-th rejected configuration).
-  if ((m = hash.match(/^#\/plans\/([\w-]+)(?:\/(candidates|rejected)\/(\d+))?/))) {
+  // The whole address is read: a link cut or mistyped after the id is said, not shown as
+  // another plan or page.
+  if ((m = hash.match(/^#\/plans\/([^\/]+)(?:\/(candidates|rejected)\/(\d+))?\/?$/))) {
     setNav("plans");
     return showPlan(m[1], m[2] ? { kind: m[2], n: Number(m[3]) } : { kind: "candidates", n: 1 });
+  }
+  if (hash.startsWith("#/plans/")) {
+    setNav("plans");
+    return app.replaceChildren(el("div", { class: "banner bad" },
+      `No page ${hash}: a plan's links are #/plans/ID, #/plans/ID/candidates/N and #/plans/ID/rejected/N. `,
+      el("a", { href: "#/" }, "See the plans in the store.")));
   }
   if (hash.startsWith("#/new")) { setNav("new"); return showForm(); }
   if (hash.startsWith("#/hardware")) { setNav("hardware"); return showHardware(); }

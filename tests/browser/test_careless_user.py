@@ -364,3 +364,17 @@ def test_the_by_schedule_table_opens_sorted_by_step_time(server, page):
         )
     ]
     assert shown == expected
+
+
+@pytest.mark.parametrize(
+    "link, said",
+    [
+        ("/#/plans/zz%20", "zz%20"),  # was read as plan "zz"
+        ("/#/plans/0123456789abcdef0123456789abcdef/candidates/2x", "a plan's links are"),
+    ],
+)
+def test_a_mistyped_plan_link_is_said_whole(server, page, link, said):
+    page.goto(server + link)
+    banner = page.wait_for_selector(".banner.bad")
+    assert said in banner.inner_text()
+    assert banner.query_selector("a[href='#/']") is not None
