@@ -366,6 +366,11 @@ class Report:
         return bad, known
 
 
+def _moved(case: Case, change: str, before: float, after: float) -> str:
+    """A check's detail: the case, what changed, and the bytes before and after in GiB."""
+    return f"{case.label()}: {change}: {before / GIB:.3f} -> {after / GIB:.3f} GiB"
+
+
 def _le(a: float, b: float, rel: float = REL) -> bool:
     return a <= b + rel * max(abs(a), abs(b))
 
@@ -388,7 +393,7 @@ def check_case(case: Case, price_of: Pricer, report: Report) -> None:  # noqa: C
             report.check(
                 "activation memory non-decreasing in micro-batch size",
                 _le(a0, a1),
-                f"{case.label()}: mb {case.mb} -> {bigger}: {a0 / GIB:.3f} -> {a1 / GIB:.3f} GiB",
+                _moved(case, f"mb {case.mb} -> {bigger}", a0, a1),
             )
             s0, s1 = static(est), static(other[0])
             report.check(
@@ -405,7 +410,7 @@ def check_case(case: Case, price_of: Pricer, report: Report) -> None:  # noqa: C
         report.check(
             "activation memory non-decreasing in sequence length",
             _le(a0, a1),
-            f"{case.label()}: s {s} -> {2 * s}: {a0 / GIB:.3f} -> {a1 / GIB:.3f} GiB",
+            _moved(case, f"s {s} -> {2 * s}", a0, a1),
         )
         t0, t1 = pr.iteration_time_s, longer[1].iteration_time_s
         report.check(
@@ -423,16 +428,14 @@ def check_case(case: Case, price_of: Pricer, report: Report) -> None:  # noqa: C
             report.check(
                 "activation memory falls with cp (context parallelism)",
                 a1 < a0,
-                f"{case.label()}: cp {case.cp} -> {2 * case.cp}: {a0 / GIB:.3f} -> "
-                f"{a1 / GIB:.3f} GiB",
+                _moved(case, f"cp {case.cp} -> {2 * case.cp}", a0, a1),
             )
             s0, s1 = static(est), static(split[0])
             if tr.get("distributed_optimizer"):
                 report.check(
                     "weights+grads+optimizer fall with cp (distributed optimizer over d x cp)",
                     s1 < s0,
-                    f"{case.label()}: cp {case.cp} -> {2 * case.cp}: {s0 / GIB:.3f} -> "
-                    f"{s1 / GIB:.3f} GiB",
+                    _moved(case, f"cp {case.cp} -> {2 * case.cp}", s0, s1),
                 )
 
     # t: falls under sequence parallelism, never rises without (same p, d, m).
@@ -443,13 +446,13 @@ def check_case(case: Case, price_of: Pricer, report: Report) -> None:  # noqa: C
             report.check(
                 "activation memory falls with t (sequence parallelism)",
                 a1 < a0,
-                f"{case.label()}: t {case.t} -> {2 * case.t}: {a0 / GIB:.3f} -> {a1 / GIB:.3f} GiB",
+                _moved(case, f"t {case.t} -> {2 * case.t}", a0, a1),
             )
         else:
             report.check(
                 "activation memory non-increasing with t (no sequence parallelism)",
                 _le(a1, a0),
-                f"{case.label()}: t {case.t} -> {2 * case.t}: {a0 / GIB:.3f} -> {a1 / GIB:.3f} GiB",
+                _moved(case, f"t {case.t} -> {2 * case.t}", a0, a1),
             )
 
     # Recompute: memory full <= selective <= none, time the other way.
@@ -481,13 +484,13 @@ def check_case(case: Case, price_of: Pricer, report: Report) -> None:  # noqa: C
             report.check(
                 "weights+grads+optimizer fall with d (distributed optimizer)",
                 s1 < s0,
-                f"{case.label()}: d {case.d} -> {2 * case.d}: {s0 / GIB:.3f} -> {s1 / GIB:.3f} GiB",
+                _moved(case, f"d {case.d} -> {2 * case.d}", s0, s1),
             )
         else:
             report.check(
                 "weights+grads+optimizer independent of d (no distributed optimizer)",
                 abs(s0 - s1) <= REL * s0,
-                f"{case.label()}: d {case.d} -> {2 * case.d}: {s0 / GIB:.3f} -> {s1 / GIB:.3f} GiB",
+                _moved(case, f"d {case.d} -> {2 * case.d}", s0, s1),
             )
 
     # Static memory falls as t x p doubles (same d and schedule); one more pipeline device
@@ -500,13 +503,13 @@ def check_case(case: Case, price_of: Pricer, report: Report) -> None:  # noqa: C
                 report.check(
                     "weights+grads+optimizer never rise with one more pipeline device",
                     _le(s1, s0),
-                    f"{case.label()}: {change}: {s0 / GIB:.3f} -> {s1 / GIB:.3f} GiB",
+                    _moved(case, change, s0, s1),
                 )
             else:
                 report.check(
                     "weights+grads+optimizer fall as t*p doubles",
                     s1 < s0,
-                    f"{case.label()}: {change}: {s0 / GIB:.3f} -> {s1 / GIB:.3f} GiB",
+                    _moved(case, change, s0, s1),
                 )
 
     # Global batch: more micro-batches, longer step, affine in m past the fill.
@@ -551,7 +554,7 @@ def check_case(case: Case, price_of: Pricer, report: Report) -> None:  # noqa: C
             report.check(
                 "more layers: never less peak memory",
                 _le(p0, p1),
-                f"{case.label()}: +{extra} layer(s): {p0 / GIB:.3f} -> {p1 / GIB:.3f} GiB",
+                _moved(case, f"+{extra} layer(s)", p0, p1),
             )
 
     # Simulation never beats the estimate's lower bound; MFU below 1.
@@ -691,7 +694,7 @@ def check_case(case: Case, price_of: Pricer, report: Report) -> None:  # noqa: C
             report.check(
                 f"activation memory never rises with {key} = {on}",
                 _le(a1, a0),
-                f"{case.label()}: {key} -> {on}: {a0 / GIB:.3f} -> {a1 / GIB:.3f} GiB",
+                _moved(case, f"{key} -> {on}", a0, a1),
             )
 
     # The reported peak is the busiest device's total of its parts.

@@ -69,6 +69,28 @@ async function api(path, options = {}) {
   }
   return { status: response.status, headers: response.headers, body };
 }
+// What a person typed on a page, kept for the tab (sessionStorage) so that the back button or
+// a reload does not throw it away; where storage is off nothing is kept, and null is read.
+function readDraft(key) {
+  try { return JSON.parse(sessionStorage.getItem(key) || "null"); } catch { return null; }
+}
+function keepDraft(key, value) {
+  try { sessionStorage.setItem(key, JSON.stringify(value)); } catch { /* storage off */ }
+}
+function dropDraft(key) {
+  try { sessionStorage.removeItem(key); } catch { /* storage off */ }
+}
+// A field in error: its input marked for screen readers, its row for the eye; and every such
+// mark inside `root` cleared.
+function markInvalid(input) {
+  input.setAttribute("aria-invalid", "true");
+  input.closest(".row").classList.add("field-error");
+}
+function clearInvalid(root) {
+  for (const r of root.querySelectorAll(".field-error")) r.classList.remove("field-error");
+  for (const i of root.querySelectorAll("[aria-invalid]")) i.removeAttribute("aria-invalid");
+}
+
 function problemText(body) {
   if (!body) return "the server did not answer";
   if (typeof body === "string") return body;

@@ -98,11 +98,10 @@ function saveDraft() {
     const node = document.getElementById(f.path);
     fields[f.path] = f.kind === "bool" ? node.checked : f.kind === "choices" ? [...node.querySelectorAll("input:checked")].map((i) => i.value) : node.value;
   }
-  try { sessionStorage.setItem(FORM_DRAFT, JSON.stringify({ fields, json: document.getElementById("request-json").value })); } catch { /* storage off: nothing kept */ }
+  keepDraft(FORM_DRAFT, { fields, json: document.getElementById("request-json").value });
 }
 function restoreDraft() {
-  let draft = null;
-  try { draft = JSON.parse(sessionStorage.getItem(FORM_DRAFT) || "null"); } catch { draft = null; }
+  const draft = readDraft(FORM_DRAFT);
   if (!draft || typeof draft.fields !== "object") return;
   for (const f of formFields) {
     if (!Object.prototype.hasOwnProperty.call(draft.fields, f.path)) continue;
@@ -115,7 +114,7 @@ function restoreDraft() {
   if (typeof draft.json === "string") document.getElementById("request-json").value = draft.json;
 }
 function resetForm(form) {
-  try { sessionStorage.removeItem(FORM_DRAFT); } catch { /* nothing kept */ }
+  dropDraft(FORM_DRAFT);
   clearErrors(form);
   document.getElementById("request-json").value = "";
   document.getElementById("json-error").textContent = "";
@@ -263,8 +262,7 @@ function fieldsOfError(loc, message) {
 
 function clearErrors(form) {
   for (const e of form.querySelectorAll("[data-error]")) e.textContent = "";
-  for (const r of form.querySelectorAll(".field-error")) r.classList.remove("field-error");
-  for (const i of form.querySelectorAll("[aria-invalid]")) i.removeAttribute("aria-invalid");
+  clearInvalid(form);
   document.getElementById("form-error").hidden = true;
 }
 
@@ -297,8 +295,7 @@ function showErrors(form, errors) {
     for (const f of fields) {
       const target = form.querySelector(`[data-error="${f.path}"]`);
       target.textContent = target.textContent ? `${target.textContent} ${message}` : message;
-      target.closest(".row").classList.add("field-error");
-      document.getElementById(f.path).setAttribute("aria-invalid", "true");
+      markInvalid(document.getElementById(f.path));
       marked++;
     }
     const where = fields.length ? fields.map((f) => fieldLabel(f.name)).join(" and ") : loc.filter((x) => x !== "body").join(" › ");

@@ -10,8 +10,7 @@ const SWEEP_FIELDS = [["sweep.devices", "devices", "num_devices"], ["sweep.micro
   ["sweep.f", "F", "forward"], ["sweep.b", "B", "backward"], ["sweep.w", "W", "weight"], ["sweep.comm", "communication", "comm"]];
 const SWEEP_DRAFT = "stagewright.sweep-form";
 async function showMemorySweep() {
-  let draft = {};
-  try { draft = JSON.parse(sessionStorage.getItem(SWEEP_DRAFT) || "{}") || {}; } catch { draft = {}; }
+  const draft = readDraft(SWEEP_DRAFT) || {};
   const num = (name, value, step = "any") => el("input", { type: "number", id: name, value: typeof draft[name] === "string" ? draft[name] : value, step, min: 0 });
   const row = (label, input) => el("div", { class: "row", "data-field": input.id }, el("label", { for: input.id }, label), el("div", {}, input));
   const form = el("form", { id: "sweep-form", novalidate: "" },
@@ -23,7 +22,7 @@ async function showMemorySweep() {
   const chart = el("div", { id: "sweep-chart" });
   form.addEventListener("submit", (ev) => { ev.preventDefault(); runSweep(chart); });
   form.addEventListener("input", () => {
-    try { sessionStorage.setItem(SWEEP_DRAFT, JSON.stringify(Object.fromEntries(SWEEP_FIELDS.map(([id]) => [id, document.getElementById(id).value])))); } catch { /* nothing kept */ }
+    keepDraft(SWEEP_DRAFT, Object.fromEntries(SWEEP_FIELDS.map(([id]) => [id, document.getElementById(id).value])));
   });
   app.replaceChildren(el("h1", {}, "Memory limits"), el("p", { class: "muted" }, "The fewest bubbles each schedule built for a memory limit reaches under each activation memory limit, a fraction of 1F1B's peak (zb-adaptive at 1 is ZB-1P, at 2 ZB-2P); 1F1B, which has no limit to set, is the reference. Schedules with one stage a device run two V stages' times per stage."), form, chart);
   runSweep(chart);
@@ -33,9 +32,7 @@ function sweepErrors(problems) {
   const banner = document.getElementById("sweep-error");
   for (const [id] of problems) {
     const input = document.getElementById(id);
-    if (!input) continue;
-    input.setAttribute("aria-invalid", "true");
-    input.closest(".row").classList.add("field-error");
+    if (input) markInvalid(input);
   }
   banner.textContent = problems.map(([id, msg]) => { const f = SWEEP_FIELDS.find(([i]) => i === id); return f ? `${f[1]}: ${msg}` : msg; }).join(" ");
   banner.hidden = false;
@@ -43,7 +40,7 @@ function sweepErrors(problems) {
 async function runSweep(chart) {
   const banner = document.getElementById("sweep-error");
   banner.hidden = true;
-  for (const n of document.querySelectorAll("#sweep-form [aria-invalid]")) { n.removeAttribute("aria-invalid"); n.closest(".row").classList.remove("field-error"); }
+  clearInvalid(document.getElementById("sweep-form"));
   // An emptied field (or one holding what is not a number, which the browser reads as
   // empty) used to be sent as 0: F = 0 ms, drawn without a word.
   const body = {}, problems = [];
