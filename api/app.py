@@ -156,6 +156,10 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         dependencies=[Depends(no_unknown_query_parameters)],
+        # A trailing slash is a 404 naming the path without it (api.problems), not a 307:
+        # curl shows an empty body for a redirect, and behind a TLS proxy its Location
+        # would name the proxy's inner http:// address.
+        redirect_slashes=False,
     )
     app.state.stagewright = state
     install_problem_handlers(app)

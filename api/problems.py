@@ -112,11 +112,24 @@ def not_found(slug: str, title: str, detail: str) -> ApiProblem:
     return ApiProblem(404, slug, detail, title=title)
 
 
+_ECHOED_CHARACTERS = 64
+
+
+def echoed(value: str) -> str:
+    """``value`` quoted for a detail line, cut to its first 64 characters when longer (the
+    problem's ``instance`` carries the whole path already; a 10 kB id need not come back
+    twice)."""
+    if len(value) <= _ECHOED_CHARACTERS:
+        return repr(value)
+    return f"{value[:_ECHOED_CHARACTERS]!r}... ({len(value)} characters)"
+
+
 def plan_not_found(plan_id: str) -> ApiProblem:
     return not_found(
         "plan-not-found",
         "Plan not found",
-        f"no plan with id {plan_id!r}; ids come from POST /v1/plans, GET /v1/plans lists them",
+        f"no plan with id {echoed(plan_id)}; ids come from POST /v1/plans, GET /v1/plans "
+        "lists them",
     )
 
 
@@ -388,7 +401,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
     if exc.status_code == 404:
-        detail = f"no resource at {request.url.path}; the API is described at /docs"
+        detail = _no_resource(request)
     headers = dict(exc.headers or {})
     if exc.status_code == 405:
         allowed = _allowed_methods(request)
@@ -400,6 +413,19 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
         )
     body = problem_body(exc.status_code, "about:blank", detail, instance=_instance(request))
     return problem_response(body, headers)
+
+
+def _no_resource(request: Request) -> str:
+    """A 404's detail: the service's paths end without a slash (a redirect to that path,
+    Starlette's default, sends curl an empty 307 and a proxied client to the proxy's inner
+    scheme and host), so a path that some route serves without its trailing slash is named."""
+    path = request.url.path
+    shown = echoed(path)
+    trimmed = path.rstrip("/")
+    if trimmed and trimmed != path:
+        if any(serves({**request.scope, "path": trimmed}, method) for method in _METHODS):
+            return f"no resource at {shown}; the path has no trailing slash: {trimmed}"
+    return f"no resource at {shown}; the API is described at /docs"
 
 
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")

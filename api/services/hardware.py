@@ -75,7 +75,8 @@ def read_hardware(state: AppState, name: str) -> HardwarePublic:
             raise problems.not_found(
                 "hardware-not-found",
                 "Hardware not found",
-                f"no hardware profile {name!r}; GET /v1/hardware lists them, POST adds one",
+                f"no hardware profile {problems.echoed(name)}; GET /v1/hardware lists them, "
+                "POST adds one",
             )
         return _public(row, session)
 

@@ -256,3 +256,42 @@ def test_a_database_that_cannot_write_says_what_the_operator_must_fix(
     body = assert_problem(response, 503, "could not write", fix)
     assert body["type"].endswith("database-unavailable") and "unreachable" not in body["detail"]
     assert response.headers["Retry-After"]
+
+
+# -- a trailing slash, a pasted-over id ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "meant"),
+    [
+        ("GET", "/v1/plans/", "/v1/plans"),
+        ("POST", "/v1/plans/", "/v1/plans"),
+        ("GET", "/v1/hardware/cpu/", "/v1/hardware/cpu"),
+        ("GET", "/healthz/", "/healthz"),
+    ],
+)
+def test_a_trailing_slash_is_404_naming_the_path_without_it(client, method, path, meant):
+    """It was a 307 to the path without the slash: curl printed nothing (it does not follow
+    redirects unless told), and behind a TLS-terminating proxy the Location named the
+    proxy's inner http:// address. Nothing is created by the refused POST."""
+    response = client.request(method, path, json=example("tiny-cpu") if method == "POST" else None)
+    assert_problem(response, 404, f"the path has no trailing slash: {meant}")
+    assert "location" not in response.headers
+    assert client.get("/v1/plans").json()["total"] == 0
+
+
+def test_an_unknown_path_with_a_trailing_slash_points_to_the_docs(client):
+    assert_problem(client.get("/v1/nothing/"), 404, "'/v1/nothing/'", "described at /docs")
+
+
+@pytest.mark.parametrize(
+    ("path", "slug"),
+    [("/v1/plans/", "plan-not-found"), ("/v1/hardware/", "hardware-not-found")],
+)
+def test_a_long_id_is_echoed_once_in_full(client, path, slug):
+    """A 5,000-character id came back whole in the detail and again in ``instance``."""
+    pasted = "f" * 5000
+    body = assert_problem(client.get(path + pasted), 404, "(5000 characters)")
+    assert body["type"] == f"urn:stagewright:problem:{slug}"
+    assert body["instance"] == path + pasted
+    assert len(body["detail"]) < 300
