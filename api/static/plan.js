@@ -7,20 +7,32 @@
 let shown = null; // { id, plan }: the plan on the page, kept while only the selection changes
 const REJECTED_PAGE = 100;
 
-async function showPlan(id, selection) {
+// `lost`: how many refreshes of a waiting plan in a row found no service (0 on a first
+// load). A waiting page keeps refreshing through a dropped network or a restarting service,
+// less often the longer it lasts; a first load says what happened and stops.
+async function showPlan(id, selection, lost = 0, waiting = false) {
   if (shown && shown.id === id && document.getElementById("detail")) return selectDetail(selection);
   const live = pageTicket();
   shown = null;
-  app.replaceChildren(el("p", { class: "muted" }, "Loading plan…"));
+  if (!waiting) app.replaceChildren(el("p", { class: "muted" }, "Loading plan…"));
   const { status, body } = await api(`/v1/plans/${id}?include_rejected=true`);
   if (!live()) return;
+  const again = (tries, delay) => setTimeout(() => { if (live() && location.hash.startsWith(`#/plans/${id}`)) showPlan(id, selection, tries, true); }, delay);
+  if (waiting && (status === 0 || status >= 502)) {
+    const delay = Math.min(2000 * (lost + 1), 15000);
+    const why = status === 0 ? "no answer" : `the server answered ${status}`;
+    document.getElementById("plan-wait").replaceChildren(el("div", { class: "banner bad" },
+      `Lost contact with the service (${why}). The search goes on there; this page tries again in ${delay / 1000} s.`));
+    return again(lost + 1, delay);
+  }
   if (status === 404) return app.replaceChildren(el("div", { class: "banner bad" }, `No plan ${id} in this store: the link may be mistyped, or the plan was deleted. `, el("a", { href: "#/" }, "See the plans in the store.")));
   if (status !== 200) return app.replaceChildren(el("div", { class: "banner bad" }, problemText(body)));
   const state = body.status || "done";
   if (state !== "done") {
     app.replaceChildren(el("h1", {}, `Plan ${id.slice(0, 8)}`),
-      el("div", { class: "card" }, `Status: ${state}. `, state === "failed" ? problemText(body.error || body) : "This page refreshes until the search finishes."));
-    if (state !== "failed") setTimeout(() => { if (live() && location.hash.startsWith(`#/plans/${id}`)) showPlan(id, selection); }, 1000);
+      el("div", { class: "card" }, `Status: ${state}. `, state === "failed" ? problemText(body.error || body) : "This page refreshes until the search finishes."),
+      el("div", { id: "plan-wait" }));
+    if (state !== "failed") again(0, 1000);
     return;
   }
   const hw = await api("/v1/hardware");

@@ -317,6 +317,19 @@ def test_every_control_has_a_name_and_text_is_readable(server, page):
     assert page.evaluate(A11Y) == []
 
 
+# The smallest text on any chart of the page, in screen pixels: a chart is drawn in its
+# viewBox's units and scaled to its box, its text with it (at 375 px it was 6 px).
+SMALLEST_CHART_TEXT = """() => {
+  let smallest = Infinity;
+  for (const svg of document.querySelectorAll("svg[viewBox]")) {
+    const drawn = svg.viewBox.baseVal.width, shown = svg.getBoundingClientRect().width;
+    for (const text of svg.querySelectorAll("text"))
+      smallest = Math.min(smallest, parseFloat(getComputedStyle(text).fontSize) * shown / drawn);
+  }
+  return smallest;
+}"""
+
+
 def test_every_page_fits_a_phone(server, page):
     body = json.loads(Path("examples/gpt3-96b-32xa100.json").read_text())
     plan = make_plan(server, body)
@@ -335,6 +348,7 @@ def test_every_page_fits_a_phone(server, page):
         page.wait_for_selector(ready)
         page.wait_for_timeout(300)
         assert page.evaluate(overflow) <= 0, where
+        assert page.evaluate(SMALLEST_CHART_TEXT) >= 9, where
     screenshots(page, "phone-rejected-detail")
 
 
@@ -378,3 +392,41 @@ def test_a_mistyped_plan_link_is_said_whole(server, page, link, said):
     banner = page.wait_for_selector(".banner.bad")
     assert said in banner.inner_text()
     assert banner.query_selector("a[href='#/']") is not None
+
+
+def test_a_waiting_plan_keeps_refreshing_through_a_dropped_network(server, page):
+    """A plan page refreshes while its search runs; one refresh that found no service (a
+    dropped Wi-Fi, a restarting service behind its proxy) ended the refreshing for good,
+    with the page showing the error until reloaded."""
+    plan_id = "0123456789abcdef0123456789abcdef"
+    queued = json.dumps({"id": plan_id, "status": "queued"})
+    answers = iter(["queued", "abort", "502", "queued", "queued", "queued", "queued"])
+
+    def answer(route):  # type: ignore[no-untyped-def]
+        what = next(answers, "queued")
+        if what == "abort":
+            route.abort()
+        elif what == "502":
+            route.fulfill(status=502, content_type="text/html", body="<html>nginx</html>")
+        else:
+            route.fulfill(status=200, content_type="application/json", body=queued)
+
+    page.route(f"**/v1/plans/{plan_id}*", answer)
+    page.goto(f"{server}/#/plans/{plan_id}")
+    page.wait_for_selector("text=Status: queued")
+    lost = page.wait_for_selector("#plan-wait .banner.bad:has-text('no answer')", timeout=5000)
+    assert "tries again in 2 s" in lost.inner_text()
+    assert "Status: queued" in page.inner_text("#app")  # what was known stays
+    page.wait_for_selector("#plan-wait .banner.bad:has-text('answered 502')", timeout=5000)
+    assert "tries again in 4 s" in page.inner_text("#plan-wait")
+    # Back in contact: the status shows again without the banner, and refreshing goes on.
+    page.wait_for_function(
+        "!document.querySelector('#plan-wait .banner')"
+        " && document.body.innerText.includes('Status: queued')",
+        timeout=8000,
+    )
+    page.route(
+        f"**/v1/plans/{plan_id}*",
+        lambda route: route.fulfill(status=404, content_type="application/json", body="{}"),
+    )
+    page.wait_for_selector("text=No plan", timeout=5000)
