@@ -29,7 +29,7 @@ from typing import Any
 
 from api import problems
 from api.core.config import Settings
-from api.core.db import Database, is_unavailable
+from api.core.db import Database, is_unavailable, storage_trouble
 from api.jobs.search import Searcher, SearchOutcome
 from api.metrics import Metrics
 from api.store import crud
@@ -250,9 +250,21 @@ class JobRunner:
                     error=error,
                 )
         except Exception as exc:
+            # Leave it 'running' without heartbeats: the lease expires and it runs again.
+            fix = storage_trouble(exc)
+            if fix is not None:  # a full disk is the operator's to mend, not a bug's traceback
+                log.error(
+                    "job %s (plan %s): could not store its result (%s); %s: the job runs "
+                    "again once its lease of %g s expires",
+                    job_id,
+                    claimed.plan_id,
+                    str(exc).splitlines()[0],
+                    fix,
+                    self._settings.job_lease_s,
+                )
+                return None
             if not is_unavailable(exc):
                 raise
-            # Leave it 'running' without heartbeats: the lease expires and it runs again.
             log.warning("job %s: database unavailable, the job will run again: %s", job_id, exc)
             return None
         finally:

@@ -146,3 +146,41 @@ def test_a_search_process_whose_server_died_ends_quietly():
     worker.wait(timeout=60)
     worker.stderr.close()
     assert worker.returncode == 0 and err == b"", err.decode()[-2000:]
+
+
+def test_a_result_the_full_disk_cannot_hold_is_said_and_the_job_runs_again(
+    make_client, database_url, monkeypatch, caplog
+):
+    """A search whose result could not be written (the database's disk full) ended in a
+    traceback "unexpected error outside the search" and, after its lease, ran again the
+    same way until it failed for good as "interrupted". The log now says what failed and
+    what the operator must check; once there is room, the job's next run stores its plan."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from api.store import crud
+
+    real_finish = crud.finish_job
+    full = {"disk": True}
+
+    def finish_job(**kwargs):  # type: ignore[no-untyped-def]
+        if full["disk"]:
+            raise OperationalError(
+                "UPDATE jobs ...", {}, sqlite3.OperationalError("database or disk is full")
+            )
+        return real_finish(**kwargs)
+
+    monkeypatch.setattr(crud, "finish_job", finish_job)
+    client = make_client(planner_threads=1, job_lease_s=1.0)
+    caplog.set_level("ERROR", logger="stagewright.jobs")
+    accepted = client.post("/v1/plans", params={"wait_s": 0}, json=example("tiny-cpu"))
+    plan_id = accepted.json()["id"]
+    assert wait_until(lambda: "could not store its result" in caplog.text, timeout_s=30)
+    assert plan_id in caplog.text and "check the free space" in caplog.text
+    assert "Traceback" not in caplog.text and "unexpected error" not in caplog.text
+    assert client.get(f"/v1/plans/{plan_id}").json()["status"] in ("queued", "running")
+    full["disk"] = False  # the operator made room
+    assert wait_until(
+        lambda: client.get(f"/v1/plans/{plan_id}").json()["status"] == "done", timeout_s=60
+    )
