@@ -7,7 +7,10 @@ memory. ``regress`` re-plans every scenario and fails (exit status 1) when, for 
 - predicted throughput dropped by more than the tolerance (per scenario, else the file's,
   else ``--tolerance``),
 - nothing fits any more (the scenario became infeasible), or
-- the best configuration changed, unless the scenario allows it (``allow_config_change``).
+- the best configuration changed, unless the scenario allows it (``allow_config_change``),
+- or a scenario has no recorded answer yet: it would pass unchecked on every run (as a
+  snapshot test's missing snapshot fails under CI), so the change that adds it must also
+  record its answer with ``--update``.
 
 Throughput that rises, or a changed configuration that a scenario allows, is reported but
 passes. ``--update`` rewrites the baseline with today's answers (keeping names, tolerances
@@ -39,7 +42,7 @@ class Outcome:
     """One scenario's comparison."""
 
     name: str
-    status: str  # "ok", "improved", "slower", "infeasible", "config changed"
+    status: str  # "ok", "improved", "slower", "infeasible", "config changed", "new"
     failed: bool
     baseline_samples_per_s: float | None
     samples_per_s: float | None
@@ -230,14 +233,16 @@ def _compare(
             base_peak,
             None,
             tolerance,
-            "no configuration fits any more (every candidate rejected)",
+            "no configuration fits any more (every candidate rejected)"
+            if expected
+            else "no configuration fits (every candidate rejected)",
         )
     rate, config = now["samples_per_s"], now["config"]
     if expected is None:
         return Outcome(
             name,
             "new",
-            False,
+            True,
             None,
             rate,
             None,
@@ -246,7 +251,7 @@ def _compare(
             None,
             now["peak_memory_gib"],
             tolerance,
-            "no recorded answer yet: run with --update to record one",
+            "no recorded answer to compare with: record it with --update and commit the baseline",
         )
     change = (rate / base_rate - 1.0) * 100.0
     common = (

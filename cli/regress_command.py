@@ -114,11 +114,13 @@ def _regress(args: argparse.Namespace) -> int:
         style = "red" if o.failed else "green"
         table.add_row(o.name, f"[{style}]{o.status}[/]", rates, change, peak, configs, o.message)
     Console().print(table)  # the terminal's width (COLUMNS when not a terminal), as plan
-    verdict = (
-        f"{len(failed)} of {len(outcomes)} scenarios regressed"
-        if failed
-        else (f"all {len(outcomes)} scenarios within tolerance")
-    )
+    unrecorded = sum(o.status == "new" for o in outcomes)
+    parts = []
+    if len(failed) > unrecorded:
+        parts.append(f"{len(failed) - unrecorded} of {len(outcomes)} scenarios regressed")
+    if unrecorded:
+        parts.append(f"{unrecorded} of {len(outcomes)} without a recorded answer (--update)")
+    verdict = "; ".join(parts) or f"all {len(outcomes)} scenarios within tolerance"
     sys.stdout.write(verdict + "\n")
     return 1 if failed else 0
 

@@ -233,3 +233,21 @@ def test_the_sample_baseline_is_current(capsys):
     for scenario in json.loads(out)["scenarios"]:
         assert abs(scenario["change_pct"]) < 0.01, scenario["message"]
         assert scenario["peak_gib"] == scenario["baseline_peak_gib"], scenario["name"]
+
+
+def test_a_scenario_without_a_recorded_answer_fails_until_recorded(capsys, tmp_path):
+    """A scenario added without --update passed ("all 1 scenarios within tolerance") on
+    every run, never compared with anything."""
+    path = _baseline(tmp_path)
+    _edit(path, lambda s: s.pop("expected"))
+    code, out, _ = run(capsys, "regress", str(path), "--json")
+    answer = json.loads(out)
+    (outcome,) = answer["scenarios"]
+    assert code == 1 and answer["failed"] == 1
+    assert outcome["status"] == "new" and "--update" in outcome["message"]
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 1 and "0 of 1" not in out
+    assert "1 of 1 without a recorded answer (--update)" in out and "regressed" not in out
+    assert run(capsys, "regress", str(path), "--update")[0] == 0
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 0 and "all 1 scenarios within tolerance" in out
