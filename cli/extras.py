@@ -14,9 +14,16 @@ from typing import Literal
 
 from planner.errors import StagewrightError
 
-__all__ = ["EXTRA_MODULES", "Extra", "needs_extra", "require_installed"]
+__all__ = ["EXTRA_MODULES", "STORE_HINT", "Extra", "needs_extra", "require_installed"]
 
 Extra = Literal["service", "executor"]
+
+# Added to an unknown GPU when a command planned with the bundled profiles only: a profile
+# added with `stagewright profiles` or fitted by `stagewright calibrate` lives in a store.
+STORE_HINT = (
+    "; these are the bundled profiles: for one in a store (added with `stagewright "
+    "profiles`, or fitted by `stagewright calibrate`) give --database-url"
+)
 
 # The top-level modules each extra of pyproject.toml installs (and their own dependencies
 # that the code imports directly); a missing module outside these is a bug, not a missing

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from cli.executor_commands import add_executor_commands
-from cli.extras import needs_extra
+from cli.extras import STORE_HINT, needs_extra
 from cli.measurement_commands import add_measurement_commands
 from cli.regress_command import add_regress_command
 from cli.render import render_plan
@@ -31,6 +31,7 @@ from planner.errors import StagewrightError, validation_problems
 from planner.json_input import loads
 from planner.launch.files import launch_files
 from planner.plan import plan
+from planner.profiles import UnknownHardwareError
 from planner.schedules import (
     SCHEDULE_NAMES,
     PassTimes,
@@ -441,7 +442,10 @@ def _plan(args: argparse.Namespace) -> int:
         _check_emit_folder(args.emit)
     timeline: dict[str, Any] | None = None
     if args.database_url is None:
-        result = plan(request)
+        try:
+            result = plan(request)
+        except UnknownHardwareError as error:
+            raise StagewrightError(f"{error}{STORE_HINT}") from None
         if args.timeline and result.best is not None:
             timeline = candidate_timeline(request, result.best.config)
     else:

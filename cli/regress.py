@@ -26,9 +26,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cli.extras import STORE_HINT
 from planner.errors import StagewrightError
 from planner.json_input import loads
 from planner.plan import plan
+from planner.profiles import ProfileStore, UnknownHardwareError
 from planner.schedules import schedule_family
 from planner.specs import CandidateConfig, Plan, PlanRequest, numbers_not_booleans
 
@@ -170,6 +172,15 @@ def _baseline_problems(exc: ValidationError, scenarios: list[Any]) -> str:
     return "; ".join(problems)
 
 
+def _answer(scenario: dict[str, Any], store: ProfileStore | None) -> dict[str, Any] | None:
+    """The scenario's best answer today; a request the planner refuses names its scenario."""
+    try:
+        return _summary(plan(PlanRequest.model_validate(scenario["request"]), store))
+    except StagewrightError as error:
+        hint = STORE_HINT if store is None and isinstance(error, UnknownHardwareError) else ""
+        raise StagewrightError(f"scenario {scenario['name']!r}: {error}{hint}") from None
+
+
 def _summary(result: Plan) -> dict[str, Any] | None:
     if result.best is None:
         return None
@@ -192,8 +203,11 @@ def _chunks(config: CandidateConfig) -> dict[str, Any]:
     return {"num_chunks": config.num_chunks}
 
 
-def check_baseline(data: dict[str, Any], tolerance_pct: float | None = None) -> list[Outcome]:
-    """Re-plan every scenario and compare it with what the baseline recorded."""
+def check_baseline(
+    data: dict[str, Any], tolerance_pct: float | None = None, store: ProfileStore | None = None
+) -> list[Outcome]:
+    """Re-plan every scenario with the profiles of ``store`` (the bundled ones by default)
+    and compare it with what the baseline recorded."""
     outcomes = []
     default_tolerance = float(data.get("tolerance_pct", 1.0))  # checked by load_baseline
     for scenario in data["scenarios"]:
@@ -204,7 +218,7 @@ def check_baseline(data: dict[str, Any], tolerance_pct: float | None = None) -> 
             if tolerance_pct is not None
             else float(own if own is not None else default_tolerance)
         )
-        now = _summary(plan(PlanRequest.model_validate(scenario["request"])))
+        now = _answer(scenario, store)
         expected = scenario.get("expected")
         outcomes.append(_compare(scenario, expected, now, tolerance))
     return outcomes
@@ -293,11 +307,12 @@ def _compare(
     return Outcome(name, status, False, *common, f"throughput {change:+.2f}%")
 
 
-def update_baseline(data: dict[str, Any]) -> dict[str, Any]:
-    """The baseline with every scenario's ``expected`` replaced by today's answer."""
+def update_baseline(data: dict[str, Any], store: ProfileStore | None = None) -> dict[str, Any]:
+    """The baseline with every scenario's ``expected`` replaced by today's answer, priced
+    with the profiles of ``store`` (the bundled ones by default)."""
     scenarios = []
     for scenario in data["scenarios"]:
-        now = _summary(plan(PlanRequest.model_validate(scenario["request"])))
+        now = _answer(scenario, store)
         updated = dict(scenario)
         if now is None:
             updated.pop("expected", None)

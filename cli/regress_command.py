@@ -13,8 +13,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from cli.extras import needs_extra
 from cli.regress import check_baseline, load_baseline, update_baseline
 from planner.errors import StagewrightError
+from planner.profiles import ProfileStore
 
 __all__ = ["add_regress_command"]
 
@@ -45,6 +47,13 @@ def add_regress_command(commands: Any) -> None:
         "--update", action="store_true", help="rewrite the baseline with today's answers"
     )
     regress.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    regress.add_argument(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="plan with the profiles of this store (e.g. after `stagewright calibrate`) "
+        "instead of the bundled ones; record and check a baseline with the same profiles",
+    )
     regress.set_defaults(handler=_regress)
 
 
@@ -62,12 +71,24 @@ def _regress(args: argparse.Namespace) -> int:
             f"ignored; leave out {ignored}{hint}"
         )
     data = load_baseline(args.baseline)
+    if args.database_url is None:
+        return _compare_or_update(args, data, None)
+    with needs_extra("service", "regress --database-url"):
+        from api.store.profiles_io import stored_profiles
+
+    with stored_profiles(args.database_url) as store:
+        return _compare_or_update(args, data, store)
+
+
+def _compare_or_update(
+    args: argparse.Namespace, data: dict[str, Any], store: ProfileStore | None
+) -> int:
     if args.update:
-        updated = update_baseline(data)
+        updated = update_baseline(data, store)
         _replace(args.baseline, json.dumps(updated, indent=2) + "\n")
         sys.stdout.write(f"updated {args.baseline}: {len(updated['scenarios'])} scenarios\n")
         return 0
-    outcomes = check_baseline(data, args.tolerance)
+    outcomes = check_baseline(data, args.tolerance, store)
     failed = [o for o in outcomes if o.failed]
     if args.json:
         sys.stdout.write(

@@ -422,3 +422,64 @@ def test_a_pool_connection_that_cannot_be_reset_is_one_warning_line():
     assert lines[0].startswith("WARNING")
     assert "could not be reset on return; discarded: sending query failed" in lines[0]
     assert "Pool timeout" in lines[1]
+
+
+def test_regress_with_a_stores_profiles(tmp_path, capsys):
+    """`regress` priced every scenario with the bundled profiles only: a profile a team
+    added (POST /v1/hardware) or fitted (`stagewright calibrate`) could not be checked, and
+    an unknown GPU named neither the scenario nor where such a profile lives."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from api.core.db import Database
+    from api.store.profiles import WriteReport, upsert_hardware
+    from cli.regress import BASELINE_FORMAT
+    from planner.profiles import hardware_from_dict
+    from tests.integration.conftest import settings_for
+    from tests.integration.test_api_profiles import H200X
+
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    assert run(capsys, "profiles", "load", "--database-url", url)[0] == 0  # migrates it
+    with TestClient(create_app(settings_for(url))) as client:
+        assert client.post("/v1/hardware", json=H200X).status_code == 201
+    request = example("tiny-cpu")
+    request["cluster"]["gpu"] = H200X["name"]
+    request["training"]["precision"] = "bf16"
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(
+        json.dumps({"format": BASELINE_FORMAT, "scenarios": [{"name": "ours", "request": request}]})
+    )
+
+    code, _, err = run(capsys, "regress", str(baseline))
+    assert code == 2 and "scenario 'ours': unknown GPU 'h200x-test'" in err
+    assert "give --database-url" in err
+
+    assert run(capsys, "regress", str(baseline), "--update", "--database-url", url)[0] == 0
+    recorded = json.loads(baseline.read_text())["scenarios"][0]["expected"]
+    plan_path = tmp_path / "request.json"
+    plan_path.write_text(json.dumps(request))
+    code, out, _ = run(capsys, "plan", str(plan_path), "--json", "--database-url", url)
+    assert code == 0
+    assert recorded["samples_per_s"] == json.loads(out)["best"]["predicted"]["samples_per_s"]
+    code, out, _ = run(capsys, "regress", str(baseline), "--database-url", url)
+    assert code == 0 and "all 1 scenarios within tolerance" in out
+
+    # The team's profile changes (a recalibration finds the device half as fast): the check
+    # against that store fails as slower.
+    halved = {
+        "peak_flops": {"bf16": 0.5e15, "fp32": 3.0e13},
+        "memory_bandwidth_gbps": 2400,
+        "intra_node": {"kind": "nvlink4", "bandwidth_gbps": 225, "latency_us": 6},
+        "inter_node": {"kind": "infiniband-ndr", "bandwidth_gbps": 25, "latency_us": 10},
+    }
+    slower = hardware_from_dict({**H200X, **halved})
+    database = Database(url)
+    try:
+        with database.session() as session:
+            upsert_hardware(session=session, profile=slower, origin="api", report=WriteReport())
+            session.commit()
+    finally:
+        database.dispose()
+    code, out, _ = run(capsys, "regress", str(baseline), "--database-url", url, "--json")
+    (outcome,) = json.loads(out)["scenarios"]
+    assert code == 1 and outcome["status"] == "slower", outcome

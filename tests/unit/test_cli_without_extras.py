@@ -140,6 +140,7 @@ def test_plan_prints_the_plan_the_planner_makes():
         (["profiles", "load"], "service"),
         (["measurements", "list"], "service"),
         (["plan", "examples/tiny-cpu.json", "--database-url", "sqlite://"], "service"),
+        (["regress", "baselines/examples.json", "--database-url", "sqlite://"], "service"),
         (["run", "executor-config.json"], "executor"),
         (["profile", "examples/tiny-cpu.json"], "executor"),
     ],
