@@ -87,6 +87,14 @@ def _compare_or_update(
         updated = update_baseline(data, store)
         _replace(args.baseline, json.dumps(updated, indent=2) + "\n")
         sys.stdout.write(f"updated {args.baseline}: {len(updated['scenarios'])} scenarios\n")
+        unfit = [s["name"] for s in updated["scenarios"] if "expected" not in s]
+        if unfit:  # recorded without an answer, so every check will fail on them
+            sys.stderr.write(
+                f"stagewright regress: nothing fits in {', '.join(map(repr, unfit))}, so no "
+                "answer is recorded and the check fails until it fits again; change or "
+                "remove the scenario (stagewright plan --all says why each candidate was "
+                "rejected)\n"
+            )
         return 0
     outcomes = check_baseline(data, args.tolerance, store)
     failed = [o for o in outcomes if o.failed]

@@ -69,19 +69,30 @@ def test_a_throughput_drop_beyond_the_tolerance_fails(capsys, tmp_path):
     assert code == 0
 
 
+def _shrink(scenario):  # the same model on far too little memory: nothing fits
+    scenario["request"]["model"].update(
+        hidden_size=8192, num_attention_heads=64, num_layers=64, vocab_size=50000
+    )
+
+
 def test_a_scenario_that_no_longer_fits_fails(capsys, tmp_path):
     path = _baseline(tmp_path)
-
-    def shrink(scenario):  # the same model on far too little memory: nothing fits
-        scenario["request"]["model"].update(
-            hidden_size=8192, num_attention_heads=64, num_layers=64, vocab_size=50000
-        )
-
-    _edit(path, shrink)
+    _edit(path, _shrink)
     code, out, _ = run(capsys, "regress", str(path), "--json")
     data = json.loads(out)
     assert code == 1
     assert data["scenarios"][0]["status"] == "infeasible"
+
+
+def test_an_update_that_records_no_answer_says_so(capsys, tmp_path):
+    """--update on a scenario where nothing fits printed only "updated ...: 1 scenarios",
+    and every check after it failed."""
+    path = _baseline(tmp_path)
+    _edit(path, _shrink)
+    code, out, err = run(capsys, "regress", str(path), "--update")
+    assert code == 0 and "updated" in out
+    assert "nothing fits in 'tiny', so no answer is recorded" in err
+    assert "expected" not in json.loads(path.read_text())["scenarios"][0]
 
 
 def test_a_changed_best_configuration_fails_unless_allowed(capsys, tmp_path):
