@@ -1,7 +1,9 @@
 """The grid: enumerate a request's search space and prune it.
 
-Constraints (BPipe §4.2, generalised): heads % t == 0 and key/value heads % t == 0; t divides
-the GPUs per node; t x cp x p x d == number of GPUs (cp the context-parallel degree, see
+Constraints (BPipe §4.2, generalised): heads % t == 0 and key/value heads % t == 0; with
+sequence parallelism, t divides each rank's s / cp tokens (Megatron-LM scatters them over the
+tensor-parallel ranks and asserts it); t divides the GPUs per node; t x cp x p x d == number of
+GPUs (cp the context-parallel degree, see
 :func:`context_degrees`); global batch % (mb x d) == 0; layers spread over the schedule's
 stages with no empty middle stage (interleaved schedules: p x v stages for every v of
 ``search.num_chunks``); interleaved needs m % p == 0 and p >= 2; 2BW needs m >= p;
@@ -81,8 +83,25 @@ def context_degrees(request: PlanRequest, t: int) -> list[int]:
         return [1]
     seq = request.model.seq_length
     return [
-        cp for cp in _divisors(request.cluster.gpus_per_node // t) if cp == 1 or seq % (2 * cp) == 0
+        cp
+        for cp in _divisors(request.cluster.gpus_per_node // t)
+        if cp == 1 or (seq % (2 * cp) == 0 and _sequence_split_problem(request, t, cp) is None)
     ]
+
+
+def _sequence_split_problem(request: PlanRequest, t: int, cp: int) -> str | None:
+    """Why sequence parallelism cannot split each context-parallel rank's s / cp tokens over t
+    ranks (Megatron-LM's scatter asserts they divide, tensor_parallel/mappings.py), or None.
+    With cp = 1, :func:`_tensor_split_problem` already says it for the whole t."""
+    if not (request.training.sequence_parallel and t > 1):
+        return None
+    tokens = request.model.seq_length // cp
+    if tokens % t == 0:
+        return None
+    return (
+        f"sequence parallelism splits each rank's {tokens} tokens (seq_length / cp) over t = "
+        f"{t}, which does not divide them (training.sequence_parallel false searches it)"
+    )
 
 
 def _splits(request: PlanRequest) -> Iterator[tuple[int, int, int, int]]:
@@ -94,7 +113,7 @@ def _splits(request: PlanRequest) -> Iterator[tuple[int, int, int, int]]:
         if t > gpus or gpus % t or _tensor_split_problem(request, t) is not None:
             continue
         for cp in context_degrees(request, t):
-            if gpus % (t * cp):
+            if gpus % (t * cp) or _sequence_split_problem(request, t, cp) is not None:
                 continue
             for p in _divisors(gpus // (t * cp)):
                 yield t, cp, p, gpus // (t * cp * p)
@@ -112,17 +131,22 @@ def search_points(request: PlanRequest) -> Iterator[tuple[SearchPoint, int]]:
 
 def _tensor_split_problem(request: PlanRequest, t: int) -> str | None:
     """Why the model's layers cannot be split over t tensor-parallel GPUs, or None:
-    Megatron's column-parallel layers split the heads, the key/value heads and the MLP."""
+    Megatron's column-parallel layers split the heads, the key/value heads and the MLP, and
+    with sequence parallelism the layer norms and dropouts split the sequence."""
     model = request.model
+    split_sequence = request.training.sequence_parallel and t > 1
+    groups = model.query_groups
     parts = [
-        f"{what} ({n})"
+        what
         for n, what in (
-            (model.num_attention_heads, "attention heads"),
+            (model.num_attention_heads, f"attention heads ({model.num_attention_heads})"),
+            (groups if groups != model.num_attention_heads else 0, f"key/value heads ({groups})"),
+            (model.ffn, f"FFN width ({model.ffn})"),
             (
-                model.query_groups if model.query_groups != model.num_attention_heads else 0,
-                "key/value heads",
+                model.seq_length if split_sequence else 0,
+                f"sequence length ({model.seq_length}), which training.sequence_parallel "
+                "splits over the tensor-parallel ranks (false searches it)",
             ),
-            (model.ffn, "FFN width"),
         )
         if n % t
     ]
@@ -158,6 +182,16 @@ def unsearched(request: PlanRequest) -> list[str]:
             )
     splits = list(_splits(request))
     wanted_cp = request.search.context_parallel or []
+    for t in tensor:
+        if _tensor_split_problem(request, t) is not None:
+            continue
+        for cp in wanted_cp:
+            problem = _sequence_split_problem(request, t, cp)
+            if problem is not None and gpus % (t * cp) == 0:
+                notes.append(
+                    f"context-parallel degree {cp} not searched with tensor-parallel degree "
+                    f"{t}: {problem}"
+                )
     unused_cp = sorted(set(wanted_cp) - {cp for _, cp, _, _ in splits})
     if unused_cp:
         notes.append(

@@ -541,3 +541,61 @@ def test_a_candidate_says_when_megatrons_fused_softmax_cannot_run():
     note = _softmax_fallback_note(PlanContext.from_store(short, default_store()), config(8, 4))
     assert note is not None and "sequence length 16" in note
     assert "attention batches" not in note and "multiple of it" not in note
+
+
+def _with_sequence_parallel(r: PlanRequest, **changes: Any) -> PlanRequest:
+    """``r`` with sequence parallelism on, flash attention and the request's ``changes``
+    (``seq_length`` to the model, ``context_parallel`` to the search)."""
+    data = r.model_dump()
+    data["training"].update(sequence_parallel=True, flash_attention=True)
+    if "seq_length" in changes:
+        data["model"]["seq_length"] = changes["seq_length"]
+    if "context_parallel" in changes:
+        data["search"]["context_parallel"] = changes["context_parallel"]
+    return PlanRequest.model_validate(data)
+
+
+def test_sequence_parallelism_searches_no_t_that_does_not_split_the_sequence():
+    # Megatron-LM scatters the [s, b, h] activations over the tensor-parallel ranks with
+    # sequence parallelism and asserts s % t == 0 (tensor_parallel/mappings.py,
+    # _split_along_first_dim): 126 tokens split over 1, 2, 3 and 6, not over 4 or 12.
+    r = _with_sequence_parallel(
+        request(gpus_per_node=12, hidden_size=192, heads=12, batch=24), seq_length=126
+    )
+    result = plan(r)
+    configs = [c.config for c in result.candidates] + [x.config for x in result.rejected]
+    assert {c.t for c in configs} == {1, 2, 3, 6}
+    assert [n for n in result.notes if n.startswith("tensor-parallel")] == [
+        f"tensor-parallel degree {t} not searched: {t} does not divide the model's sequence "
+        f"length (126), which training.sequence_parallel splits over the tensor-parallel "
+        f"ranks (false searches it)"
+        for t in (4, 12)
+    ]
+    # Without sequence parallelism the sequence is not split: every t is searched.
+    data = r.model_dump()
+    data["training"]["sequence_parallel"] = False
+    unsplit = plan(PlanRequest.model_validate(data))
+    configs = [c.config for c in unsplit.candidates] + [x.config for x in unsplit.rejected]
+    assert {c.t for c in configs} == {1, 2, 3, 4, 6, 12}
+
+
+def test_sequence_parallelism_searches_no_cp_that_leaves_t_a_share_it_cannot_split():
+    # 1,028 tokens: 2 x cp divides them for cp = 2 (514 a rank), and t = 4 divides 1,028 but
+    # not 514, so (t 4, cp 2) would fail Megatron-LM's scatter; (t 2, cp 2) and (t 4, cp 1)
+    # run. Named in the notes when the request names cp; left out by the default cp search.
+    named = _with_sequence_parallel(
+        request(gpus_per_node=8, batch=16), seq_length=1028, context_parallel=[1, 2]
+    )
+    result = plan(named)
+    configs = [c.config for c in result.candidates] + [x.config for x in result.rejected]
+    pairs = {(c.t, c.cp) for c in configs}
+    assert pairs == {(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)}
+    assert (
+        "context-parallel degree 2 not searched with tensor-parallel degree 4: sequence "
+        "parallelism splits each rank's 514 tokens (seq_length / cp) over t = 4, which does "
+        "not divide them (training.sequence_parallel false searches it)"
+    ) in result.notes
+    default = plan(_with_sequence_parallel(request(gpus_per_node=8, batch=16), seq_length=1028))
+    configs = [c.config for c in default.candidates] + [x.config for x in default.rejected]
+    assert {(c.t, c.cp) for c in configs} == {(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)}
+    assert not [n for n in default.notes if n.startswith("context-parallel")]
