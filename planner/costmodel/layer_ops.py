@@ -527,7 +527,7 @@ def embedding_ops(
     T, h, eb = s.tokens, s.hidden, s.eb
     reduce = _reduce(s, collectives, "F")
     gather = _gather(s, collectives, "B")
-    table = model.vocab_size // t * h
+    table = model.vocab_rows(t) * h
     position = (
         Op(
             "position add + dropout",
@@ -579,7 +579,7 @@ def output_ops(
     as in a layer)."""
     s = _shape(model, training, micro_batch, t, cp)
     T, h, eb = s.tokens, s.hidden, s.eb
-    vocab = model.vocab_size // t
+    vocab = model.vocab_rows(t)
     logits = T * vocab
     gather = _gather(s, collectives, "F")
     data_grad = Op("logits data grad", "B", "gemm", gemm_seconds(rates, T, h, vocab))

@@ -6,6 +6,12 @@ Sources:
   with g key/value heads) + h^2 (projection), biases h + 2k + h; MLP 2hf (GeLU) or 3hf
   (SwiGLU: gate, up and down), biases f + h or 2f + h; two norms, 4h for LayerNorm (scale
   and shift), 2h for RMSNorm (scale). GPT (g = a, f = 4h, biases, LayerNorm): 12h^2 + 13h.
+- Parameters per tensor-parallel rank (Megatron-LM's layers): the column-parallel weights
+  and biases (QKV, fc1), the row-parallel weights (projection, fc2) and the vocabulary (word
+  embedding, output layer) are split over t; the norms, the row-parallel biases (added after
+  the all-reduce), the learned position table (a plain ``torch.nn.Embedding``) and the final
+  norm are replicated, whole on every rank. The vocabulary is padded to a multiple of t
+  (the emitted ``--make-vocab-size-divisible-by`` pads no further), ceil(V / t) rows a rank.
 - Bytes per parameter with mixed precision and Adam: 2 (bf16/fp16 weight) + 4 (fp32 gradient
   buffer) + 12 (fp32 master weight, Adam m and v) = 18; the distributed optimizer (ZeRO-1)
   shards the 12 optimizer bytes over d data-parallel ranks (Megatron-LM,
@@ -43,11 +49,14 @@ __all__ = [
     "bytes_per_parameter",
     "embedding_activation_bytes",
     "embedding_parameters",
+    "embedding_parameters_per_rank",
     "final_norm_parameters",
     "layer_parameters",
+    "layer_parameters_per_rank",
     "model_parameters",
     "output_activation_bytes",
     "output_parameters",
+    "output_parameters_per_rank",
     "recompute_working_bytes",
 ]
 
@@ -65,6 +74,36 @@ def layer_parameters(model: ModelSpec) -> int:
     if model.add_bias_linear:
         biases = (h + 2 * k + h) + ((2 if model.gated else 1) * f + h)
     return attention + mlp + norms + biases
+
+
+def _replicated_layer_parameters(model: ModelSpec) -> int:
+    """The parameters of one layer every tensor-parallel rank holds whole: the two norms and
+    the biases of the row-parallel linears (projection and fc2), h each."""
+    h = model.hidden_size
+    norms = (4 if model.normalization == "layernorm" else 2) * h
+    return norms + (2 * h if model.add_bias_linear else 0)
+
+
+def layer_parameters_per_rank(model: ModelSpec, t: int) -> float:
+    """Parameters of one layer on one of t tensor-parallel ranks: the split ones / t plus the
+    replicated ones (see the module docstring)."""
+    replicated = _replicated_layer_parameters(model)
+    return (layer_parameters(model) - replicated) / t + replicated
+
+
+def embedding_parameters_per_rank(model: ModelSpec, t: int) -> int:
+    """The first stage's embedding on one tensor-parallel rank: its rows of the word table and
+    the whole position table (learned positions only)."""
+    positions = model.seq_length * model.hidden_size if model.position_embedding == "learned" else 0
+    return model.vocab_rows(t) * model.hidden_size + positions
+
+
+def output_parameters_per_rank(model: ModelSpec, num_stages: int, t: int) -> int:
+    """:func:`output_parameters` on one tensor-parallel rank: its rows of the output matrix
+    (when the last stage holds one) and the whole final norm."""
+    own = model.untie_embeddings_and_output_weights or num_stages > 1
+    rows = model.vocab_rows(t) if own else 0
+    return rows * model.hidden_size + final_norm_parameters(model)
 
 
 def embedding_parameters(model: ModelSpec) -> int:
@@ -229,7 +268,7 @@ def output_activation_bytes(
       in fp32): replicated under tensor parallelism, a 1/t shard with sequence parallelism
       (the output layer gathers the sequence again in its backward, as Megatron-LM's does);
     - the softmax over this rank's slice of the vocabulary, fp32 whatever the precision (the
-      logits are cast up first): 4sbV/t;
+      logits are cast up first): 4sbV/t (V padded to a multiple of t);
     - the target ids, int64 (8sb), and with t > 1 which of them fall outside this rank's
       slice of the vocabulary (1 byte each), as the embedding keeps its token ids.
 
@@ -239,4 +278,5 @@ def output_activation_bytes(
     width = 4.0 if training.precision == "fp32" else 2.0
     shard = t if training.sequence_parallel and t > 1 else 1
     ids = 8.0 * sb + (sb if t > 1 else 0.0)
-    return 2.0 * width * sb * model.hidden_size / shard + 4.0 * sb * model.vocab_size / t + ids
+    logits = 4.0 * sb * model.vocab_rows(t)
+    return 2.0 * width * sb * model.hidden_size / shard + logits + ids

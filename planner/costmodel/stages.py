@@ -14,10 +14,10 @@ from typing import TypeVar
 from planner.costmodel.memory import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
-    embedding_parameters,
-    layer_parameters,
+    embedding_parameters_per_rank,
+    layer_parameters_per_rank,
     output_activation_bytes,
-    output_parameters,
+    output_parameters_per_rank,
     recompute_working_bytes,
 )
 from planner.costmodel.shapes import chunk_parameters
@@ -308,7 +308,7 @@ def _stage_rows(ctx: PlanContext, config: CandidateConfig) -> _StageRows:
     mb, t, cp = config.micro_batch_size, config.t, config.cp
     modes = config.stage_modes()
     count = len(modes)
-    per_layer_params = layer_parameters(model) / t
+    per_layer_params = layer_parameters_per_rank(model, t)
     # Per layer of each mode: (F, B, W, saved bytes, TP collectives, recompute working set).
     per_mode: dict[Recompute, tuple[float, float, float, float, float, float]] = {}
     for stage_modes in modes:
@@ -369,10 +369,11 @@ def _stage_rows(ctx: PlanContext, config: CandidateConfig) -> _StageRows:
         if probe.first_stage_extra_bytes is not None and cp == 1
         else embedding_activation_bytes(model, training, mb, t, cp)
     )
-    params[0] += embedding_parameters(model) / t
+    # On each tensor-parallel rank: its share of what Megatron-LM splits, the rest whole.
+    params[0] += embedding_parameters_per_rank(model, t)
     # The output layer: its own matrix, or a copy of the tied word embedding unless the last
     # stage is also the first; plus the final norm.
-    params[-1] += output_parameters(model, count) / t
+    params[-1] += output_parameters_per_rank(model, count, t)
     stage_work = [f + b + w for f, b, w in zip(forward, backward, weight, strict=True)]
     return _StageRows(
         tuple(forward),

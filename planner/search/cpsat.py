@@ -38,7 +38,7 @@ from planner.costmodel.evaluate import (
 )
 from planner.costmodel.memory import (
     activation_bytes_per_layer,
-    layer_parameters,
+    layer_parameters_per_rank,
     recompute_working_bytes,
     stored_bytes_per_parameter,
 )
@@ -142,7 +142,7 @@ def _data(
         r.training, coarse.weight_replicas, coarse.schedule
     )
     per_param = weight_b + grad_b + opt_b
-    layer_static = round(layer_parameters(r.model) / coarse.t * per_param / _KIB)
+    layer_static = round(layer_parameters_per_rank(r.model, coarse.t) * per_param / _KIB)
     extra_static = [round(p * per_param / _KIB) for p in base.parameters]
     workspace, fragmentation = memory_allowance(ctx.hardware)
     effective = (capacity - workspace) / (1 + fragmentation)

@@ -130,6 +130,12 @@ class ModelSpec(Spec):
         """Width of the keys (and of the values): g x h / a."""
         return self.query_groups * (self.hidden_size // self.num_attention_heads)
 
+    def vocab_rows(self, t: int) -> int:
+        """Rows of the word embedding and of the output layer on one of t tensor-parallel
+        ranks: the vocabulary padded to a multiple of t (as Megatron-LM pads it; the emitted
+        ``--make-vocab-size-divisible-by`` pads no further), split."""
+        return -(-self.vocab_size // t)
+
     @property
     def gated(self) -> bool:
         """Whether the MLP is gated (swiglu: three matrices, fc1 produces 2f)."""

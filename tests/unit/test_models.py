@@ -436,3 +436,68 @@ def test_the_regression_check_records_cp_only_when_used():
     gpt = plan(PlanRequest.model_validate(json.loads((EXAMPLES / "tiny-cpu.json").read_text())))
     plain = _summary(gpt)
     assert plain is not None and "cp" not in plain["config"]
+
+
+def _stage_parameters(model_fields: dict[str, object], t: int, layers: list[int]) -> list[float]:
+    """Per-rank parameters of each 1F1B stage that ``stage_costs`` prices."""
+    from planner.costmodel import stage_costs
+
+    p = len(layers)
+    r = PlanRequest.model_validate(
+        {
+            "model": {"name": "m", **model_fields},
+            "cluster": {"gpu": "a100-sxm-80g", "num_nodes": 1, "gpus_per_node": t * p},
+            "training": {"global_batch_size": 8},
+            "search": {"schedules": ["1f1b"]},
+        }
+    )
+    config = CandidateConfig(
+        t=t,
+        p=p,
+        d=1,
+        micro_batch_size=1,
+        num_microbatches=8,
+        recompute="none",
+        schedule="1f1b",
+        layers_per_stage=layers,
+    )
+    return list(stage_costs(PlanContext.from_store(r, default_store()), config).parameters)
+
+
+def test_a_tensor_parallel_rank_holds_the_replicated_parameters_whole():
+    # Megatron-LM splits the column-parallel weights and biases (QKV, fc1), the row-parallel
+    # weights (projection, fc2) and the vocabulary (word embedding, output layer) over t; it
+    # replicates the layer norms, the row-parallel biases (added after the all-reduce), the
+    # position table (a torch.nn.Embedding) and the final norm. GPT, h 256, t 4, 2 x 4 layers:
+    h, s, v, t = 256, 128, 1024, 4
+    gpt = {"num_layers": 8, "hidden_size": h, "num_attention_heads": 8}
+    split = 12 * h * h + (3 * h + 4 * h)  # QKV, proj, fc1, fc2; QKV and fc1 biases
+    replicated = 4 * h + 2 * h  # two LayerNorms (scale, shift); proj and fc2 biases
+    layer = split / t + replicated  # 198,592
+    first = 4 * layer + v * h / t + s * h  # word embedding split, positions whole
+    last = 4 * layer + v * h / t + 2 * h  # the tied output copy split, final LayerNorm whole
+    assert [first, last] == [892_672, 860_416]
+    assert _stage_parameters({**gpt, "seq_length": s, "vocab_size": v}, t, [4, 4]) == [first, last]
+
+
+def test_a_tensor_parallel_rank_holds_its_share_of_the_padded_vocabulary():
+    # Llama-style, t 2: K and V 64 wide (2 groups), SwiGLU of 512, RMSNorm, no biases, rope,
+    # untied; a vocabulary of 1,001 that t does not divide, which Megatron-LM pads to 1,002
+    # (the emitted --make-vocab-size-divisible-by 1 pads to a multiple of t): 501 rows a rank.
+    h, k, f, t = 256, 64, 512, 2
+    llama = {
+        **LLAMA,
+        "num_query_groups": 2,
+        "num_layers": 2,
+        "hidden_size": h,
+        "num_attention_heads": 8,
+        "ffn_hidden_size": f,
+        "seq_length": 128,
+        "vocab_size": 1001,
+    }
+    layer = (2 * h * h + 2 * h * k + 3 * h * f) / t + 2 * h  # RMSNorm scales replicated
+    rows = 501
+    assert _stage_parameters(llama, t, [1, 1]) == [
+        layer + rows * h,  # no position table
+        layer + rows * h + h,  # the untied output layer's rows and the final RMSNorm
+    ]
