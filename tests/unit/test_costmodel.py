@@ -191,6 +191,14 @@ def test_output_layer_activations_without_sequence_parallelism(t, precision, exp
     assert output_activation_bytes(model(), tr, B, t) == pytest.approx(expected)
 
 
+def test_output_layer_activations_count_the_rank_s_rows_of_the_padded_vocabulary():
+    # GPT-2's 50,257 tokens over t = 8: Megatron-LM pads to 50,264, 6,283 rows a rank, and
+    # the fp32 softmax over them is 4sb x 6,283 bytes (not 4sb x 50,257 / 8 = 6,282.125).
+    tr = training(sequence_parallel=True)
+    expected = 2 * 2 * S * B * H / 8 + 4 * S * B * 6283 + 9 * S * B
+    assert output_activation_bytes(model(vocab_size=50257), tr, B, 8) == expected
+
+
 @pytest.mark.parametrize("sp", [False, True])
 def test_recompute_working_bytes(sp):
     t = 4

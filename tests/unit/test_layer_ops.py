@@ -256,6 +256,14 @@ def test_the_output_layer_and_loss_on_the_last_stage():
     ]
 
 
+def test_the_output_layer_runs_on_the_rank_s_rows_of_the_padded_vocabulary():
+    # 8,193 tokens over t = 2: Megatron-LM pads to 8,194, 4,097 rows a rank (not 4,096).
+    m = model(hidden_size=H, num_attention_heads=A, seq_length=S, vocab_size=8193)
+    ops = {op.name: op.seconds for op in output_ops(RATES, m, training(), B, T_DEG, NVLINK)}
+    assert ops["logits GEMM"] == pytest.approx(gemm(TOK, 4097, H))
+    assert ops["logits weight grad"] == pytest.approx(gemm(4097, H, TOK, out=8.0))
+
+
 def test_backward_collectives_under_a_gemm_count_only_what_outlasts_it():
     # A link 100x slower than NVLink: each ring takes 3 us + 0.5 x 2 MiB / 2.4 GB/s = 440 us,
     # longer than any GEMM of the layer, so the overlapped ones show their remainder.
