@@ -49,14 +49,12 @@ __all__ = [
     "bytes_per_parameter",
     "embedding_activation_bytes",
     "embedding_parameters",
-    "embedding_parameters_per_rank",
     "final_norm_parameters",
     "layer_parameters",
     "layer_parameters_per_rank",
     "model_parameters",
     "output_activation_bytes",
     "output_parameters",
-    "output_parameters_per_rank",
     "recompute_working_bytes",
 ]
 
@@ -91,26 +89,12 @@ def layer_parameters_per_rank(model: ModelSpec, t: int) -> float:
     return (layer_parameters(model) - replicated) / t + replicated
 
 
-def embedding_parameters_per_rank(model: ModelSpec, t: int) -> int:
-    """The first stage's embedding on one tensor-parallel rank: its rows of the word table and
-    the whole position table (learned positions only)."""
+def embedding_parameters(model: ModelSpec, t: int = 1) -> int:
+    """The first stage's embedding on one of t tensor-parallel ranks: its rows of the word
+    table (all V x h with t = 1) plus, with learned positions, the whole position table
+    (s x h); rotary embeddings have none."""
     positions = model.seq_length * model.hidden_size if model.position_embedding == "learned" else 0
     return model.vocab_rows(t) * model.hidden_size + positions
-
-
-def output_parameters_per_rank(model: ModelSpec, num_stages: int, t: int) -> int:
-    """:func:`output_parameters` on one tensor-parallel rank: its rows of the output matrix
-    (when the last stage holds one) and the whole final norm."""
-    own = model.untie_embeddings_and_output_weights or num_stages > 1
-    rows = model.vocab_rows(t) if own else 0
-    return rows * model.hidden_size + final_norm_parameters(model)
-
-
-def embedding_parameters(model: ModelSpec) -> int:
-    """The first stage's embedding: the word table (V x h) plus, with learned positions, the
-    position table (s x h); rotary embeddings have none."""
-    positions = model.seq_length * model.hidden_size if model.position_embedding == "learned" else 0
-    return model.vocab_size * model.hidden_size + positions
 
 
 def final_norm_parameters(model: ModelSpec) -> int:
@@ -118,12 +102,14 @@ def final_norm_parameters(model: ModelSpec) -> int:
     return (2 if model.normalization == "layernorm" else 1) * model.hidden_size
 
 
-def output_parameters(model: ModelSpec, num_stages: int) -> int:
-    """What the last stage holds for the output layer: its own V x h matrix when untied; when
-    tied, a copy of the word embedding unless the last stage is also the first (one stage),
-    as Megatron-LM keeps one and all-reduces their gradients; plus the final norm."""
+def output_parameters(model: ModelSpec, num_stages: int, t: int = 1) -> int:
+    """What the last stage holds for the output layer on one of t tensor-parallel ranks: its
+    own matrix's rows (V x h with t = 1) when untied; when tied, a copy of the word
+    embedding's unless the last stage is also the first (one stage), as Megatron-LM keeps
+    one and all-reduces their gradients; plus the whole final norm."""
     own = model.untie_embeddings_and_output_weights or num_stages > 1
-    return (model.vocab_size * model.hidden_size if own else 0) + final_norm_parameters(model)
+    rows = model.vocab_rows(t) if own else 0
+    return rows * model.hidden_size + final_norm_parameters(model)
 
 
 def model_parameters(model: ModelSpec) -> int:

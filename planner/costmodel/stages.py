@@ -14,10 +14,10 @@ from typing import TypeVar
 from planner.costmodel.memory import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
-    embedding_parameters_per_rank,
+    embedding_parameters,
     layer_parameters_per_rank,
     output_activation_bytes,
-    output_parameters_per_rank,
+    output_parameters,
     recompute_working_bytes,
 )
 from planner.costmodel.shapes import chunk_parameters
@@ -370,10 +370,10 @@ def _stage_rows(ctx: PlanContext, config: CandidateConfig) -> _StageRows:
         else embedding_activation_bytes(model, training, mb, t, cp)
     )
     # On each tensor-parallel rank: its share of what Megatron-LM splits, the rest whole.
-    params[0] += embedding_parameters_per_rank(model, t)
+    params[0] += embedding_parameters(model, t)
     # The output layer: its own matrix, or a copy of the tied word embedding unless the last
     # stage is also the first; plus the final norm.
-    params[-1] += output_parameters_per_rank(model, count, t)
+    params[-1] += output_parameters(model, count, t)
     stage_work = [f + b + w for f, b, w in zip(forward, backward, weight, strict=True)]
     return _StageRows(
         tuple(forward),
