@@ -150,22 +150,28 @@ def no_fit_summary(request: PlanRequest, rejected: Sequence[Rejected]) -> str:
         )
     others = len(rejected) - over
     rest = f", {others:,} refused for other reasons" if others else ""
-    return f"No configuration fits in memory ({over:,} over it{rest}). {no_fit_hint(request)}"
+    hint = no_fit_hint(request, rejected)
+    return f"No configuration fits in memory ({over:,} over it{rest}). {hint}"
 
 
-def no_fit_hint(request: PlanRequest) -> str:
+def no_fit_hint(request: PlanRequest, rejected: Sequence[Rejected] = ()) -> str:
     """What may make a request fit when no configuration does, leaving out what the request
-    already does: the CLI prints it under an empty plan and the service puts it in a done
-    plan's ``warnings``."""
+    already does and, given its ``rejected`` configurations, what none of those over memory
+    could use (sequence parallelism splits over t, the distributed optimizer shards over
+    d x cp: on one GPU neither changes anything): the CLI prints it under an empty plan and
+    the service puts it in a done plan's ``warnings``."""
     search, training = request.search, request.training
+    over = [r.config for r in rejected if r.predicted is not None]
+    tensor_split = not over or any(c.t > 1 for c in over)
+    sharded = not over or any(c.d * c.cp > 1 for c in over)
     ideas = ["more GPUs (cluster.num_nodes)"]
     if "full" not in search.recompute:
         ideas.append('full recomputation (add "full" to search.recompute)')
     if search.micro_batch_sizes is not None and 1 not in search.micro_batch_sizes:
         ideas.append("micro-batch size 1 (search.micro_batch_sizes)")
-    if not training.distributed_optimizer:
+    if not training.distributed_optimizer and sharded:
         ideas.append("the distributed optimizer (training.distributed_optimizer)")
-    if not training.sequence_parallel:
+    if not training.sequence_parallel and tensor_split:
         ideas.append("sequence parallelism (training.sequence_parallel)")
     if not training.flash_attention:
         ideas.append("flash attention (training.flash_attention)")

@@ -176,6 +176,30 @@ def test_the_no_fit_hint_leaves_out_what_is_already_on():
         assert missing in hint
 
 
+def test_the_no_fit_hint_offers_no_saving_the_cluster_cannot_use(capsys, monkeypatch, tmp_path):
+    # GPT-3 13B on one GPU: t = d = 1 is the only split, so sequence parallelism (which
+    # splits over t) and the distributed optimizer (which shards over d) change nothing;
+    # the hint offers what would: more GPUs, full recomputation, micro-batch 1, flash.
+    monkeypatch.setenv("COLUMNS", "400")
+    data = json.loads((REPO / "examples" / "gpt3-13b-8xa100.json").read_text())
+    data["cluster"].update(num_nodes=1, gpus_per_node=1)
+    data["training"].update(distributed_optimizer=False, sequence_parallel=False)
+    data["search"].update(schedules=["1f1b"], recompute=["none"], micro_batch_sizes=[8])
+    code, out, _ = _run(capsys, "plan", _write(tmp_path, data))
+    assert code == 1
+    hint = next(line for line in out.splitlines() if "No configuration fits" in line)
+    for useful in ("more GPUs", "recompute", "micro_batch_sizes", "flash_attention"):
+        assert useful in hint
+    assert "sequence_parallel" not in hint and "distributed_optimizer" not in hint
+    # On 8 GPUs the same request may split both ways: both are offered.
+    data["cluster"].update(gpus_per_node=8)
+    data["model"].update(num_layers=400)  # too big for 8 GPUs either way
+    code, out, _ = _run(capsys, "plan", _write(tmp_path, data))
+    assert code == 1
+    hint = next(line for line in out.splitlines() if "No configuration fits" in line)
+    assert "sequence_parallel" in hint and "distributed_optimizer" in hint
+
+
 def test_the_printed_hint_is_the_requests(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "400")  # the hint on one line
     data = json.loads((REPO / "examples" / "gpt3-13b-8xa100.json").read_text())
