@@ -272,15 +272,27 @@ def fit(
     kinds = [quantity_kind(name) for _, name, _ in measured]
     excluded: frozenset[int] = frozenset()
     kept = np.ones(len(measured), dtype=bool)
-    solved = _solve(hardware, requested, residuals_at, kept)
+    try:
+        solved = _solve(hardware, requested, residuals_at, kept)
+    except _Underdetermined as exc:
+        raise StagewrightError(exc.explain(len(runs))) from None
     warnings = []
     for _ in range(_OUTLIER_ROUNDS if exclude_outliers else 0):
         found = outliers(solved.residuals, kinds)
         if found == excluded:
             break
-        excluded = found
-        kept = np.array([k not in excluded for k in range(len(measured))])
-        solved = _solve(hardware, requested, residuals_at, kept)
+        kept_now = np.array([k not in found for k in range(len(measured))])
+        try:
+            solved_now = _solve(hardware, requested, residuals_at, kept_now)
+        except _Underdetermined as exc:
+            # Leaving these out would leave fewer numbers than parameters: keep the last fit.
+            warnings.append(
+                f"{len(found)} measurement(s) look like outliers, but leaving them out would "
+                f"leave {exc.kept} measured quantities for {len(exc.informed)} parameters; "
+                "they are kept in the fit"
+            )
+            break
+        excluded, kept, solved = found, kept_now, solved_now
     else:
         if exclude_outliers:
             warnings.append(
@@ -294,6 +306,7 @@ def fit(
     ]
     if not solved.converged:
         warnings.append(f"stopped after {solved.iterations} iterations without converging")
+    warnings += _determination_warnings(solved.fits, int(kept.sum()))
     return CalibrationResult(
         hardware=hardware.with_parameters(
             {f.parameter.name: f.value for f in solved.fits if f.status in ("fitted", "at bound")}
@@ -369,6 +382,8 @@ def _solve(
 
     r0 = r0_all[kept]
     informed = [p for p in requested if _informs(p, start, r0, kept_residuals)]
+    if len(r0) < len(informed):
+        raise _Underdetermined(informed, len(r0))
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return kept_residuals({**start, **_unscaled(informed, x)})
@@ -393,6 +408,44 @@ def _solve(
         solution.iterations,
         solution.converged,
     )
+
+
+class _Underdetermined(Exception):
+    """Fewer measured quantities than parameters they inform: least squares has a whole
+    family of exact solutions, and the one an iteration stops at says nothing."""
+
+    def __init__(self, informed: list[FreeParameter], kept: int) -> None:
+        super().__init__(kept, informed)
+        self.informed, self.kept = informed, kept
+
+    def explain(self, runs: int) -> str:
+        names = ", ".join(p.name for p in self.informed)
+        return (
+            f"{runs} run(s) give {self.kept} measured quantities, fewer than the "
+            f"{len(self.informed)} parameters they inform ({names}): a fit needs at least "
+            "one measured number per parameter, or it can put them anywhere; add runs "
+            "(other t, p, d, micro-batch sizes, single-pass times) or fit fewer, e.g. "
+            f"--parameter {self.informed[0].name}"
+        )
+
+
+def _determination_warnings(fits: list[ParameterFit], kept: int) -> list[str]:
+    """What the table's standard errors alone do not say: a fit through every measurement
+    (as many numbers as parameters) has no error estimate, and a parameter whose standard
+    error is wider than its whole range is not pinned down by the runs."""
+    moved = [f for f in fits if f.status in ("fitted", "at bound")]
+    if moved and kept == len(moved):
+        return [
+            f"as many measured quantities as fitted parameters ({kept}): the fit passes "
+            "through every measurement and has no error estimate; add runs to check it"
+        ]
+    return [
+        f"{f.parameter.name}: standard error {f.std_error:.3g} is wider than its whole range "
+        f"[{f.parameter.lower:g}, {f.parameter.upper:g}]: these runs barely determine it; add "
+        "runs that vary what it prices, or leave it out (--parameter names the ones to fit)"
+        for f in moved
+        if f.std_error is not None and f.std_error > f.parameter.upper - f.parameter.lower
+    ]
 
 
 def evaluate(

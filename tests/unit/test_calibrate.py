@@ -346,3 +346,53 @@ def test_runs_the_model_cannot_explain_are_left_out_and_the_rest_recovered():
     assert not any(q.excluded for q in everything.quantities)
     assert everything.moved["gemm_efficiency"] < 0.6 * 0.95
     assert everything.rms_log_error > 0.05
+
+
+def test_fewer_measured_numbers_than_informed_parameters_is_refused_saying_what_to_do():
+    """Two step times and every parameter: five parameters move step times, and the fit
+    pinned all five at their bounds (error 4.1 -> 3.0) and stored that as the profile."""
+    truth = A100.with_parameters({"gemm_efficiency": 0.6})
+    two = synthetic(truth, with_memory=False)[:2]
+    with pytest.raises(StagewrightError) as caught:
+        fit(A100, two, [])
+    message = str(caught.value)
+    assert "2 measured quantities" in message
+    assert "5 parameters" in message
+    for name in ("collective_efficiency", "gemm_efficiency", "kernel_launch_us"):
+        assert name in message
+    assert "--parameter" in message and "add runs" in message
+    # Asked for fewer parameters than numbers, the same runs fit.
+    one = fit(A100, two, [], parameters=["gemm_efficiency"])
+    assert one.moved == {"gemm_efficiency": pytest.approx(0.6, rel=1e-4)}
+    assert one.warnings == []
+
+
+def test_a_parameter_the_runs_barely_determine_is_warned_about():
+    """As many numbers as parameters: the fit goes through every measurement and has no
+    error estimate; a standard error wider than a parameter's whole range means the runs
+    do not pin it down. Both were shown as a quiet blank or number in the table."""
+    truth = A100.with_parameters({"gemm_efficiency": 0.6, "memory_efficiency": 0.5})
+    two = synthetic(truth, with_memory=False)[:2]
+    exact = fit(A100, two, [], parameters=["gemm_efficiency", "memory_efficiency"])
+    assert any("no error estimate" in w and "as many" in w for w in exact.warnings)
+    runs = synthetic(truth, with_memory=False)
+    good = fit(A100, runs, [], parameters=["gemm_efficiency", "memory_efficiency"])
+    assert good.warnings == []
+    # Four step times 3-5% off the truth, three parameters: the memory efficiency's
+    # standard error came out at 2.2, more than its whole range [0.1, 1].
+    noisy = [
+        r.model_copy(
+            update={
+                "measured": r.measured.model_copy(
+                    update={"step_time_s": r.measured.step_time_s * f}
+                )
+            }
+        )
+        for r, f in zip(runs[:4], [1.05, 0.95, 1.03, 0.97], strict=True)
+    ]
+    names = ["gemm_efficiency", "memory_efficiency", "collective_efficiency"]
+    loose = fit(A100, noisy, [], parameters=names, exclude_outliers=False)
+    memory = next(p for p in loose.parameters if p.parameter.name == "memory_efficiency")
+    assert memory.std_error is not None and memory.std_error > 1 - 0.1
+    assert [w.split(":")[0] for w in loose.warnings] == ["memory_efficiency"]
+    assert "wider than its whole range [0.1, 1]" in loose.warnings[0]
