@@ -56,6 +56,7 @@ __all__ = [
     "Quantity",
     "evaluate",
     "fit",
+    "implausible",
     "measured_quantities",
     "outliers",
     "predict",
@@ -213,6 +214,80 @@ def predict_quantities(
         name = f"peak_memory_gib[{device}]"
         if name in wanted:
             out[name] = device_memory.total / GIB
+    return out
+
+
+# A measured number this many times from the uncalibrated prediction is a slip of unit
+# (milliseconds as seconds, MiB as GiB, a percentage as a fraction) or a profile far from the
+# machine: no setting of the bounded parameters moves a prediction that far, and a stored run
+# stays in every later fit.
+IMPLAUSIBLE = 100.0
+
+# quantity kind -> (field it was given in, the field's unit, its value per quantity unit)
+_GIVEN_AS = {
+    "step_time_s": ("measured.step_time_s", "s", 1.0),
+    "peak_memory_gib": ("measured.peak_memory_gib", "GiB", 1.0),
+    "forward_s": ("measured.forward_ms", "ms", 1e3),
+    "backward_s": ("measured.backward_ms", "ms", 1e3),
+    "backward_weight_s": ("measured.backward_ms", "ms", 1e3),
+    "weight_s": ("measured.weight_ms", "ms", 1e3),
+}
+# What a number IMPLAUSIBLE times too large or too small in a unit most likely was.
+_SLIPS = {
+    ("s", True): ("milliseconds", 1e-3),
+    ("ms", True): ("microseconds", 1e-3),
+    ("ms", False): ("seconds", 1e3),
+    ("GiB", True): ("MiB", 1 / 1024),
+}
+
+
+def implausible(
+    run: MeasuredRun, hardware: HardwareProfile, predicted: dict[str, float]
+) -> list[tuple[str, str]]:
+    """(field, what to change) for each measured quantity of ``run`` more than
+    :data:`IMPLAUSIBLE` times above or below ``predicted`` (:func:`predict_quantities` with
+    ``hardware``): most likely a number in the wrong unit."""
+    out = []
+    for name, value in measured_quantities(run, hardware).items():
+        ratio = value / predicted[name]
+        if 1 / IMPLAUSIBLE <= ratio <= IMPLAUSIBLE:
+            continue
+        kind = quantity_kind(name)
+        field, unit, scale = _GIVEN_AS[kind]
+        index = name[len(kind) :]  # '[2]' of a device's memory
+        measured = run.measured
+        how_far = f"{ratio:.0f}x" if ratio > 1 else f"1/{1 / ratio:.0f} of"
+        where = f"the cost model's prediction for this configuration on {hardware.name}"
+        if (
+            isinstance(measured, StepMeasurement)
+            and kind == "step_time_s"
+            and (measured.step_time_s is None)
+        ):
+            out.append(
+                (
+                    "measured.mfu",
+                    f"MFU {measured.mfu:g} means a step of {value:.4g} s, {how_far} {where} "
+                    f"({predicted[name]:.4g} s); give the MFU as a fraction of the peak "
+                    f"({hardware.peak(run.training.precision):.4g} FLOP/s per device), "
+                    "0.45 for 45%",
+                )
+            )
+            continue
+        given, expected = value * scale, predicted[name] * scale
+        slip = _SLIPS.get((unit, ratio > 1))
+        hint = (
+            f"if it is in {slip[0]}, give {given * slip[1]:.4g}"
+            if slip is not None
+            else f"check its unit ({unit})"
+        )
+        out.append(
+            (
+                field + index,
+                f"{given:.4g} {unit} is {how_far} {where} ({expected:.4g} {unit}); {hint}; if "
+                f"it is right, the profile {hardware.name!r} is far from the machine that ran "
+                "it (its peak FLOP/s, bandwidths): correct the profile first",
+            )
+        )
     return out
 
 

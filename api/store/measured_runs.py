@@ -1,7 +1,8 @@
 """Measured runs and calibrations in SQL.
 
 Adding runs is all or nothing: :func:`add_runs` checks every run (its GPU has a profile, the
-cost model can price its configuration) and writes them in the caller's transaction only
+cost model can price its configuration, no measured number is 100 times above or below its
+prediction: a slip of unit) and writes them in the caller's transaction only
 if all pass; an identical run already stored (same fingerprint) is counted, not copied.
 :func:`store_calibration` writes a fitted profile as the hardware's next revision.
 """
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from api.store.models import Calibration, Hardware, MeasuredRunRecord, Measurement, utcnow
 from api.store.profiles import WriteReport, hardware_profile, upsert_hardware
-from planner.calibrate import CalibrationResult, predict_quantities
+from planner.calibrate import CalibrationResult, implausible, predict_quantities
 from planner.errors import StagewrightError
 from planner.measurement_files import (
     MeasurementFileError,
@@ -85,9 +86,14 @@ def add_runs(
             )
             continue
         try:
-            predict_quantities(parsed.run, profile, [])
+            predicted = predict_quantities(parsed.run, profile, [])
         except StagewrightError as exc:
             problems.append(f"{parsed.where}: the planner cannot price this configuration: {exc}")
+            continue
+        problems += [
+            parsed.problem(field, message)
+            for field, message in implausible(parsed.run, profile, predicted)
+        ]
     if problems:
         raise MeasurementFileError(describe_problems(name, problems))
     report = AddReport()

@@ -315,6 +315,20 @@ def test_cli_list_into_a_pipe_closed_after_the_first_line_ends_quietly(tmp_path)
             {"config.recompute": "some"},
             "row 2 (line 3): column config.recompute: Input should be 'none', 'selective'",
         ),
+        # Units: 500 ms written as seconds was stored, 3,367 times the prediction (0.1485 s),
+        # and a forward pass of 2 ms written in seconds 1,876 times under it.
+        (
+            {"measured.step_time_s": 500},
+            "row 2 (line 3): column measured.step_time_s: 500 s is 3367x the cost model's "
+            "prediction for this configuration on cpu (0.1485 s); if it is in milliseconds, "
+            "give 0.5",
+        ),
+        (
+            {"measured": {"kind": "pass", "forward_ms": 0.002}},
+            "row 2 (line 3): column measured.forward_ms: 0.002 ms is 1/1876 of the cost "
+            "model's prediction for this configuration on cpu (3.752 ms); if it is in "
+            "seconds, give 2",
+        ),
     ],
 )
 def test_cli_refuses_a_bad_file_whole_naming_row_and_column(

@@ -396,3 +396,29 @@ def test_a_parameter_the_runs_barely_determine_is_warned_about():
     assert memory.std_error is not None and memory.std_error > 1 - 0.1
     assert [w.split(":")[0] for w in loose.warnings] == ["memory_efficiency"]
     assert "wider than its whole range [0.1, 1]" in loose.warnings[0]
+
+
+def test_a_measured_number_a_hundred_times_off_its_prediction_is_named_with_its_likely_unit():
+    from planner.calibrate import implausible
+
+    step = predict_quantities(run({"kind": "step", "step_time_s": 1.0}), A100, [])["step_time_s"]
+    fine = run({"kind": "step", "step_time_s": step * 50})
+    assert implausible(fine, A100, predict_quantities(fine, A100, [])) == []
+    slow = run({"kind": "step", "step_time_s": step * 1000})
+    [(field, message)] = implausible(slow, A100, predict_quantities(slow, A100, []))
+    assert field == "measured.step_time_s"
+    assert "is 1000x the cost model's prediction" in message
+    assert f"if it is in milliseconds, give {step:.4g}" in message
+    # An MFU of 0.1% is a step 1,000 times the MFU-0.4 one's: said of the MFU, as a fraction.
+    tiny = run({"kind": "step", "mfu": 0.0004})
+    [(field, message)] = implausible(tiny, A100, predict_quantities(tiny, A100, []))
+    assert field == "measured.mfu" and "0.45 for 45%" in message
+    # Memory in MiB on the third device.
+    probe = run({"kind": "step", "peak_memory_gib": [1.0] * 4})
+    third = predict_quantities(probe, A100, [])["peak_memory_gib[2]"]
+    memory = [third] * 4
+    memory[2] = third * 1024
+    mib = run({"kind": "step", "peak_memory_gib": memory})
+    [(field, message)] = implausible(mib, A100, predict_quantities(mib, A100, []))
+    assert field == "measured.peak_memory_gib[2]"
+    assert f"if it is in MiB, give {third:.4g}" in message
