@@ -18,8 +18,10 @@ A file is taken whole or not at all: :func:`parse_runs` raises
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -151,14 +153,17 @@ def _csv_rows(text: str, name: str) -> Iterable[tuple[str, Any]]:
         problems.append(f"missing column(s) {', '.join(missing)}")
     if unknown:
         problems.append(
-            f"unknown column(s) {', '.join(unknown)} (columns are field paths such as "
-            "config.t or measured.step_time_s)"
+            f"unknown column(s) {', '.join(_suggested(c, CSV_COLUMNS) for c in unknown)} "
+            "(columns are field paths such as config.t or measured.step_time_s; a column of "
+            "notes goes in source)"
         )
     if repeated:
         problems.append(f"column(s) {', '.join(repeated)} given twice")
     if problems:
         raise MeasurementFileError(f"{name}, header: " + "; ".join(problems))
-    for number, row in enumerate(reader, start=1):
+    # A spreadsheet saved as CSV keeps the rows it formatted as ',,,,' lines: no run in them.
+    filled = (row for row in reader if any((cell or "").strip() for cell in _cells(row)))
+    for number, row in enumerate(filled, start=1):
         where = f"row {number} (line {reader.line_num})"
         if None in row:
             yield (
@@ -178,6 +183,12 @@ def _csv_rows(text: str, name: str) -> Iterable[tuple[str, Any]]:
             yield where, exc
             continue
         yield where, nested
+
+
+def _cells(row: dict[str | None, Any]) -> Iterable[str | None]:
+    """Every cell of a DictReader row, those past the header (under None) too."""
+    for key, value in row.items():
+        yield from (value if key is None else [value])
 
 
 class _CellError(ValueError):
@@ -241,14 +252,67 @@ def _problems(exc: ValidationError, field_word: str) -> list[str]:
     out = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
+        models = _SECTIONS.get(loc[0], ()) if loc else ()
         if loc[:1] == ["measured"] and loc[1:2] in (["step"], ["pass"]):
+            models = (StepMeasurement,) if loc[1] == "step" else (PassMeasurement,)
             loc = loc[:1] + loc[2:]  # the union's tag is not a field
         if err["type"] == "union_tag_not_found":
             out.append(f"{field_word} measured.kind is missing: give 'step' or 'pass'")
             continue
-        message = err["msg"].removeprefix("Value error, ")
+        message = _message(err, loc, models)
         out.append(f"{field_word} {'.'.join(loc)}: {message}" if loc else message)
     return out
+
+
+def _message(err: Any, loc: list[str], models: tuple[type[BaseModel], ...]) -> str:
+    """Pydantic's message, with what to write instead where pydantic's says only what is
+    wrong: a spreadsheet's number formats, a misspelt field, a section given as a name."""
+    kind, given = err["type"], err.get("input")
+    if kind in ("int_parsing", "float_parsing") and isinstance(given, str):
+        what = "a whole number" if kind == "int_parsing" else "a number"
+        text = given.strip()
+        if text.endswith("%"):
+            percent = _float(text[:-1])
+            if percent is not None:
+                return f"{given!r} is not {what}; give the fraction: {percent / 100:g}"
+        if _THOUSANDS.fullmatch(text):
+            plain = re.sub(r"[,_ ]", "", text)
+            return f"{given!r} is not {what}; write it without thousands separators: {plain}"
+        if kind == "int_parsing":
+            return f"{given!r} is not {what}"
+        return f"{given!r} is not {what}; write it with a decimal point and no thousands separators"
+    if kind == "extra_forbidden" and len(loc) == 2 and models:
+        fields = [name for name in models[0].model_fields if name != "kind"]
+        close = difflib.get_close_matches(loc[1], fields, n=1)
+        guess = f" (did you mean {close[0]}?)" if close else ""
+        section = (
+            "a step measurement"
+            if models[0] is StepMeasurement
+            else ("a pass measurement" if models[0] is PassMeasurement else loc[0])
+        )
+        return f"unknown field{guess}; {section} takes {', '.join(fields)}"
+    if kind in ("model_type", "model_attributes_type", "dict_type") and len(loc) == 1 and models:
+        fields = [n for n, f in models[0].model_fields.items() if f.is_required()]
+        name = " (a model's name alone is not looked up)" if loc[0] == "model" else ""
+        return f"give an object, not {given!r}{name}, with at least {', '.join(fields)}"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+# 9,984 or 1 024 or 51_200: groups of three digits, as a spreadsheet formats whole numbers.
+_THOUSANDS = re.compile(r"\d{1,3}(?:[,_ ]\d{3})+")
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _suggested(column: str, known: list[str]) -> str:
+    """``column``, with the known column it is most likely a misspelling of."""
+    close = difflib.get_close_matches(column, known, n=1)
+    return f"{column} (did you mean {close[0]}?)" if close else column
 
 
 def run_to_csv_row(run: MeasuredRun) -> dict[str, str]:

@@ -24,7 +24,7 @@ import datetime as dt
 import hashlib
 import json
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -32,6 +32,8 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -147,6 +149,21 @@ class StepMeasurement(_Spec):
         description="Peak memory of each pipeline device (p entries, GiB), where known.",
     )
 
+    @field_validator("mfu", mode="wrap")
+    @classmethod
+    def _mfu_as_a_fraction(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """An MFU of 38 is 38%: say so, rather than only that it must be at most 1."""
+        try:
+            return handler(value)
+        except ValidationError:
+            number = _number(value)
+            if number is None or number <= 1 or number > 100:
+                raise
+            raise ValueError(
+                f"{number:g} is more than 1: the MFU is a fraction of the peak; give "
+                f"{number / 100:g} for {number:g}%"
+            ) from None
+
     @model_validator(mode="after")
     def _something_measured(self) -> StepMeasurement:
         if self.step_time_s is None and self.mfu is None and self.peak_memory_gib is None:
@@ -187,6 +204,17 @@ class PassMeasurement(_Spec):
                 "only backward_ms for a fused B + W)"
             )
         return self
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite number (a float or its text, as a CSV cell gives it), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 Measured = Annotated[StepMeasurement | PassMeasurement, Field(discriminator="kind")]

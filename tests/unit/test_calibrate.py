@@ -224,7 +224,12 @@ def test_a_run_names_its_configuration_and_fingerprints_stably():
             "not a multiple of micro_batch_size x d = 3",
         ),
         ({"kind": "step", "step_time_s": -1.0}, {}, "greater than 0"),
-        ({"kind": "step", "mfu": 38.0}, {}, "less than or equal to 1"),
+        (
+            {"kind": "step", "mfu": 38.0},
+            {},
+            "38 is more than 1: the MFU is a fraction of the peak; give 0.38 for 38%",
+        ),
+        ({"kind": "step", "mfu": 380.0}, {}, "less than or equal to 1"),
         ({"kind": "step"}, {}, "needs step_time_s, mfu or peak_memory_gib"),
         ({"kind": "step", "peak_memory_gib": [1.0]}, {}, "give one per pipeline device (p = 4)"),
         ({"kind": "pass", "weight_ms": 1.0}, {}, "weight_ms without backward_ms"),

@@ -139,3 +139,95 @@ def test_a_short_csv_row_counts_its_cells():
         parse_runs("\n".join([header, short]), "f.csv")
     assert f"row 1 (line 2): has {columns - 3} cells for {columns} columns" in str(caught.value)
     assert "Field required" not in str(caught.value)
+
+
+def test_a_spreadsheets_empty_rows_are_not_runs():
+    """A spreadsheet saved as CSV keeps the rows it formatted: ',,,,' lines, here after a
+    Windows line end. Each read as six 'Field required' problems and the file was refused."""
+    header, first, second = shipped_csv().splitlines()[:3]
+    blank = "," * (len(CSV_COLUMNS) - 1)
+    text = "\r\n".join([header, first, blank, " " + blank, second, blank, blank]) + "\r\n"
+    parsed = parse_runs(text, "export.csv")
+    assert [p.run for p in parsed] == [p.run for p in parse_runs(shipped_csv(), "f.csv")][:2]
+    assert [p.where for p in parsed] == ["row 1 (line 2)", "row 2 (line 5)"]
+    with pytest.raises(MeasurementFileError, match="export.csv has no runs"):
+        parse_runs("\r\n".join([header, blank, blank]), "export.csv")
+
+
+def _one_row(**cells: str) -> str:
+    """The shipped CSV's header and first row with ``cells`` (column: text) replaced."""
+    header, first = shipped_csv().splitlines()[:2]
+    row = dict(zip(CSV_COLUMNS, next(csv.reader([first])), strict=True))
+    row.update(cells)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, CSV_COLUMNS)
+    writer.writeheader()
+    writer.writerow(row)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("cells", "needle"),
+    [
+        # A spreadsheet's number formats: thousands separators, a decimal comma, a percent.
+        (
+            {"model.hidden_size": "9,984"},
+            "column model.hidden_size: '9,984' is not a whole number; write it without "
+            "thousands separators: 9984",
+        ),
+        (
+            {"measured.mfu": "", "measured.step_time_s": "5,4"},
+            "column measured.step_time_s: '5,4' is not a number; write it with a decimal "
+            "point and no thousands separators",
+        ),
+        (
+            {"measured.mfu": "38.08%"},
+            "column measured.mfu: '38.08%' is not a number; give the fraction: 0.3808",
+        ),
+        # A percentage where the fraction goes.
+        (
+            {"measured.mfu": "38.08"},
+            "column measured.mfu: 38.08 is more than 1: the MFU is a fraction of the peak; "
+            "give 0.3808 for 38.08%",
+        ),
+    ],
+)
+def test_a_cell_that_is_not_a_number_shows_its_text_and_what_to_write(cells, needle):
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(_one_row(**cells), "sheet.csv")
+    assert f"row 1 (line 2): {needle}" in str(caught.value)
+
+
+def test_a_misspelt_column_or_field_suggests_the_right_one():
+    header, first = shipped_csv().splitlines()[:2]
+    typo = header.replace("config.micro_batch_size", "config.microbatch_size")
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs("\n".join([typo, first]), "f.csv")
+    assert (
+        "unknown column(s) config.microbatch_size (did you mean config.micro_batch_size?)"
+        in str(caught.value)
+    )
+    runs = json.loads(SHIPPED.read_text())["runs"][:2]
+    runs[0]["measured"] = {"kind": "step", "step_time_ms": 5600}
+    runs[1]["measured"] = {"kind": "pass", "forward_s": 0.012, "backward_ms": 24}
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(json.dumps(runs), "f.json")
+    message = str(caught.value)
+    assert (
+        "row 1: field measured.step_time_ms: unknown field (did you mean step_time_s?); a "
+        "step measurement takes step_time_s, mfu, peak_memory_gib" in message
+    )
+    assert "row 2: field measured.forward_s: unknown field (did you mean forward_ms?)" in message
+
+
+def test_a_model_given_by_name_says_to_give_its_shape():
+    """'model': 'gpt3-13b' read 'Input should be a valid dictionary or instance of
+    ModelSpec': nothing says a name is not looked up, nor what to give."""
+    runs = json.loads(SHIPPED.read_text())["runs"][:1]
+    runs[0]["model"] = "gpt3-13b"
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(json.dumps(runs), "f.json")
+    message = str(caught.value)
+    assert "row 1: field model: give an object, not 'gpt3-13b'" in message
+    assert "a model's name alone is not looked up" in message
+    assert "num_layers, hidden_size, num_attention_heads, seq_length, vocab_size" in message
