@@ -31,7 +31,13 @@ from planner.measurement_files import (
     parse_runs,
 )
 from planner.measurements import MeasuredRun, PassMeasurement, StepMeasurement, fingerprint
-from planner.profiles import BUNDLED_PROFILES, CalibrationRecord, HardwareProfile
+from planner.profiles import (
+    BUNDLED_PROFILES,
+    CalibrationRecord,
+    HardwareProfile,
+    JsonProfileStore,
+    extra_profile_dirs,
+)
 
 __all__ = [
     "AddReport",
@@ -69,6 +75,7 @@ def add_runs(
     stores nothing). MeasurementFileError lists every run that cannot be stored, by row."""
     profiles: dict[str, HardwareProfile | None] = {}
     problems: list[str] = []
+    unknown: dict[str, list[ParsedRun]] = {}
     for parsed in runs:
         gpu = parsed.run.cluster.gpu
         if gpu not in profiles:
@@ -76,14 +83,7 @@ def add_runs(
             profiles[gpu] = None if row is None else hardware_profile(row, session)
         profile = profiles[gpu]
         if profile is None:
-            known = ", ".join(session.scalars(select(Hardware.name).order_by(Hardware.name)))
-            problems.append(
-                parsed.problem(
-                    "cluster.gpu",
-                    f"unknown GPU {gpu!r}; known hardware profiles: {known} (add one with "
-                    "POST /v1/hardware)",
-                )
-            )
+            unknown.setdefault(gpu, []).append(parsed)
             continue
         try:
             predicted = predict_quantities(parsed.run, profile, [])
@@ -94,6 +94,7 @@ def add_runs(
             parsed.problem(field, message)
             for field, message in implausible(parsed.run, profile, predicted)
         ]
+    problems += [_unknown_gpu(session, gpu, found) for gpu, found in unknown.items()]
     if problems:
         raise MeasurementFileError(describe_problems(name, problems))
     report = AddReport()
@@ -119,6 +120,46 @@ def add_runs(
         report.unchanged += 1
         report.ids.append(found)
     return report
+
+
+_LISTED_RUNS = 5  # runs of one unknown GPU named in its problem; the rest are counted
+
+
+def _unknown_gpu(session: Session, gpu: str, runs: list[ParsedRun]) -> str:
+    """One problem for every run of a GPU the store has no profile of: the first run, the
+    known profiles, the others by where they are, and the profile folder that has it."""
+    known = ", ".join(session.scalars(select(Hardware.name).order_by(Hardware.name)))
+    message = (
+        f"unknown GPU {gpu!r}; known hardware profiles: {known} (add one with POST /v1/hardware)"
+    )
+    more = runs[1:]
+    if more:
+        listed = ", ".join(r.where for r in more[:_LISTED_RUNS])
+        rest = len(more) - _LISTED_RUNS
+        message += f"; the same GPU in {len(more)} more run(s): {listed}" + (
+            f" and {rest} more" if rest > 0 else ""
+        )
+    folder = _folder_with(gpu)
+    if folder is not None:
+        message += (
+            f"; {gpu!r} is in {folder} (STAGEWRIGHT_PROFILES), which plans read but this store "
+            "does not: post that entry to POST /v1/hardware (stagewright serve on this store) "
+            "first"
+        )
+    return runs[0].problem("cluster.gpu", message)
+
+
+def _folder_with(gpu: str) -> Path | None:
+    """The hardware.json of a STAGEWRIGHT_PROFILES folder that defines ``gpu``, if any (a
+    folder that does not load says nothing here: a plan reports it)."""
+    for folder in extra_profile_dirs():
+        try:
+            names = JsonProfileStore.load(folder).hardware_names()
+        except (StagewrightError, ValueError):
+            continue
+        if gpu in names:
+            return folder / "hardware.json"
+    return None
 
 
 def _stored_id(session: Session, key: str) -> int | None:

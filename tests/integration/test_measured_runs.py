@@ -21,7 +21,7 @@ from api.store.profiles_io import stored_profiles
 from cli.main import main
 from planner.measurement_files import CSV_COLUMNS
 from planner.plan import plan
-from planner.profiles import default_store
+from planner.profiles import BUNDLED_PROFILES, default_store
 from planner.specs import PlanRequest
 from tests.integration.conftest import assert_problem, example, reset, wait_done
 
@@ -534,3 +534,35 @@ def test_calibrate_leaves_out_and_lists_the_runs_it_cannot_explain(database_url,
     every = json.loads(out)
     assert not any(q["excluded"] for q in every["quantities"]) and every["stored"] is None
     assert every["rms_log_error"] > fit["rms_log_error"]
+
+
+def test_an_unknown_gpu_is_said_once_and_a_profile_folders_copy_is_named(
+    database_url, tmp_path, capsys, monkeypatch
+):
+    """Seven runs of a GPU the store lacks repeated the whole 'unknown GPU ...; known
+    hardware profiles: ...' sentence seven times; and a profile copied into a
+    STAGEWRIGHT_PROFILES folder (which plans read) was not mentioned: the store does not
+    read those folders, so the user must post it."""
+    reset(database_url)
+    before = count(capsys, database_url)
+    cpu = default_store().hardware("cpu")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    bundled = json.loads((BUNDLED_PROFILES / "hardware.json").read_text())
+    entry = next(h for h in bundled["hardware"] if h["name"] == cpu.name)
+    (folder / "hardware.json").write_text(
+        json.dumps({"format": bundled["format"], "hardware": [{**entry, "name": "lab-cpu"}]})
+    )
+    monkeypatch.setenv("STAGEWRIGHT_PROFILES", str(folder))
+    lab = [with_(RUN, **{"cluster.gpu": "lab-cpu", "config.micro_batch_size": mb}) for mb in (1, 2)]
+    bad = write_csv(
+        tmp_path / "bad.csv", [RUN, *lab, with_(lab[0], **{"config.t": 2, "config.p": 2})]
+    )
+    code, out, err = cli(capsys, "measurements", "add", str(bad), "--database-url", database_url)
+    assert code == 2 and out == ""
+    assert err.count("unknown GPU 'lab-cpu'") == 1 and err.count("known hardware profiles") == 1
+    assert "row 2 (line 3): column cluster.gpu: unknown GPU 'lab-cpu'" in err
+    assert "the same GPU in 2 more run(s): row 3 (line 4), row 4 (line 5)" in err
+    assert f"'lab-cpu' is in {folder / 'hardware.json'} (STAGEWRIGHT_PROFILES)" in err
+    assert "POST /v1/hardware" in err
+    assert count(capsys, database_url) == before
