@@ -139,9 +139,13 @@ def _add(args: argparse.Namespace) -> int:
         for path, runs in parsed:
             report = add_runs(session=session, runs=runs, origin="cli", name=str(path))
             session.commit()  # one file, one transaction
+            # A run the file gives twice has its id twice: its second copy was not in the
+            # store before the file, it is the same run.
+            repeated = len(report.ids) - len(set(report.ids))
+            again = f", {repeated} repeated in the file (stored once)" if repeated else ""
             sys.stdout.write(
-                f"{path}: {report.created} run(s) stored, {report.unchanged} already stored "
-                f"(in {where})\n"
+                f"{path}: {report.created} run(s) stored, {report.unchanged - repeated} already "
+                f"stored{again} (in {where})\n"
             )
     return 0
 

@@ -566,3 +566,18 @@ def test_an_unknown_gpu_is_said_once_and_a_profile_folders_copy_is_named(
     assert f"'lab-cpu' is in {folder / 'hardware.json'} (STAGEWRIGHT_PROFILES)" in err
     assert "POST /v1/hardware" in err
     assert count(capsys, database_url) == before
+
+
+def test_a_run_repeated_in_a_file_is_not_called_already_stored(database_url, tmp_path, capsys):
+    """A file with the same row twice, into a store without it, said '1 run(s) stored, 1
+    already stored': the second copy was never in the store before."""
+    reset(database_url)
+    twice = write_csv(tmp_path / "twice.csv", [RUN, RUN, with_(RUN, source="other")])
+    code, out, err = cli(capsys, "measurements", "add", str(twice), "--database-url", database_url)
+    assert code == 0, err
+    assert (
+        "twice.csv: 2 run(s) stored, 0 already stored, 1 repeated in the file (stored once) (in"
+        in out
+    )
+    code, out, err = cli(capsys, "measurements", "add", str(twice), "--database-url", database_url)
+    assert "twice.csv: 0 run(s) stored, 2 already stored, 1 repeated in the file" in out
