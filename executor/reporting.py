@@ -141,12 +141,22 @@ def describe(report: RunReport) -> str:
         if report.step_time_error is not None:
             step += f" ({report.step_time_error:+.1%})"
     lines.append(step)
+    # Each rank's row over the steps the measured time is taken over (all but the first,
+    # which includes start-up), as medians: the last step alone is a 2BW run's drain.
+    timed = slice(1, None) if report.num_steps > 1 else slice(None)
+    first = report.first_step + (1 if report.num_steps > 1 else 0)
+    last_step = report.first_step + report.num_steps - 1
+    span = f"step {first}" if first == last_step else f"steps {first}-{last_step}"
+    lines.append(f"per rank, the median of {span} (the steps the measured time is taken over):")
     lines.append(
         "rank  dp pp tp  stages   step s   busy s  bubble s   saved activations B "
         "(measured / predicted)   sent B"
     )
     for r in report.ranks:
-        last = r.steps[-1]
+        steps = r.steps[timed]
+        wall = statistics.median(s.wall_s for s in steps)
+        busy = statistics.median(s.busy_s for s in steps)
+        sent = statistics.median(sum(s.bytes_sent.values()) for s in steps)
         predicted_bytes = (
             f"{r.predicted_saved_activation_bytes:.0f}"
             if r.predicted_saved_activation_bytes is not None
@@ -154,9 +164,9 @@ def describe(report: RunReport) -> str:
         )
         lines.append(
             f"{r.rank:>4} {r.dp:>3} {r.pp:>2} {r.tp:>2}  {','.join(map(str, r.stages)):<7}"
-            f"{last.wall_s:>8.4f} {last.busy_s:>8.4f} {last.wall_s - last.busy_s:>9.4f}   "
+            f"{wall:>8.4f} {busy:>8.4f} {wall - busy:>9.4f}   "
             f"{r.peak_saved_activation_bytes:>12} / {predicted_bytes:<12}"
-            f"{sum(last.bytes_sent.values()):>12}"
+            f"{sent:>12.0f}"
         )
     for note in report.notes:
         lines.append(f"note: {note}")
