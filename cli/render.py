@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -299,9 +300,21 @@ def _print_fitted(
 
 def trust_text(predicted: Predicted) -> str:
     """Where a prediction's times come from and how far that source was off when fitted."""
-    if predicted.calibration_error is None:
+    error = predicted.calibration_error
+    if error is None:
         return f"{predicted.time_source} (no fit error known)"
+    over = "over the runs it was calibrated on"
+    if error < _LN_AS_PERCENT:
+        return (
+            f"{predicted.time_source} (fit error {error:.1%}: rms of ln(predicted / measured) "
+            f"{over})"
+        )
+    # ln 0.54 is a factor of 1.72 (+72% or -42%): as a percentage it would read 54%.
     return (
-        f"{predicted.time_source} (fit error {predicted.calibration_error:.1%}: rms of "
-        "ln(predicted / measured) over the runs it was calibrated on)"
+        f"{predicted.time_source} (fit error: a factor of {math.exp(error):.2f} (rms of "
+        f"ln(predicted / measured) {error:.3f}) {over})"
     )
+
+
+# Below this an error in ln is its relative error to within 5% of itself (e^x - 1 ~ x).
+_LN_AS_PERCENT = 0.1

@@ -228,3 +228,19 @@ def test_a_request_saved_with_a_byte_order_mark_plans(capsys, tmp_path):
     code, out, err = run(capsys, "plan", str(path), "--json")
     assert code == 0, err
     assert json.loads(out)["best"] is not None
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (0.008391, "fit error 0.8%: rms of ln(predicted / measured)"),
+        # ln 0.54: predictions a factor e^0.54 = 1.72 off (+72% or -42%), not '54.0%'.
+        (0.5405, "fit error: a factor of 1.72 (rms of ln(predicted / measured) 0.540)"),
+    ],
+)
+def test_the_fit_error_is_a_percentage_only_where_ln_is_one(error, shown):
+    from cli.render import trust_text
+    from planner.specs._plan import Predicted
+
+    predicted = Predicted.model_construct(time_source="calibrated model", calibration_error=error)
+    assert trust_text(predicted) == f"calibrated model ({shown} over the runs it was calibrated on)"
