@@ -243,6 +243,32 @@ def test_a_split_backward_schedule_without_w_says_its_w_passes_take_0(capsys):
     assert run(capsys, *base, "--schedule", "1f1b")[2] == ""  # B + W run as one backward
 
 
+def test_a_schedule_larger_than_the_memory_is_refused_before_it_is_built(capsys, monkeypatch):
+    """`--microbatches 100000000` (a mistyped 1000) built 850 million actions for minutes,
+    until the kernel killed the process for want of memory. 1F1B makes 2 actions a
+    micro-batch a device plus its sends and receives: 8.5 per cell here."""
+    import cli.main
+    import planner.schedules
+
+    def must_not_build(*args, **kwargs):
+        raise AssertionError("the schedule was built")
+
+    monkeypatch.setattr(cli.main, "generate", must_not_build)
+    args = ["simulate", "--schedule", "1f1b", "--devices", "4", "--f", "1", "--b", "2"]
+    code, out, err = run(capsys, *args, "--microbatches", "100000000")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "about 850,000,000 actions" in err and "lower --microbatches or --devices" in err
+    assert planner.schedules.schedule_actions("1f1b", 4, 100_000_000) == 850_000_000
+    # Against what this machine has: a schedule that fits in 1 GiB is built, one that
+    # does not is refused with both figures.
+    monkeypatch.setattr(cli.main, "_available_memory", lambda: 2**30)
+    code, _, err = run(capsys, *args, "--microbatches", "200000")  # 1.7 M actions, 1.1 GiB
+    assert code == 2 and "needs about 1.1 GiB, more than the 1.0 GiB" in err
+    monkeypatch.undo()
+    monkeypatch.setattr(cli.main, "_available_memory", lambda: 2**30)
+    assert run(capsys, *args, "--microbatches", "1000")[0] == 0
+
+
 def test_unparseable_time_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as info:
         main(
