@@ -25,7 +25,7 @@ from cli.extras import STORE_HINT, needs_extra
 from cli.measurement_commands import add_measurement_commands
 from cli.regress_command import add_regress_command
 from cli.render import render_plan
-from cli.render_timeline import format_candidate_timeline
+from cli.render_timeline import counted, format_candidate_timeline
 from planner.assemble import no_fit_summary
 from planner.errors import StagewrightError, validation_problems
 from planner.json_input import loads
@@ -423,8 +423,9 @@ def _stage_times(value: float | list[float]) -> float | tuple[float, ...]:
 def _describe(result: SimulationResult, width: int) -> str:
     schedule = result.schedule
     lines = [
-        f"schedule {schedule.name}: {schedule.num_devices} devices, {schedule.num_stages} stages, "
-        f"{schedule.total_microbatches} micro-batches"
+        f"schedule {schedule.name}: {counted(schedule.num_devices, 'device')}, "
+        f"{counted(schedule.num_stages, 'stage')}, "
+        f"{counted(schedule.total_microbatches, 'micro-batch')}"
         + (f" in {schedule.num_batches} batches" if schedule.num_batches > 1 else ""),
         f"makespan {result.makespan:.6g}   bubble fraction {result.bubble_fraction:.4f}",
         "",

@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from typing import Any
 
-__all__ = ["format_candidate_timeline", "reason_kind", "reason_summary"]
+__all__ = ["counted", "format_candidate_timeline", "reason_kind", "reason_summary"]
 
 # One character per kind; a V schedule's second chunk in lower case.
 _SYMBOLS = {"F": "F", "B": "B", "W": "W", "BW": "X", "STEP": "S"}
@@ -18,6 +18,14 @@ _NAMES = {
     "BW": "backward",
     "STEP": "optimizer step",
 }
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless n is 1 ("1 device", "4 devices", "1 micro-batch",
+    "2 micro-batches")."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun}{'es' if noun.endswith('ch') else 's'}"
 
 
 def _plan_step(timeline: dict[str, Any]) -> str:
@@ -40,9 +48,10 @@ def format_candidate_timeline(timeline: dict[str, Any], width: int) -> str:
     width = max(10, width)
     devices = timeline["devices"]
     makespan = float(timeline["makespan"])
+    microbatches = timeline.get("num_microbatches")
     lines = [
-        f"schedule {timeline['schedule']}: {len(devices)} devices, "
-        f"{timeline.get('num_microbatches', '?')} micro-batches"
+        f"schedule {timeline['schedule']}: {counted(len(devices), 'device')}, "
+        + (counted(microbatches, "micro-batch") if microbatches is not None else "? micro-batches")
         + (
             f" ({timeline['num_batches']} batches without a flush)"
             if timeline.get("num_batches", 1) > 1

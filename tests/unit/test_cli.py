@@ -524,3 +524,12 @@ def test_plot_with_times_per_stage_of_another_pipeline_is_refused_before_simulat
         "one time or 8 (one per V stage), got 4; give one number, or plot with a V schedule "
         "as --schedule\n"
     )
+
+
+def test_a_single_device_and_micro_batch_are_said_in_the_singular(capsys):
+    """The headers read "1 devices, 1 stages, 1 micro-batches"."""
+    args = ["simulate", "--schedule", "1f1b", "--f", "1", "--b", "1"]
+    code, out, _ = run(capsys, *args, "--devices", "1", "--microbatches", "1")
+    assert code == 0 and out.startswith("schedule 1f1b: 1 device, 1 stage, 1 micro-batch\n")
+    code, out, _ = run(capsys, *args, "--devices", "2", "--microbatches", "3")
+    assert out.startswith("schedule 1f1b: 2 devices, 2 stages, 3 micro-batches\n")

@@ -293,3 +293,12 @@ def test_a_best_candidate_only_megatron_runs_prints_no_torchrun_line(capsys, mon
     line = next(line for line in out.splitlines() if line.startswith("  torchrun:"))
     assert "executor.worker" not in line
     assert best["runtime_limits"]["stagewright"] in line
+
+
+def test_a_timeline_of_one_device_says_it_in_the_singular(capsys, tmp_path):
+    data = json.loads(TINY.read_text())
+    data["cluster"].update(gpus_per_node=1)
+    data["training"]["global_batch_size"] = 1
+    code, out, _ = _run(capsys, "plan", _write(tmp_path, data), "--timeline")
+    assert code == 0
+    assert re.search(r"^schedule [a-z0-9-]+: 1 device, 1 micro-batch$", out, flags=re.M), out
