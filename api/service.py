@@ -15,13 +15,14 @@ import logging.config
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from api.core.config import Settings, SettingsError
 from api.core.db import Database, describe_url, migrate, reported_failures, wait_for_database
 from api.security import parse_tokens
-from api.store.profiles import WriteReport, load_bundled_profiles
+from api.store.profiles import WriteReport, load_bundled_profiles, load_profile_folders
 
 __all__ = ["load_profiles", "prepare_database", "serve"]
 
@@ -94,8 +95,22 @@ def prepare_database(settings: Settings) -> WriteReport:
         database.dispose()
 
 
-def load_profiles(*, database_url: str | None) -> WriteReport:
-    return prepare_database(Settings.from_env(database_url=database_url))
+def load_profiles(
+    *, database_url: str | None, folders: Sequence[Path] = ()
+) -> tuple[WriteReport, WriteReport | None]:
+    """Migrate the store and load the bundled profiles, then ``folders`` as the team's own
+    (:func:`api.store.profiles.load_profile_folders`): the two reports, the second None
+    without folders."""
+    settings = Settings.from_env(database_url=database_url)
+    bundled = prepare_database(settings)
+    if not folders:
+        return bundled, None
+    database = Database(settings.database_url)
+    try:
+        with reported_failures(database.url), database.session() as session:
+            return bundled, load_profile_folders(session=session, folders=folders)
+    finally:
+        database.dispose()
 
 
 # How long a server process may take to answer its supervisor (see serve()).

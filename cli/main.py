@@ -264,11 +264,21 @@ def _build_parser() -> argparse.ArgumentParser:
     profile_commands = profiles.add_subparsers(dest="action", required=True, metavar="ACTION")
     load = profile_commands.add_parser(
         "load",
-        help="load the bundled profiles/ into the database (idempotent)",
+        help="load the bundled profiles/, and your profile folders, into the database",
         description=(
-            "Upgrade the schema and load the bundled hardware, link and layer profiles. "
-            "Loading twice changes nothing; profiles posted through the API are kept."
+            "Upgrade the schema and load the bundled hardware, link and layer profiles; then "
+            "each FOLDER given (hardware.json and layers/*.json, as `stagewright profile "
+            "--out` writes them) as your own profiles, as POST /v1/hardware and POST "
+            "/v1/profiles store them. Loading twice changes nothing; your profiles are kept "
+            "by later loads of the bundled ones."
         ),
+    )
+    load.add_argument(
+        "folders",
+        nargs="*",
+        type=Path,
+        metavar="FOLDER",
+        help="a profile folder to load as your own (a hardware.json, a layers/ folder, or both)",
     )
     load.add_argument(
         "--database-url",
@@ -562,12 +572,23 @@ def _profiles_load(args: argparse.Namespace) -> int:
     with needs_extra("service", "the SQL store"):
         from api.service import load_profiles
 
-    report = load_profiles(database_url=args.database_url)
+    for folder in args.folders:  # checked before the store is touched
+        if not (folder / "hardware.json").is_file() and not (folder / "layers").is_dir():
+            raise StagewrightError(
+                f"{folder} holds neither a hardware.json nor a layers/ folder: name a profile "
+                "folder (as `stagewright profile --out` writes one)"
+            )
+    report, own = load_profiles(database_url=args.database_url, folders=args.folders)
     sys.stdout.write(
         f"profiles: {report.created} created, {report.updated} updated, "
         f"{report.unchanged} unchanged; measured runs: {report.runs_created} added, "
         f"{report.runs_unchanged} already stored\n"
     )
+    if own is not None:
+        sys.stdout.write(
+            f"your profiles ({', '.join(map(str, args.folders))}): {own.created} created, "
+            f"{own.updated} updated, {own.unchanged} unchanged\n"
+        )
     return 0
 
 

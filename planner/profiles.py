@@ -338,6 +338,10 @@ class JsonProfileStore:
     def layer_points(self, gpu: str) -> Sequence[LayerPoint]:
         return [p for p in self._points if p.gpu == gpu]
 
+    def all_layer_points(self) -> Sequence[LayerPoint]:
+        """Every point of every GPU, in the order the folders gave them."""
+        return list(self._points)
+
 
 def _read(path: Path) -> Any:
     return loads(path.read_text(encoding="utf-8"))

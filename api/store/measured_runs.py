@@ -130,7 +130,8 @@ def _unknown_gpu(session: Session, gpu: str, runs: list[ParsedRun]) -> str:
     known profiles, the others by where they are, and the profile folder that has it."""
     known = ", ".join(session.scalars(select(Hardware.name).order_by(Hardware.name)))
     message = (
-        f"unknown GPU {gpu!r}; known hardware profiles: {known} (add one with POST /v1/hardware)"
+        f"unknown GPU {gpu!r}; known hardware profiles: {known} (add one with `stagewright "
+        "profiles load FOLDER` or POST /v1/hardware)"
     )
     more = runs[1:]
     if more:
@@ -143,8 +144,7 @@ def _unknown_gpu(session: Session, gpu: str, runs: list[ParsedRun]) -> str:
     if folder is not None:
         message += (
             f"; {gpu!r} is in {folder} (STAGEWRIGHT_PROFILES), which plans read but this store "
-            "does not: post that entry to POST /v1/hardware (stagewright serve on this store) "
-            "first"
+            f"does not: load it first with `stagewright profiles load {folder.parent}`"
         )
     return runs[0].problem("cluster.gpu", message)
 

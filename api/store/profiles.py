@@ -26,10 +26,12 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
 from api.store.models import CommProfile, Hardware, LayerProfile, utcnow
+from planner.errors import StagewrightError
 from planner.profiles import (
     BUNDLED_PROFILES,
     CalibrationRecord,
     HardwareProfile,
+    JsonProfileStore,
     LayerPoint,
     Link,
     UnknownHardwareError,
@@ -50,6 +52,7 @@ __all__ = [
     "list_layer_points",
     "list_links",
     "load_bundled_profiles",
+    "load_profile_folders",
     "lock_hardware",
     "require_hardware",
     "upsert_hardware",
@@ -503,6 +506,35 @@ def load_bundled_profiles(*, session: Session, folder: Path = BUNDLED_PROFILES) 
         )
     runs = load_bundled_runs(session=session, folder=folder)
     report.runs_created, report.runs_unchanged = runs.created, runs.unchanged
+    session.commit()
+    return report
+
+
+def load_profile_folders(*, session: Session, folders: Sequence[Path]) -> WriteReport:
+    """Load profile folders (``hardware.json`` and ``layers/*.json``, as ``stagewright
+    profile --out`` writes them or a person edits them) as the team's own profiles, the way
+    ``POST /v1/hardware`` and ``POST /v1/profiles`` store them: created or replaced, kept by
+    later loads of the bundled profiles, each touched hardware's revision raised once; and
+    commit. All or nothing: a file that cannot be read, or a layer point of a GPU that
+    neither the folders nor the store has a profile of, stores nothing (StagewrightError)."""
+    store = JsonProfileStore.load(*folders)  # a bad file: one error naming it
+    hardware = [store.hardware(name) for name in store.hardware_names()]
+    points = store.all_layer_points()
+    report = WriteReport()
+    defined = {profile.name for profile in hardware}
+    unknown = lock_hardware(session=session, names=defined | {p.gpu for p in points})
+    missing = [name for name in unknown if name not in defined]
+    if missing:
+        session.rollback()
+        raise StagewrightError(
+            f"layer points of {', '.join(map(repr, missing))} in {', '.join(map(str, folders))}"
+            ", which neither a hardware.json there nor the store defines; add the GPU to a "
+            "folder's hardware.json (or POST /v1/hardware) and load again"
+        )
+    for profile in hardware:
+        upsert_hardware(session=session, profile=profile, origin="api", report=report)
+    for point in points:
+        upsert_layer_point(session=session, point=point, origin="api", report=report)
     session.commit()
     return report
 

@@ -18,6 +18,7 @@ from api.core.config import Settings, SettingsError
 from api.core.db import Database, normalize_url, wait_for_database
 from api.service import _log_config
 from cli.main import main
+from planner.profiles import default_store
 from tests.integration.conftest import PG_ADMIN_URL, example
 
 
@@ -483,3 +484,94 @@ def test_regress_with_a_stores_profiles(tmp_path, capsys):
     code, out, _ = run(capsys, "regress", str(baseline), "--database-url", url, "--json")
     (outcome,) = json.loads(out)["scenarios"]
     assert code == 1 and outcome["status"] == "slower", outcome
+
+
+def _lab_folder(folder, *, point_gpu: str = "lab-a100", name: str = "lab-a100"):  # type: ignore[no-untyped-def]
+    """A profile folder as a team writes one: a copy of the bundled A100 under its own
+    name, and one measured layer point (the layers/ file `stagewright profile --out` writes)."""
+    from planner.profiles import LayerPoint, hardware_to_dict, save_point
+
+    bundled = default_store().hardware("a100-sxm-80g")
+    (folder / "hardware.json").parent.mkdir(parents=True, exist_ok=True)
+    entry = {**hardware_to_dict(bundled), "name": name, "description": "our lab's A100s"}
+    (folder / "hardware.json").write_text(json.dumps({"hardware": [entry]}))
+    point = LayerPoint(
+        gpu=point_gpu,
+        precision="bf16",
+        hidden_size=1024,
+        num_attention_heads=16,
+        ffn_hidden_size=4096,
+        seq_length=2048,
+        micro_batch_size=1,
+        t=1,
+        recompute="none",
+        sequence_parallel=False,
+        flash_attention=False,
+        forward_ms=3.0,
+        backward_ms=6.0,
+        weight_ms=None,
+        activation_bytes=None,
+        includes_tp_comm=True,
+        source="our lab",
+    )
+    save_point(point, folder)
+    return folder
+
+
+def test_profiles_load_takes_a_teams_profile_folders(tmp_path, capsys):
+    """A profile of the team's own hardware reached the store only through POST
+    /v1/hardware (a running service): `stagewright calibrate` and `measurements add` of a
+    CLI-only team refused its GPU as unknown."""
+    from api.core.db import Database
+    from api.store.profiles import get_hardware, list_layer_points
+
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    lab = _lab_folder(tmp_path / "lab")
+    code, out, _ = run(capsys, "profiles", "load", str(lab), "--database-url", url)
+    assert code == 0 and out.splitlines()[1] == (
+        f"your profiles ({lab}): 2 created, 0 updated, 0 unchanged"
+    )
+    code, out, _ = run(capsys, "profiles", "load", str(lab), "--database-url", url)
+    assert out.splitlines()[1].endswith("0 created, 0 updated, 2 unchanged")
+    # A later load of the bundled profiles alone (as every `serve` does) keeps them.
+    assert run(capsys, "profiles", "load", "--database-url", url)[0] == 0
+    database = Database(url)
+    try:
+        with database.session() as session:
+            row = get_hardware(session=session, name="lab-a100")
+            assert row is not None and row.description == "our lab's A100s"
+            points = list_layer_points(session=session, gpu="lab-a100")
+            assert [(p.forward_ms, p.source) for p in points] == [(3.0, "our lab")]
+    finally:
+        database.dispose()
+    # And plans priced with that store know the GPU.
+    request = example("tiny-cpu")
+    request["cluster"]["gpu"] = "lab-a100"
+    (tmp_path / "r.json").write_text(json.dumps(request))
+    assert run(capsys, "plan", str(tmp_path / "r.json"), "--database-url", url)[0] == 0
+
+
+def test_profiles_load_of_a_folder_it_cannot_use_stores_nothing_of_it(tmp_path, capsys):
+    from api.core.db import Database
+    from api.store.profiles import get_hardware
+
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    # A layer point of a GPU defined nowhere: the whole folder is refused, its hardware too.
+    orphan = _lab_folder(tmp_path / "orphan", point_gpu="ghost")
+    code, out, err = run(capsys, "profiles", "load", str(orphan), "--database-url", url)
+    assert code == 2 and "layer points of 'ghost'" in err and "hardware.json" in err
+    # A hardware.json that does not parse: one line naming the file.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "hardware.json").write_text('{"hardware": [')
+    code, _, err = run(capsys, "profiles", "load", str(broken), "--database-url", url)
+    assert code == 2 and str(broken / "hardware.json") in err and err.count("\n") == 1
+    # A folder that is not a profile folder is named before the store is touched.
+    code, _, err = run(capsys, "profiles", "load", str(tmp_path / "nowhere"), "--database-url", url)
+    assert code == 2 and "neither a hardware.json nor a layers/ folder" in err
+    database = Database(url)
+    try:
+        with database.session() as session:
+            assert get_hardware(session=session, name="lab-a100") is None
+    finally:
+        database.dispose()

@@ -542,7 +542,7 @@ def test_an_unknown_gpu_is_said_once_and_a_profile_folders_copy_is_named(
     """Seven runs of a GPU the store lacks repeated the whole 'unknown GPU ...; known
     hardware profiles: ...' sentence seven times; and a profile copied into a
     STAGEWRIGHT_PROFILES folder (which plans read) was not mentioned: the store does not
-    read those folders, so the user must post it."""
+    read those folders, so the user must load it."""
     reset(database_url)
     before = count(capsys, database_url)
     cpu = default_store().hardware("cpu")
@@ -564,8 +564,13 @@ def test_an_unknown_gpu_is_said_once_and_a_profile_folders_copy_is_named(
     assert "row 2 (line 3): column cluster.gpu: unknown GPU 'lab-cpu'" in err
     assert "the same GPU in 2 more run(s): row 3 (line 4), row 4 (line 5)" in err
     assert f"'lab-cpu' is in {folder / 'hardware.json'} (STAGEWRIGHT_PROFILES)" in err
-    assert "POST /v1/hardware" in err
     assert count(capsys, database_url) == before
+    # The command the error names loads it, after which the same runs are stored.
+    assert f"load it first with `stagewright profiles load {folder}`" in err
+    assert cli(capsys, "profiles", "load", str(folder), "--database-url", database_url)[0] == 0
+    good = write_csv(tmp_path / "good.csv", [RUN, *lab])
+    assert cli(capsys, "measurements", "add", str(good), "--database-url", database_url)[0] == 0
+    assert count(capsys, database_url) == before + 3  # RUN and the two lab runs
 
 
 def test_a_run_repeated_in_a_file_is_not_called_already_stored(database_url, tmp_path, capsys):
