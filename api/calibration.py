@@ -5,7 +5,8 @@ The fit uses the analytic cost model alone (no layer points): the parameters are
 model's, used wherever no measured point of a shape exists, and a run whose shape has a
 point would tell the fit nothing about them. Runs can be narrowed (``models``,
 ``source``); those left out are then predicted before and after the fit, which shows how
-the fit generalizes beyond the runs it saw.
+the fit generalizes beyond the runs it saw. Withdrawn runs are never fitted nor held out;
+the outcome names them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from api.store.measured_runs import runs_of, store_calibration, stored_gpus
+from api.store.measured_runs import runs_of, store_calibration, stored_gpus, withdrawn_ids
 from api.store.models import utcnow
 from api.store.profiles import hardware_profile, require_hardware
 from planner.calibrate import CalibrationResult, Quantity, evaluate, fit
@@ -28,7 +29,8 @@ __all__ = ["CalibrationOutcome", "calibrate"]
 
 @dataclass(frozen=True)
 class CalibrationOutcome:
-    """A fit, the runs it used and left out, and what was stored (None for a dry run)."""
+    """A fit, the runs it used and held out, what was stored (None for a dry run), and the
+    ids of the hardware's withdrawn runs (neither fitted nor held out)."""
 
     result: CalibrationResult
     base_revision: int
@@ -36,6 +38,7 @@ class CalibrationOutcome:
     held_out: list[tuple[int, MeasuredRun]]
     held_out_quantities: list[Quantity]
     stored: CalibrationRecord | None
+    withdrawn: list[int]
 
 
 def calibrate(
@@ -57,6 +60,7 @@ def calibrate(
     profile = hardware_profile(row, session)
     base_revision = row.revision
     everything = runs_of(session=session, gpu=hardware)
+    withdrawn = withdrawn_ids(session=session, gpu=hardware)
     chosen = [
         (i, run)
         for i, run in everything
@@ -64,7 +68,9 @@ def calibrate(
         and (source is None or source.lower() in run.source.lower())
     ]
     if not chosen:
-        raise StagewrightError(_nothing_to_fit(session, hardware, everything, models, source))
+        raise StagewrightError(
+            _nothing_to_fit(session, hardware, everything, len(withdrawn), models, source)
+        )
     used_ids = {i for i, _ in chosen}
     held_out = [(i, run) for i, run in everything if i not in used_ids]
     result = fit(
@@ -80,7 +86,7 @@ def calibrate(
             base_revision=base_revision,
             fitted_at=utcnow(),
         )
-    return CalibrationOutcome(result, base_revision, chosen, held_out, held, stored)
+    return CalibrationOutcome(result, base_revision, chosen, held_out, held, stored, withdrawn)
 
 
 # How many stored values a message lists, and how much of each source it shows (a source
@@ -93,14 +99,23 @@ def _nothing_to_fit(
     session: Session,
     hardware: str,
     everything: list[tuple[int, MeasuredRun]],
+    withdrawn: int,
     models: Sequence[str],
     source: str | None,
 ) -> str:
-    """Why no run was chosen: none stored for ``hardware`` (add some), or runs stored but
-    the filters matched none of them, naming what is stored for the filter that failed."""
+    """Why no run was chosen: none stored for ``hardware`` (add some; or all of them are
+    withdrawn: adding one again restores it), or runs stored but the filters matched none
+    of them, naming what is stored for the filter that failed."""
     if not everything:
         others = [gpu for gpu in stored_gpus(session=session) if gpu != hardware]
         stored = f" (runs are stored for {_listing(others)})" if others else ""
+        if withdrawn:
+            return (
+                f"no measured runs of {hardware!r} in use: all {withdrawn} stored are "
+                f"withdrawn (`stagewright measurements list --withdrawn --gpu {hardware}` "
+                "lists them; adding one again with `stagewright measurements add FILE` "
+                f"restores it){stored}"
+            )
         return (
             f"no measured runs of {hardware!r} (0 stored); add some with `stagewright "
             f"measurements add FILE`{stored}"

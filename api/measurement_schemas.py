@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.measurements import MeasuredRun
 
 __all__ = [
+    "MAX_REASON_CHARS",
     "MAX_RUNS_PER_REQUEST",
+    "REASON_PATTERN",
     "MeasuredRunList",
     "MeasuredRunPublic",
     "MeasuredRunsIn",
@@ -18,6 +20,9 @@ __all__ = [
 ]
 
 MAX_RUNS_PER_REQUEST = 1000
+# A withdrawal's reason: some text (not only spaces), no NUL (PostgreSQL text holds none).
+MAX_REASON_CHARS = 500
+REASON_PATTERN = r"^[^\x00]*[^\s\x00][^\x00]*$"
 
 
 class _ApiModel(BaseModel):
@@ -38,6 +43,11 @@ class MeasuredRunsIn(_ApiModel):
 class MeasuredRunsWriteResult(_ApiModel):
     created: int = Field(description="Runs stored now.")
     unchanged: int = Field(description="Runs identical to one already stored (kept once).")
+    restored: int = Field(
+        default=0,
+        description="Runs identical to a withdrawn one, which is back in use (in lists and "
+        "calibration) now.",
+    )
     ids: list[int] = Field(description="The stored id of every run, in the order sent.")
 
 
@@ -53,6 +63,14 @@ class MeasuredRunPublic(MeasuredRun):
         default=None, description="The plan measurement it came from, if any."
     )
     created_at: datetime
+    withdrawn_at: datetime | None = Field(
+        default=None,
+        description="When the run was withdrawn (DELETE /v1/measurements/{id}): left out of "
+        "lists and calibration, kept for the calibrations that used it. Null: in use.",
+    )
+    withdrawn_reason: str | None = Field(
+        default=None, description="Why it was withdrawn, as given (null: none given)."
+    )
 
 
 class MeasuredRunList(_ApiModel):

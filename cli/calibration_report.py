@@ -78,6 +78,13 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
             f"{rms_log_error(held, after=False):.3f} before -> {rms_log_error(held):.3f} after",
         ]
         lines += _group_lines(held, outcome.held_out)
+    if outcome.withdrawn:
+        lines += [
+            "",
+            f"withdrawn (not fitted): {len(outcome.withdrawn)} run(s) "
+            f"({_ids(outcome.withdrawn)}); `stagewright measurements list --withdrawn "
+            f"--gpu {name}` says when and why",
+        ]
     if excluded:
         lines += [
             "",
@@ -90,6 +97,15 @@ def calibration_text(outcome: CalibrationOutcome, where: str) -> str:
     lines += [_error_line(q, outcome.used) for q in worst]
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines)
+
+
+_LISTED_IDS = 12
+
+
+def _ids(ids: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in ids[:_LISTED_IDS])
+    more = len(ids) - _LISTED_IDS
+    return "id " + shown + (f" and {more} more" if more > 0 else "")
 
 
 def _group_lines(
@@ -158,5 +174,6 @@ def calibration_json(outcome: CalibrationOutcome) -> dict[str, Any]:
             "rms_log_error": rms_log_error(outcome.held_out_quantities),
             "quantities": [_quantity(q, outcome.held_out) for q in outcome.held_out_quantities],
         },
+        "withdrawn": outcome.withdrawn,
         "warnings": result.warnings,
     }

@@ -1,5 +1,5 @@
-"""``stagewright measurements add|list`` and ``stagewright calibrate``: measured runs in the
-store (the local SQLite file by default, or ``--database-url``) and fitting a hardware
+"""``stagewright measurements add|list|withdraw`` and ``stagewright calibrate``: measured
+runs in the store (the local SQLite file by default, or ``--database-url``) and fitting a hardware
 profile to them. The database is migrated and the bundled profiles loaded first, as
 ``stagewright profiles load`` does. All of them use the SQL store: the ``service`` extra."""
 
@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,11 +55,30 @@ def add_measurement_commands(commands: Any) -> None:
     listing.add_argument("--source", default=None, help="only runs whose source contains this")
     listing.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     listing.add_argument("--offset", type=int, default=0, help="skip this many first")
+    listing.add_argument(
+        "--withdrawn",
+        action="store_true",
+        help="list the withdrawn runs (with when and why) instead of those in use",
+    )
     form = listing.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true", help="print the runs as JSON")
     form.add_argument("--csv", action="store_true", help="print the runs as CSV (re-addable)")
     listing.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
     listing.set_defaults(handler=_list)
+
+    withdraw = actions.add_parser(
+        "withdraw",
+        help="withdraw a run: kept, but left out of lists and calibration",
+        description="Withdraw the run with this id (from `measurements list`): it stays "
+        "stored, since calibrations name the runs they used, but lists leave it out and "
+        "calibrate no longer fits it. `measurements list --withdrawn` shows it with when and "
+        "why. Withdrawing it again changes nothing. Adding the identical run again "
+        "(`measurements add`) puts it back in use; loading the bundled profiles does not.",
+    )
+    withdraw.add_argument("id", metavar="ID", type=int, help="the run's id")
+    withdraw.add_argument("--reason", default=None, metavar="TEXT", help="why (kept with the run)")
+    withdraw.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
+    withdraw.set_defaults(handler=_withdraw)
 
     calibrate = commands.add_parser(
         "calibrate",
@@ -143,9 +163,14 @@ def _add(args: argparse.Namespace) -> int:
             # store before the file, it is the same run.
             repeated = len(report.ids) - len(set(report.ids))
             again = f", {repeated} repeated in the file (stored once)" if repeated else ""
+            restored = (
+                f", {report.restored} restored (withdrawn before, in use again)"
+                if report.restored
+                else ""
+            )
             sys.stdout.write(
                 f"{path}: {report.created} run(s) stored, {report.unchanged - repeated} already "
-                f"stored{again} (in {where})\n"
+                f"stored{restored}{again} (in {where})\n"
             )
     return 0
 
@@ -159,11 +184,12 @@ def _list(args: argparse.Namespace) -> int:
     if args.limit < 1 or args.offset < 0:
         raise StagewrightError("--limit must be at least 1 and --offset at least 0")
     filters = {"gpu": args.gpu, "model": args.model, "source": args.source}
+    state = {"withdrawn": args.withdrawn}
     # SQL takes 64-bit integers: a larger --limit or --offset means the same as this one.
     limit, offset = min(args.limit, _SQL_INT_MAX), min(args.offset, _SQL_INT_MAX)
     with _session(args.database_url) as (session, _):
-        rows = list_runs(session=session, **filters, limit=limit, offset=offset)
-        total = count_runs(session=session, **filters)
+        rows = list_runs(session=session, **filters, **state, limit=limit, offset=offset)
+        total = count_runs(session=session, **filters, **state)
     left_out = total - len(rows)
     if (args.json or args.csv) and left_out > 0 and rows:
         # The text listing says so in its first line; an export must not look complete.
@@ -173,7 +199,16 @@ def _list(args: argparse.Namespace) -> int:
             "writes them all\n"
         )
     if args.json:
-        items = [{"id": r.id, "origin": r.origin, **r.run} for r in rows]
+        items = [
+            {
+                "id": r.id,
+                "origin": r.origin,
+                **r.run,
+                "withdrawn_at": None if r.withdrawn_at is None else r.withdrawn_at.isoformat(),
+                "withdrawn_reason": r.withdrawn_reason,
+            }
+            for r in rows
+        ]
         sys.stdout.write(json.dumps({"total": total, "runs": items}, indent=1) + "\n")
         return 0
     if args.csv:
@@ -182,7 +217,8 @@ def _list(args: argparse.Namespace) -> int:
         for r in rows:
             writer.writerow(run_to_csv_row(MeasuredRun.model_validate(r.run)))
         return 0
-    lines = [f"{total} run(s); showing {len(rows)} from {args.offset}"]
+    which = "withdrawn run(s)" if args.withdrawn else "run(s)"
+    lines = [f"{total} {which}; showing {len(rows)} from {args.offset}"]
     for r in rows:
         what = (
             f"step {r.step_time_s:.4g} s"
@@ -198,7 +234,52 @@ def _list(args: argparse.Namespace) -> int:
             f"{r.id:>5} {r.gpu:<14} {r.model_name:<12} t{r.t} p{r.p} d{r.d} mb{r.micro_batch_size} "
             f"{r.recompute:<9} {r.schedule:<8} {what}  [{r.source[:60]}]"
         )
+        if r.withdrawn_at is not None:
+            lines.append(f"{'':>6}{_withdrawn(r.withdrawn_at, r.withdrawn_reason)}")
     sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _withdrawn(when: datetime, reason: str | None) -> str:
+    return f"withdrawn {when:%Y-%m-%d %H:%M:%S} UTC: " + (
+        "no reason given" if reason is None else reason
+    )
+
+
+def _withdraw(args: argparse.Namespace) -> int:
+    with needs_extra("service", "the SQL store"):
+        from api.store.measured_runs import UnknownRunError, reason_problem, withdraw_run
+
+    problem = reason_problem(args.reason)
+    if problem is not None:  # before the store is opened (and migrated)
+        raise StagewrightError(f"--reason {problem}")
+    with _session(args.database_url) as (session, where):
+        try:
+            report = withdraw_run(session=session, run_id=args.id, reason=args.reason)
+        except UnknownRunError:
+            raise StagewrightError(
+                f"no measured run has id {args.id} in {where}; `stagewright measurements list` "
+                "shows the ids of the runs in use (--withdrawn: of the withdrawn ones)"
+            ) from None
+        session.commit()
+        r = report.run
+        assert r.withdrawn_at is not None
+        what = (
+            f"{r.model_name} on {r.gpu} t{r.t} p{r.p} d{r.d} mb{r.micro_batch_size} "
+            f"{r.recompute} {r.schedule} [{r.source[:60]}]"
+        )
+        withdrawn = _withdrawn(r.withdrawn_at, r.withdrawn_reason)
+        if report.already:
+            sys.stdout.write(
+                f"measured run {r.id} ({what}) was already {withdrawn}; nothing changed "
+                f"(in {where})\n"
+            )
+        else:
+            sys.stdout.write(
+                f"measured run {r.id} ({what}) {withdrawn}; calibrate leaves it out, "
+                "`stagewright measurements list --withdrawn` shows it and adding the same run "
+                f"again restores it (in {where})\n"
+            )
     return 0
 
 

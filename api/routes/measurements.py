@@ -1,14 +1,27 @@
-"""/v1/measurements: measured runs, the data calibration fits the cost model to."""
+"""/v1/measurements: measured runs, the data calibration fits the cost model to.
+
+DELETE withdraws a run rather than deleting it (see :mod:`api.store.measured_runs`); its
+``reason`` is a query parameter, not a body: a body of DELETE has no defined meaning
+(RFC 9110, 9.3.5), some clients cannot send one and some proxies drop it, and a reason
+lost on the way would withdraw the run without the record of why."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
+from fastapi import Path as PathParam
 from starlette.responses import Response
 
 from api.deps import WRITE, JsonBodyRoute, StateDep, strict_body
-from api.measurement_schemas import MeasuredRunList, MeasuredRunsIn, MeasuredRunsWriteResult
+from api.measurement_schemas import (
+    MAX_REASON_CHARS,
+    REASON_PATTERN,
+    MeasuredRunList,
+    MeasuredRunPublic,
+    MeasuredRunsIn,
+    MeasuredRunsWriteResult,
+)
 from api.routes._docs import problems_of
 from api.schemas import HARDWARE_NAME_PATTERN, NO_NUL_PATTERN
 from api.services import measured_runs
@@ -68,6 +81,10 @@ async def read_measurements(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Runs per page.")] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000, description="Runs to skip.")] = 0,
+    withdrawn: Annotated[
+        bool,
+        Query(description="List the withdrawn runs (with when and why) instead of those in use."),
+    ] = False,
 ) -> MeasuredRunList:
     return await offload(
         state,
@@ -78,4 +95,37 @@ async def read_measurements(
         source=source,
         limit=limit,
         offset=offset,
+        withdrawn=withdrawn,
     )
+
+
+@router.delete(
+    "/{run_id}",
+    response_model=MeasuredRunPublic,
+    dependencies=WRITE,
+    summary="Withdraw a measured run: kept, but left out of lists and calibration",
+    description="The run stays stored (calibrations name the runs they used) with when and "
+    "why it was withdrawn; `GET /v1/measurements?withdrawn=true` lists it. Withdrawing it "
+    "again changes nothing and answers it as first withdrawn. Posting the identical run "
+    "again (`POST /v1/measurements`) puts it back in use; loading the bundled runs does not.",
+    responses={
+        200: {"model": MeasuredRunPublic, "description": "The run, withdrawn."},
+        **problems_of(401, 403, 404, 422, 503),
+    },
+)
+async def withdraw_measurement(
+    run_id: Annotated[
+        int, PathParam(ge=1, description="The run's id (from GET or POST /v1/measurements).")
+    ],
+    state: StateDep,
+    reason: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=MAX_REASON_CHARS,
+            pattern=REASON_PATTERN,
+            description="Why it is withdrawn (kept with it), e.g. 'the step time was in ms'.",
+        ),
+    ] = None,
+) -> MeasuredRunPublic:
+    return await offload(state, measured_runs.withdraw_measured_run, state, run_id, reason)

@@ -1,4 +1,5 @@
-"""Measured runs: the data calibration fits the cost model to (store them, list them)."""
+"""Measured runs: the data calibration fits the cost model to (store them, list them,
+withdraw them)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,25 @@ from api.measurement_schemas import (
     MeasuredRunsWriteResult,
 )
 from api.services import read_retried
-from api.store.measured_runs import add_runs, count_runs, list_runs
+from api.store.measured_runs import (
+    UnknownRunError,
+    add_runs,
+    count_runs,
+    list_runs,
+    withdraw_run,
+)
 from api.store.models import MeasuredRunRecord
 from planner.measurement_files import MeasurementFileError, ParsedRun
 
 if TYPE_CHECKING:
     from api.state import AppState
 
-__all__ = ["add_measured_runs", "measured_run_public", "read_measured_runs"]
+__all__ = [
+    "add_measured_runs",
+    "measured_run_public",
+    "read_measured_runs",
+    "withdraw_measured_run",
+]
 
 
 def measured_run_public(row: MeasuredRunRecord) -> MeasuredRunPublic:
@@ -30,6 +42,8 @@ def measured_run_public(row: MeasuredRunRecord) -> MeasuredRunPublic:
             "origin": row.origin,
             "measurement_id": row.measurement_id,
             "created_at": row.created_at,
+            "withdrawn_at": row.withdrawn_at,
+            "withdrawn_reason": row.withdrawn_reason,
         }
     )
 
@@ -47,7 +61,7 @@ def add_measured_runs(state: AppState, body: MeasuredRunsIn) -> MeasuredRunsWrit
             ) from None
         session.commit()
     return MeasuredRunsWriteResult(
-        created=report.created, unchanged=report.unchanged, ids=report.ids
+        created=report.created, unchanged=report.unchanged, restored=report.restored, ids=report.ids
     )
 
 
@@ -60,14 +74,41 @@ def read_measured_runs(
     source: str | None,
     limit: int,
     offset: int,
+    withdrawn: bool = False,
 ) -> MeasuredRunList:
     with state.database.session() as session:
         rows = list_runs(
-            session=session, gpu=gpu, model=model, source=source, limit=limit, offset=offset
-        )
-        return MeasuredRunList(
-            items=[measured_run_public(row) for row in rows],
-            total=count_runs(session=session, gpu=gpu, model=model, source=source),
+            session=session,
+            gpu=gpu,
+            model=model,
+            source=source,
+            withdrawn=withdrawn,
             limit=limit,
             offset=offset,
         )
+        total = count_runs(
+            session=session, gpu=gpu, model=model, source=source, withdrawn=withdrawn
+        )
+        return MeasuredRunList(
+            items=[measured_run_public(row) for row in rows],
+            total=total,
+            limit=limit,
+            offset=offset,
+        )
+
+
+def withdraw_measured_run(state: AppState, run_id: int, reason: str | None) -> MeasuredRunPublic:
+    """Withdraw a run (idempotent: one already withdrawn is answered as it was withdrawn);
+    404 naming the id when there is none."""
+    with state.database.session(write=True) as session:
+        try:
+            report = withdraw_run(session=session, run_id=run_id, reason=reason)
+        except UnknownRunError:
+            raise problems.not_found(
+                "measured-run-not-found",
+                "Measured run not found",
+                f"no measured run has id {run_id}; GET /v1/measurements lists the runs in use "
+                "and GET /v1/measurements?withdrawn=true the withdrawn ones, with their ids",
+            ) from None
+        session.commit()
+        return measured_run_public(report.run)

@@ -39,6 +39,7 @@ __all__ = [
     "queued_job_ids",
     "release_jobs",
     "requeue_orphans",
+    "rowcount",
     "running_workers",
 ]
 
@@ -154,7 +155,7 @@ def delete_plan(*, session: Session, plan_id: str) -> bool:
     session.execute(delete(Measurement).where(Measurement.plan_id == plan_id))
     done = session.execute(delete(PlanRecord).where(PlanRecord.id == plan_id))
     session.commit()
-    return _rowcount(done) == 1
+    return rowcount(done) == 1
 
 
 def get_plan(*, session: Session, plan_id: str) -> PlanRecord | None:
@@ -258,7 +259,7 @@ def claim_job(*, session: Session, job_id: str, worker: str) -> Claimed | None:
         )
         .execution_options(synchronize_session=False)
     )
-    if _rowcount(result) != 1:
+    if rowcount(result) != 1:
         session.rollback()
         return None
     job = session.get(Job, job_id, populate_existing=True)
@@ -300,7 +301,7 @@ def finish_job(
         )
         .execution_options(synchronize_session=False)
     )
-    if _rowcount(done) != 1:
+    if rowcount(done) != 1:
         session.rollback()
         return False
     session.execute(
@@ -502,5 +503,7 @@ def list_measurements(*, session: Session, plan_id: str) -> list[Measurement]:
     )
 
 
-def _rowcount(result: Any) -> int:
+def rowcount(result: Any) -> int:
+    """The rows an UPDATE or DELETE changed (``Session.execute`` is typed as returning a
+    plain Result, which has no ``rowcount``)."""
     return int(getattr(result, "rowcount", 0) or 0)

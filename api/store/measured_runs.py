@@ -5,21 +5,30 @@ cost model can price its configuration, no measured number is 100 times above or
 prediction: a slip of unit) and writes them in the caller's transaction only
 if all pass; an identical run already stored (same fingerprint) is counted, not copied.
 :func:`store_calibration` writes a fitted profile as the hardware's next revision.
+
+A run is never deleted: :func:`withdraw_run` marks it withdrawn (when, why), and lists
+(unless asked for withdrawn runs) and calibration leave it out. Calibration records name
+the runs they used, so the rows stay; and the bundled runs are loaded at every start, so a
+deleted bundled run would come back. Adding an identical run again restores it (a person
+asked for it), except from the bundled loader, which keeps a withdrawn run withdrawn.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api.measurement_schemas import MAX_REASON_CHARS, REASON_PATTERN
+from api.store.crud import rowcount
 from api.store.models import Calibration, Hardware, MeasuredRunRecord, Measurement, utcnow
 from api.store.profiles import WriteReport, hardware_profile, upsert_hardware
 from planner.calibrate import CalibrationResult, implausible, predict_quantities
@@ -42,16 +51,21 @@ from planner.profiles import (
 __all__ = [
     "AddReport",
     "RunOrigin",
+    "UnknownRunError",
+    "WithdrawReport",
     "add_runs",
     "count_runs",
     "list_runs",
     "load_bundled_runs",
+    "reason_problem",
     "record_plan_measurement",
     "run_columns",
     "run_from_plan_measurement",
     "runs_of",
     "store_calibration",
     "stored_gpus",
+    "withdraw_run",
+    "withdrawn_ids",
 ]
 
 log = logging.getLogger("stagewright.measurements")
@@ -61,10 +75,15 @@ RunOrigin = Literal["bundled", "api", "cli", "plan", "executor"]
 
 @dataclass
 class AddReport:
-    """What an add did: runs stored, runs already there; ids in the order given."""
+    """What an add did: runs stored, runs already there (``unchanged``: those in use, and
+    the withdrawn ones the bundled loader keeps withdrawn, also counted in
+    ``kept_withdrawn``), withdrawn runs put back in use (``restored``); ids in the order
+    given."""
 
     created: int = 0
     unchanged: int = 0
+    restored: int = 0
+    kept_withdrawn: int = 0
     ids: list[int] = field(default_factory=list)
 
 
@@ -117,9 +136,31 @@ def add_runs(
                 report.created += 1
                 report.ids.append(record.id)
                 continue
-        report.unchanged += 1
         report.ids.append(found)
+        if origin != "bundled" and _restore(session, found):
+            report.restored += 1
+            continue
+        report.unchanged += 1
+        if origin == "bundled" and _is_withdrawn(session, found):
+            report.kept_withdrawn += 1
     return report
+
+
+def _restore(session: Session, run_id: int) -> bool:
+    """Put a withdrawn run back in use; whether it was withdrawn. (A conditional update: of
+    two writers restoring it at once, one restores it and the other finds it in use.)"""
+    stmt = (
+        update(MeasuredRunRecord)
+        .where(MeasuredRunRecord.id == run_id, MeasuredRunRecord.withdrawn_at.is_not(None))
+        .values(withdrawn_at=None, withdrawn_reason=None)
+        .execution_options(synchronize_session="fetch")
+    )
+    return rowcount(session.execute(stmt)) == 1
+
+
+def _is_withdrawn(session: Session, run_id: int) -> bool:
+    stmt = select(MeasuredRunRecord.withdrawn_at).where(MeasuredRunRecord.id == run_id)
+    return session.scalar(stmt) is not None
 
 
 _LISTED_RUNS = 5  # runs of one unknown GPU named in its problem; the rest are counted
@@ -196,7 +237,11 @@ def run_columns(run: MeasuredRun) -> dict[str, Any]:
     }
 
 
-def _filtered(stmt: Any, gpu: str | None, model: str | None, source: str | None) -> Any:
+def _filtered(
+    stmt: Any, gpu: str | None, model: str | None, source: str | None, withdrawn: bool = False
+) -> Any:
+    withdrawn_at = MeasuredRunRecord.withdrawn_at
+    stmt = stmt.where(withdrawn_at.is_not(None) if withdrawn else withdrawn_at.is_(None))
     if gpu is not None:
         stmt = stmt.where(MeasuredRunRecord.gpu == gpu)
     if model is not None:
@@ -217,31 +262,102 @@ def list_runs(
     source: str | None = None,
     limit: int = 100,
     offset: int = 0,
+    withdrawn: bool = False,
 ) -> list[MeasuredRunRecord]:
-    """Stored runs, oldest first; ``source`` matches a part of the source, any case."""
-    stmt = _filtered(select(MeasuredRunRecord), gpu, model, source)
+    """Stored runs in use (the withdrawn ones instead when ``withdrawn``), oldest first;
+    ``source`` matches a part of the source, any case."""
+    stmt = _filtered(select(MeasuredRunRecord), gpu, model, source, withdrawn)
     return list(session.scalars(stmt.order_by(MeasuredRunRecord.id).limit(limit).offset(offset)))
 
 
 def count_runs(
-    *, session: Session, gpu: str | None = None, model: str | None = None, source: str | None = None
+    *,
+    session: Session,
+    gpu: str | None = None,
+    model: str | None = None,
+    source: str | None = None,
+    withdrawn: bool = False,
 ) -> int:
-    stmt = _filtered(select(func.count()).select_from(MeasuredRunRecord), gpu, model, source)
-    return int(session.scalar(stmt) or 0)
+    """How many runs :func:`list_runs` lists over all its pages."""
+    stmt = select(func.count()).select_from(MeasuredRunRecord)
+    return int(session.scalar(_filtered(stmt, gpu, model, source, withdrawn)) or 0)
 
 
 def runs_of(*, session: Session, gpu: str) -> list[tuple[int, MeasuredRun]]:
-    """Every stored run of ``gpu`` with its id, oldest first."""
+    """Every run of ``gpu`` in use (withdrawn ones left out) with its id, oldest first: the
+    runs calibration fits."""
     rows = session.scalars(
-        select(MeasuredRunRecord).where(MeasuredRunRecord.gpu == gpu).order_by(MeasuredRunRecord.id)
+        _filtered(select(MeasuredRunRecord), gpu, None, None).order_by(MeasuredRunRecord.id)
     )
     return [(row.id, MeasuredRun.model_validate(row.run)) for row in rows]
 
 
+def withdrawn_ids(*, session: Session, gpu: str) -> list[int]:
+    """The ids of ``gpu``'s withdrawn runs, oldest first (what calibration leaves out)."""
+    stmt = _filtered(select(MeasuredRunRecord.id), gpu, None, None, withdrawn=True)
+    return list(session.scalars(stmt.order_by(MeasuredRunRecord.id)))
+
+
 def stored_gpus(*, session: Session) -> list[str]:
-    """The hardware profiles that have stored runs, by name."""
-    stmt = select(MeasuredRunRecord.gpu).distinct().order_by(MeasuredRunRecord.gpu)
-    return list(session.scalars(stmt))
+    """The hardware profiles that have runs in use, by name."""
+    stmt = _filtered(select(MeasuredRunRecord.gpu), None, None, None)
+    return list(session.scalars(stmt.distinct().order_by(MeasuredRunRecord.gpu)))
+
+
+class UnknownRunError(StagewrightError):
+    """No measured run has this id."""
+
+
+@dataclass(frozen=True)
+class WithdrawReport:
+    """A withdrawn run, and whether it already was (then its first withdrawal stands)."""
+
+    run: MeasuredRunRecord
+    already: bool
+
+
+# Ids are 32-bit on PostgreSQL (INTEGER): a larger one names no run, and asking the
+# database for it would be an error of the database instead of "no such run".
+_MAX_ID = 2**31 - 1
+
+
+def reason_problem(reason: str | None) -> str | None:
+    """What is wrong with a withdrawal's reason (the rule the REST query states), if
+    anything; None (no reason) is allowed."""
+    if reason is None:
+        return None
+    if len(reason) > MAX_REASON_CHARS:
+        return f"is {len(reason)} characters long; keep it to {MAX_REASON_CHARS}"
+    if not re.fullmatch(REASON_PATTERN, reason):
+        if "\x00" in reason:
+            return "holds a NUL character, which the store cannot keep"
+        return "is empty; say why the run is withdrawn, or leave the reason out"
+    return None
+
+
+def withdraw_run(*, session: Session, run_id: int, reason: str | None) -> WithdrawReport:
+    """Withdraw run ``run_id`` now, with ``reason`` (flushes; the caller commits).
+    Idempotent: a run already withdrawn keeps when and why it was first withdrawn (a
+    second reason does not rewrite the record) and the report says ``already``.
+    UnknownRunError when no run has this id; StagewrightError for a reason
+    :func:`reason_problem` refuses."""
+    problem = reason_problem(reason)
+    if problem is not None:
+        raise StagewrightError(f"the reason {problem}")
+    if 1 <= run_id <= _MAX_ID:
+        stmt = (
+            update(MeasuredRunRecord)
+            .where(MeasuredRunRecord.id == run_id, MeasuredRunRecord.withdrawn_at.is_(None))
+            .values(withdrawn_at=utcnow(), withdrawn_reason=reason)
+            .execution_options(synchronize_session="fetch")
+        )
+        # A conditional update: of two withdrawals at once, one withdraws and the other
+        # finds it withdrawn, with the first's time and reason.
+        changed = rowcount(session.execute(stmt)) == 1
+        row = session.get(MeasuredRunRecord, run_id, populate_existing=True)
+        if row is not None:
+            return WithdrawReport(row, already=not changed)
+    raise UnknownRunError(f"no measured run has id {run_id}")
 
 
 def store_calibration(
@@ -362,7 +478,8 @@ _RUN_CONFIG_FIELDS = {
 
 def load_bundled_runs(*, session: Session, folder: Path = BUNDLED_PROFILES) -> AddReport:
     """Store the bundled measurement sets (``profiles/measurements/*.json``) of the hardware
-    the store has (flushes; idempotent: identical runs are counted, not copied)."""
+    the store has (flushes; idempotent: identical runs are counted, not copied, and a
+    withdrawn one stays withdrawn)."""
     report = AddReport()
     known = set(session.scalars(select(Hardware.name)))
     for path in sorted((folder / "measurements").glob("*.json")):
@@ -372,5 +489,6 @@ def load_bundled_runs(*, session: Session, folder: Path = BUNDLED_PROFILES) -> A
             added = add_runs(session=session, runs=ours, origin="bundled", name=path.name)
             report.created += added.created
             report.unchanged += added.unchanged
+            report.kept_withdrawn += added.kept_withdrawn
             report.ids += added.ids
     return report

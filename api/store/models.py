@@ -261,7 +261,9 @@ class MeasuredRunRecord(Base):
     source of truth; the other columns repeat what lists filter and sort on. ``fingerprint``
     (SHA-256 of the canonical JSON) keeps one copy of identical runs. A run reported for a
     plan's candidate (``POST /v1/plans/{id}/measurements``) links to that measurement; the
-    run stays when the plan is deleted."""
+    run stays when the plan is deleted. A withdrawn run (``withdrawn_at`` set, with the
+    reason given) is kept but left out of lists and calibration: calibration records name
+    the runs they used, and a deleted bundled run would come back at the next start."""
 
     __tablename__ = "measured_runs"
     __table_args__ = (UniqueConstraint("fingerprint", name="uq_measured_runs_fingerprint"),)
@@ -293,6 +295,8 @@ class MeasuredRunRecord(Base):
         Integer, ForeignKey("measurements.id", ondelete="SET NULL"), index=True
     )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    withdrawn_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    withdrawn_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Calibration(Base):

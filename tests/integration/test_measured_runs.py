@@ -68,11 +68,12 @@ def test_post_and_list_measured_runs(client):
     created = client.post("/v1/measurements", json={"runs": [RUN, second]})
     assert created.status_code == 201, created.text
     ids = created.json()["ids"]
-    assert created.json() == {"created": 2, "unchanged": 0, "ids": ids}
+    assert created.json() == {"created": 2, "unchanged": 0, "restored": 0, "ids": ids}
     again = client.post("/v1/measurements", json={"runs": [second]})
     assert again.status_code == 200 and again.json() == {
         "created": 0,
         "unchanged": 1,
+        "restored": 0,
         "ids": ids[1:],
     }
 

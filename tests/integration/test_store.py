@@ -546,3 +546,80 @@ def test_upgrading_a_filled_database_loses_no_row(empty_database_url):
         assert dedup == "h"  # the done plan keeps answering its request
     finally:
         database.dispose()
+
+
+def test_runs_stored_before_withdrawing_existed_stay_in_use_and_survive_a_downgrade(
+    empty_database_url,
+):
+    """Revision 0007 adds when and why a run was withdrawn: every run stored before it is in
+    use; going back to 0006 keeps every run (and forgets only the withdrawals)."""
+    from alembic import command
+
+    from api.core.db import migration_connection
+    from api.store.measured_runs import list_runs, run_columns, withdraw_run
+
+    database = Database(empty_database_url)
+    try:
+        migrate(database, "0006")
+        with database.session() as session:
+            upsert_hardware(
+                session=session,
+                profile=JsonProfileStore.load().hardware("cpu"),
+                origin="bundled",
+                report=WriteReport(),
+            )
+            session.commit()
+        request = example("tiny-cpu")
+        run = MeasuredRun.model_validate(
+            {
+                **{k: request[k] for k in ("model", "cluster", "training")},
+                "config": {
+                    "t": 1,
+                    "p": 4,
+                    "d": 1,
+                    "micro_batch_size": 1,
+                    "recompute": "none",
+                    "schedule": "1f1b",
+                },
+                "measured": {"kind": "step", "step_time_s": 0.5},
+                "source": "stored at 0006",
+            }
+        )
+        # A row as that revision's schema has it (the models describe the newest).
+        values = {
+            **run_columns(run),
+            "fingerprint": fingerprint(run),
+            "origin": "cli",
+            "created_at": utcnow().replace(tzinfo=None),
+        }
+        values["run"] = json.dumps(values["run"])
+        values["peak_memory_gib"] = json.dumps(values["peak_memory_gib"])
+        runs = sa_table("measured_runs", *(sa_column(name) for name in values))
+        with database.engine.begin() as conn:
+            conn.execute(runs.insert().values(**values))
+
+        migrate(database, "head")
+        with database.session() as session:
+            (row,) = list_runs(session=session)
+            assert (row.withdrawn_at, row.withdrawn_reason) == (None, None)
+            assert row.fingerprint == fingerprint(run) and row.source == "stored at 0006"
+            withdraw_run(session=session, run_id=row.id, reason="before the downgrade")
+            session.commit()
+            assert list_runs(session=session) == []
+
+        with migration_connection(database) as conn, conn.begin():
+            config = alembic_config()
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0006")
+        columns = {c["name"] for c in inspect(database.engine).get_columns("measured_runs")}
+        assert "withdrawn_at" not in columns and "withdrawn_reason" not in columns
+        with database.engine.connect() as conn:
+            kept = conn.execute(select(runs.c.fingerprint, runs.c.source)).all()
+        assert [tuple(r) for r in kept] == [(fingerprint(run), "stored at 0006")]
+
+        migrate(database, "head")
+        with database.session() as session:
+            (row,) = list_runs(session=session)  # in use again: the withdrawal is forgotten
+            assert row.withdrawn_at is None
+    finally:
+        database.dispose()
