@@ -23,8 +23,9 @@ __all__ = ["store_layer_point", "store_measured_run", "stored_profiles"]
 
 
 def store_measured_run(database_url: str | None, run: MeasuredRun) -> str:
-    """Store a run the executor measured (kept once if identical); where it went. A run
-    the store cannot take (its hardware has no profile, say) raises, naming the field."""
+    """Store a run the executor measured (kept once if identical, and restored if that one
+    was withdrawn); where it went. A run the store cannot take (its hardware has no
+    profile, say) raises, naming the field."""
     from api.service import prepare_database
     from api.store.measured_runs import add_runs
 
@@ -40,7 +41,13 @@ def store_measured_run(database_url: str | None, run: MeasuredRun) -> str:
                 name="the measured run",
             )
             session.commit()
-        state = "stored" if report.created else "already stored"
+        state = (
+            "stored"
+            if report.created
+            else "restored: it was withdrawn"
+            if report.restored
+            else "already stored"
+        )
         return f"{describe_url(database.url)} (measured run {report.ids[0]}, {state})"
     finally:
         database.dispose()

@@ -272,3 +272,21 @@ def test_cli_withdraw_of_a_missing_run_is_one_line_naming_it(database_url, capsy
         assert code == 2 and out == "" and err.count("\n") == 1, err
         assert f"no measured run has id {missing} in " in err
         assert "`stagewright measurements list` shows the ids" in err
+
+
+def test_recording_a_withdrawn_run_again_says_restored(database_url, capsys):
+    """`stagewright run --record` / `profile --record` of a run identical to a withdrawn one
+    restores it, and said "already stored" as if nothing had changed."""
+    from api.store.profiles_io import store_measured_run
+    from planner.measurements import MeasuredRun
+
+    reset(database_url)
+    run = MeasuredRun.model_validate(RUN)
+    first = store_measured_run(database_url, run)
+    assert first.endswith(", stored)")
+    run_id = int(first.rpartition("(measured run ")[2].split(",")[0])
+    url = ["--database-url", database_url]
+    assert cli(capsys, "measurements", "withdraw", str(run_id), *url)[0] == 0
+    again = store_measured_run(database_url, run)
+    assert again.endswith(f"(measured run {run_id}, restored: it was withdrawn)")
+    assert store_measured_run(database_url, run).endswith(f"{run_id}, already stored)")
