@@ -5,8 +5,9 @@ The operator configures tokens, each with a name, scopes and a secret
 
 - ``read``: GET and HEAD. Reads are open to anyone unless some token lists ``read``;
   ``GET /healthz``, the readiness probe, is open always.
-- ``write``: POST (plans, measurements, profiles, simulate) and DELETE of the plans this
-  token created; a write token may also read.
+- ``write``: POST (plans, measurements, profiles, simulate), DELETE of the plans this
+  token created and of any measured run (a withdrawal, which adding the run again
+  undoes); a write token may also read.
 - ``admin``: everything, including DELETE of anyone's plan.
 
 With no token configured every request is allowed (a local, single-user service). The

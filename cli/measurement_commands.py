@@ -49,7 +49,11 @@ def add_measurement_commands(commands: Any) -> None:
     add.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
     add.set_defaults(handler=_add)
 
-    listing = actions.add_parser("list", help="list stored runs", description="List runs.")
+    listing = actions.add_parser(
+        "list",
+        help="list stored runs",
+        description="List the runs in use (with --withdrawn: the withdrawn ones), oldest first.",
+    )
     listing.add_argument("--gpu", default=None, help="only this hardware profile's runs")
     listing.add_argument("--model", default=None, help="only runs of this model name")
     listing.add_argument("--source", default=None, help="only runs whose source contains this")

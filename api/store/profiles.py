@@ -94,9 +94,11 @@ class WriteReport:
     updated: int = 0
     unchanged: int = 0
     revisions: dict[str, int] = field(default_factory=dict)
-    # Bundled measured runs (profiles/measurements/) stored, and found already stored.
+    # Bundled measured runs (profiles/measurements/) stored, and found already stored (of
+    # which withdrawn, and kept so: a withdrawn bundled run does not come back).
     runs_created: int = 0
     runs_unchanged: int = 0
+    runs_withdrawn: int = 0
     # Hardware whose revision this write already raised: one write is one revision.
     bumped: set[str] = field(default_factory=set)
 
@@ -506,6 +508,7 @@ def load_bundled_profiles(*, session: Session, folder: Path = BUNDLED_PROFILES) 
         )
     runs = load_bundled_runs(session=session, folder=folder)
     report.runs_created, report.runs_unchanged = runs.created, runs.unchanged
+    report.runs_withdrawn = runs.kept_withdrawn
     session.commit()
     return report
 

@@ -8,6 +8,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from api.core.db import Database
+from api.store.profiles import load_bundled_profiles
 from planner.profiles import BUNDLED_PROFILES
 from tests.integration.conftest import assert_problem, reset
 from tests.integration.test_measured_runs import BUNDLED_RUNS, FIT, RUN, cli, with_
@@ -133,6 +135,14 @@ def test_loading_the_bundled_runs_does_not_restore_a_withdrawn_one(database_url,
     code, out, err = cli(capsys, "profiles", "load", *url)
     assert code == 0, err
     assert f"measured runs: 0 added, {BUNDLED_RUNS} already stored" in out
+    database = Database(database_url)  # what `serve` loads at every start
+    try:
+        with database.session() as session:
+            report = load_bundled_profiles(session=session)
+    finally:
+        database.dispose()
+    assert (report.runs_created, report.runs_unchanged) == (0, BUNDLED_RUNS)
+    assert report.runs_withdrawn == 1
     code, out, _ = cli(capsys, "measurements", "list", "--withdrawn", "--json", *url)
     (still,) = json.loads(out)["runs"]
     assert still["id"] == bundled["id"] and still["withdrawn_reason"] == "a typo"
