@@ -582,7 +582,13 @@ def _profiles_load(args: argparse.Namespace) -> int:
     sys.stdout.write(
         f"profiles: {report.created} created, {report.updated} updated, "
         f"{report.unchanged} unchanged; measured runs: {report.runs_created} added, "
-        f"{report.runs_unchanged} already stored\n"
+        f"{report.runs_unchanged} already stored"
+        + (
+            f" ({report.runs_withdrawn} of them withdrawn, kept out)"
+            if report.runs_withdrawn
+            else ""
+        )
+        + "\n"
     )
     if own is not None:
         sys.stdout.write(

@@ -134,7 +134,10 @@ def test_loading_the_bundled_runs_does_not_restore_a_withdrawn_one(database_url,
     assert code == 0, err
     code, out, err = cli(capsys, "profiles", "load", *url)
     assert code == 0, err
-    assert f"measured runs: 0 added, {BUNDLED_RUNS} already stored" in out
+    assert (
+        f"measured runs: 0 added, {BUNDLED_RUNS} already stored (1 of them withdrawn, kept out)"
+        in out
+    )
     database = Database(database_url)  # what `serve` loads at every start
     try:
         with database.session() as session:
