@@ -21,8 +21,10 @@ al. 2022, Table 2):
   dropout: the kernel would draw it from the process's random state, which a pipelined run
   does not share with the reference).
 - tensor parallelism t: QKV and the first MLP linear column-parallel, the attention output and
-  second MLP linear row-parallel, the output layer and the loss vocabulary-parallel;
-  embeddings and layer norms replicated. Sequence parallelism: see
+  second MLP linear row-parallel, the word embedding, the output layer and the loss
+  vocabulary-parallel (each rank holds V / t rows; the embedding looks up the tokens of its
+  rows, zeroes the others and all-reduces, as Megatron-LM's VocabParallelEmbedding does);
+  the position table and layer norms replicated. Sequence parallelism: see
   :mod:`executor.tensor_parallel`.
 - dropout ``p``: after the embedding, on the attention probabilities, after each residual
   branch; masks from :mod:`executor.dropout`.
@@ -298,19 +300,34 @@ class Stage(_Parallel):
             Block(shape, full, i, tp, options, mode)
             for i, mode in zip(layers, recompute, strict=True)
         )
+        if (embed or head) and shape.vocab_size % tp.size:
+            raise ValueError(f"t = {tp.size} must divide the vocabulary {shape.vocab_size}")
+        local = shape.vocab_size // tp.size  # rows of the vocabulary on this rank
+        self.vocab_start = tp.rank * local
         if embed:
-            self.tok = nn.Parameter(full["embed.tok"].clone())
+            rows = full["embed.tok"][self.vocab_start : self.vocab_start + local]
+            self.tok = nn.Parameter(rows.clone())
             self.pos = nn.Parameter(full["embed.pos"].clone())
         if head:
-            if shape.vocab_size % tp.size:
-                raise ValueError(f"t = {tp.size} must divide the vocabulary {shape.vocab_size}")
             self.ln_f_w = nn.Parameter(full["head.ln.w"].clone())
             self.ln_f_b = nn.Parameter(full["head.ln.b"].clone())
-            local = shape.vocab_size // tp.size
             self.out_w = nn.Parameter(
-                full["head.out.w"][tp.rank * local : (tp.rank + 1) * local].clone()
+                full["head.out.w"][self.vocab_start : self.vocab_start + local].clone()
             )
         self.to(options.dtype)
+
+    def _words(self, tokens: Tensor) -> Tensor:
+        """The word embedding of ``tokens``: with t > 1 each rank looks up the tokens of its
+        rows, zeroes the rest and the ranks sum them (exact: one term is not zero), keeping
+        for the backward the shifted ids and which tokens fell outside (Megatron-LM's
+        VocabParallelEmbedding)."""
+        if self.tp.size == 1:
+            return F.embedding(tokens, self.tok)
+        rows = self.tok.shape[0]
+        outside = (tokens < self.vocab_start) | (tokens >= self.vocab_start + rows)
+        ids = (tokens - self.vocab_start).masked_fill(outside, 0)
+        words = F.embedding(ids, self.tok).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from(words, self.tp)
 
     def partial_gradient_names(self) -> list[str]:
         """Parameters applied to this rank's sequence shard only (sequence parallelism): their
@@ -327,7 +344,7 @@ class Stage(_Parallel):
     def forward(self, x: Tensor, key: DropoutKey, targets: Tensor | None = None) -> Tensor:
         if self.has_embedding:
             tokens = x.t()  # (sequence, batch)
-            x = F.embedding(tokens, self.tok) + self.pos[: tokens.shape[0]].unsqueeze(1)
+            x = self._words(tokens) + self.pos[: tokens.shape[0]].unsqueeze(1)
             if self.sp:
                 x = scatter_to(x, self.tp)
             x = self.hidden_dropout(x, key, _EMBEDDING_LAYER, Site.EMBEDDING)

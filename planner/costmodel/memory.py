@@ -229,14 +229,17 @@ def recompute_working_bytes(
 def embedding_activation_bytes(
     model: ModelSpec, training: TrainingSpec, micro_batch: int, t: int, cp: int = 1
 ) -> float:
-    """Embedding activations on the first stage: the token ids it looks up (int64, 8sb) and
-    the mask of the dropout after it (one byte per element, sbh; sbh/t with sequence
-    parallelism, which drops out only the rank's shard). Korthikanti et al.'s per-layer count
-    leaves them out; next to a fully recomputed layer (2sbh) they are not small. s / cp
-    tokens per rank with context parallelism."""
+    """Embedding activations on the first stage: the token ids it looks up (int64, 8sb); with
+    t > 1 which of them fall outside this rank's rows of the vocabulary (one byte each, sb:
+    Megatron-LM's VocabParallelEmbedding zeroes their rows in the backward too); and the mask
+    of the dropout after it (one byte per element, sbh; sbh/t with sequence parallelism,
+    which drops out only the rank's shard). Korthikanti et al.'s per-layer count leaves them
+    out; next to a fully recomputed layer (2sbh) they are not small. s / cp tokens per rank
+    with context parallelism."""
     sb = model.seq_length // cp * micro_batch
     shard = t if training.sequence_parallel and t > 1 else 1
-    return 8.0 * sb + sb * model.hidden_size / shard
+    ids = 8.0 * sb + (sb if t > 1 else 0.0)
+    return ids + sb * model.hidden_size / shard
 
 
 def output_activation_bytes(

@@ -536,6 +536,21 @@ def test_a_stage_of_only_the_embedding_keeps_only_the_embeddings_activations(rec
     assert list(estimate(ctx, split).memory) == list(estimate(ctx, uniform).memory)
 
 
+def test_a_tensor_parallel_embedding_keeps_which_tokens_fall_outside_its_rows():
+    """With t > 1 each rank looks up only the tokens of its vocabulary rows and zeroes the
+    rest (Megatron-LM's VocabParallelEmbedding, the executor's too): beside the ids (8 bytes)
+    it keeps one byte per token saying which fell outside, for the backward. With sequence
+    parallelism the dropout mask after it is the rank's 1/t share (sbh/t)."""
+    from planner.costmodel.memory import embedding_activation_bytes
+
+    request = gpt3_13b_request()
+    s, h = 2048, 5120
+    one = embedding_activation_bytes(request.model, request.training, 2, 1)
+    four = embedding_activation_bytes(request.model, request.training, 2, 4)
+    assert one == 8 * s * 2 + s * 2 * h
+    assert four == 8 * s * 2 + s * 2 + s * 2 * h / 4
+
+
 def test_device_memories_make_each_devices_record_from_its_columns():
     from planner.costmodel import DeviceMemories, DeviceMemory
 
