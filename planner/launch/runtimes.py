@@ -10,6 +10,11 @@ have a schedule at all (:attr:`planner.schedules.ScheduleFamily.runtimes`); beyo
 - torch.distributed.pipelining runs any schedule it has on the stage modules it is given.
 Context parallelism (cp > 1) only Megatron-LM runs, and only with flash attention: neither
 stagewright's executor nor torch.distributed.pipelining's stages split a sequence over ranks.
+Megatron-LM's flash attention (``--attention-backend flash``: Transformer Engine's
+FlashAttention) takes only bf16 or fp16 inputs and head dimensions up to 256 that are
+multiples of 8 (Transformer Engine's ``get_attention_backend`` filters; with the backend
+asked for by name there is no fallback), where the other runtimes' scaled dot-product
+attention takes any.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtim
                 "Megatron-LM runs context parallelism only with flash (or fused) attention; "
                 "set training.flash_attention"
             )
+        if problem is None and request.training.flash_attention:
+            problem = _megatron_flash_problem(request.model, request.training)
         if problem is not None:
             limits["megatron"] = problem
     if "stagewright" not in limits:
@@ -57,6 +64,24 @@ def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtim
         if problem is not None:
             limits["stagewright"] = problem
     return limits
+
+
+def _megatron_flash_problem(model: ModelSpec, training: TrainingSpec) -> str | None:
+    """Why Megatron-LM's flash attention cannot take this model's attention (see the module
+    docstring), or None."""
+    if training.precision == "fp32":
+        return (
+            "Megatron-LM's flash attention (Transformer Engine's FlashAttention) takes only "
+            "bf16 or fp16; train in bf16, or set training.flash_attention to false"
+        )
+    head = model.hidden_size // model.num_attention_heads
+    if head > 256 or head % 8:
+        return (
+            "Megatron-LM's flash attention (Transformer Engine's FlashAttention) takes head "
+            f"dimensions up to 256 that are multiples of 8; this model's is {head} "
+            "(hidden_size / num_attention_heads): set training.flash_attention to false"
+        )
+    return None
 
 
 def runtimes_of(limits: dict[Runtime, str]) -> list[Runtime]:

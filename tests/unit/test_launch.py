@@ -707,7 +707,9 @@ def test_a_context_parallel_candidate_gets_a_config_of_every_rank_that_the_execu
     config (it counted t x p x d ranks); the config now holds all 40, each tensor group with
     its context peers (t x cp consecutive ranks, Megatron-LM's order), and stagewright's
     executor refuses it saying what runs it instead."""
-    data = request(flash_attention=True, sequence_parallel=True).model_dump()
+    # bf16: Megatron-LM's flash attention, which context parallelism runs through, has no
+    # fp32 kernel.
+    data = request(flash_attention=True, sequence_parallel=True, precision="bf16").model_dump()
     data["model"].update(num_layers=10, seq_length=128)
     data["cluster"].update(num_nodes=5, gpus_per_node=8)
     data["training"]["global_batch_size"] = 8

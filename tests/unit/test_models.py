@@ -315,6 +315,37 @@ def test_context_parallel_requests_say_what_to_change():
         PlanRequest.model_validate(_request(context_parallel=[2, 2]))
 
 
+@pytest.mark.parametrize(
+    ("model", "training", "said"),
+    [
+        ({}, {"precision": "fp32"}, "takes only bf16 or fp16"),
+        # 4,092 wide over 6 heads: 682 a head, past flash attention's 256.
+        ({"hidden_size": 4092, "num_attention_heads": 6}, {}, "this model's is 682"),
+        # 1,020 over 10 heads: 102 a head, not a multiple of 8.
+        ({"hidden_size": 1020, "num_attention_heads": 10, "num_query_groups": 2}, {}, "is 102"),
+    ],
+)
+def test_megatron_runs_flash_attention_only_where_its_kernel_can(model, training, said):
+    """`--attention-backend flash` was emitted for fp32 and for heads of any width, which
+    Transformer Engine's FlashAttention refuses (bf16/fp16, head dimension <= 256 and a
+    multiple of 8): Megatron-LM is no runtime of those; the executor and torch still are."""
+    from planner.launch.runtimes import runtime_limits
+
+    data = _request()
+    data["model"] = {**data["model"], **model}  # type: ignore[dict-item]
+    data["training"] = {**data["training"], **training}  # type: ignore[dict-item]
+    request = PlanRequest.model_validate(data)
+    config = CandidateConfig(
+        t=1, p=2, d=8, micro_batch_size=1, num_microbatches=2, recompute="none",
+        schedule="1f1b", layers_per_stage=[4, 4],
+    )  # fmt: skip
+    limits = runtime_limits(request, config)
+    assert said in limits["megatron"] and "flash_attention to false" in limits["megatron"]
+    assert "torch" not in limits
+    fine = runtime_limits(PlanRequest.model_validate(_request()), config)  # bf16, 64 a head
+    assert "megatron" not in fine
+
+
 # ------------------------------------------------------------------ the search
 
 
