@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,8 @@ def _run(args: argparse.Namespace) -> int:
             "--record needs at least 2 steps (--steps 2): the first includes start-up, so a "
             "run of one step has no step time to record"
         )
+    if args.record:
+        _require_a_core_per_rank(args.config)
     outcome = run(
         args.config,
         nproc=args.nproc,
@@ -204,6 +207,29 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write("stagewright run: verification failed (see the mismatches above)\n")
         return 1
     return 0
+
+
+def _require_a_core_per_rank(config_path: Path) -> None:
+    """On CPU, refuse to record a run whose ranks outnumber the CPUs this process may use:
+    the ``cpu`` profile prices a device as one core (each rank runs one thread, and
+    ``stagewright profile`` times one thread), so the step time of ranks taking turns on
+    shared cores measures their contention, and calibrate would fit it as the device's
+    speed. On GPUs each rank has its own device."""
+    import torch
+
+    from executor.inputs import read_config
+
+    if torch.cuda.is_available():
+        return
+    ranks = read_config(config_path).world_size
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores is not None and ranks > cores:
+        raise StagewrightError(
+            f"--record on CPU needs a core per rank: this run's {ranks} ranks would share "
+            f"{cores} CPU(s), so its step time would measure their turns, which calibrate "
+            f"would fit as the cpu device's speed; record a plan for at most {cores} "
+            "device(s), or run without --record"
+        )
 
 
 def _record_run(args: argparse.Namespace, outcome: Any) -> str:

@@ -322,3 +322,20 @@ def test_a_rank_whose_verify_fails_exits_with_status_3(job, tmp_path, corrupting
     assert done.returncode != 0
     assert "verify: FAILED" in done.stdout
     assert re.search(r"exitcode\s*:\s*3\b", done.stderr), done.stderr[-2000:]
+
+
+def test_record_on_cpu_needs_a_core_per_rank(capsys, job, monkeypatch):
+    """A CPU run's ranks sharing fewer cores took turns, and its step time (contention, not
+    a device's speed) was recorded for calibrate to fit as the cpu profile's: refused before
+    torchrun starts, naming both counts."""
+    import executor.launcher
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(executor.launcher.subprocess, "run", must_not_start)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert main(["run", str(job), "--steps", "2", "--record"]) == 2
+    err = capsys.readouterr().err
+    assert "--record on CPU needs a core per rank: this run's 2 ranks would share 1 CPU(s)" in err
+    assert "at most 1 device(s)" in err
