@@ -51,6 +51,20 @@ def _title(candidate: Candidate, index: int) -> str:
     )
 
 
+# Before the script moves to its own folder: MEGATRON_LM may be relative to where it was
+# started, and a checkout without pretrain_gpt.py is said in one line rather than by a
+# traceback from every rank.
+_MEGATRON_CHECKOUT = """\
+: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (holding pretrain_gpt.py)}"
+if [ ! -f "$MEGATRON_LM/pretrain_gpt.py" ]; then
+  echo "$0: MEGATRON_LM=$MEGATRON_LM holds no pretrain_gpt.py;" \\
+    "set MEGATRON_LM to a Megatron-LM checkout" >&2
+  exit 2
+fi
+MEGATRON_LM="$(cd "$MEGATRON_LM" && pwd)"
+"""
+
+
 def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> list[LaunchFile]:
     folder = f"candidate-{index}"
     title = _title(candidate, index)
@@ -75,9 +89,8 @@ def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> 
         files.append(LaunchFile(f"{folder}/megatron-args.txt", "\n".join(megatron.args) + "\n"))
         env = "".join(f"export {k}={v}\n" for k, v in megatron.env.items())
         env += (
-            ': "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (holding '
-            'pretrain_gpt.py)}"\n'
-            "# Synthetic data and a null tokenizer unless DATA_ARGS says otherwise, e.g.\n"
+            "# Synthetic data and a null tokenizer unless DATA_ARGS says otherwise (its paths\n"
+            "# absolute, or relative to this folder: the script runs from here), e.g.\n"
             '# DATA_ARGS="--data-path PREFIX --tokenizer-type GPT2BPETokenizer --vocab-file '
             'VOCAB --merge-file MERGES"\n'
             'DATA_ARGS="${DATA_ARGS:---mock-data --tokenizer-type NullTokenizer}"\n'
@@ -91,7 +104,14 @@ def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> 
             files.append(
                 LaunchFile(
                     f"{folder}/megatron-node{node}.sh",
-                    launch_script(command, node=node, nodes=nodes, title=title, env=env),
+                    launch_script(
+                        command,
+                        node=node,
+                        nodes=nodes,
+                        title=title,
+                        env=env,
+                        prelude=_MEGATRON_CHECKOUT,
+                    ),
                     executable=True,
                 )
             )

@@ -27,8 +27,9 @@ What Megatron-LM can express (``pretrain_gpt.py``):
   padding (to a multiple of that times t) keeps the planned size; ``NullTokenizer`` with
   ``--mock-data`` (the launch script's defaults) runs without data files, to be replaced by
   the real tokenizer and ``--data-path``.
-Sequence parallelism needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` in the environment (the launch
-script sets it).
+Tensor or context parallelism needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` in the environment, with or
+without sequence parallelism: ``validate_args`` asserts it on every GPU before Blackwell (the
+launch script sets it).
 """
 
 from __future__ import annotations
@@ -151,6 +152,10 @@ def megatron_launch(
     env = {}
     if tr.sequence_parallel and config.t > 1:
         args.append("--sequence-parallel")
+    if config.t > 1 or config.cp > 1:
+        # One hardware queue keeps the tensor/context-parallel communication kernels in the
+        # order they were issued, which their overlap with compute relies on; Megatron-LM
+        # refuses to start without it before Blackwell (arguments.py, validate_args).
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     if tr.distributed_optimizer:
         args.append("--use-distributed-optimizer")

@@ -48,16 +48,20 @@ def torchrun_commands(request: PlanRequest, config: CandidateConfig) -> list[str
     return [f"{torchrun_prefix(request, config, node)} {target}" for node in range(nodes)]
 
 
-def launch_script(command: str, *, node: int, nodes: int, title: str, env: str = "") -> str:
+def launch_script(
+    command: str, *, node: int, nodes: int, title: str, env: str = "", prelude: str = ""
+) -> str:
     """A bash script that runs ``command`` (a torchrun line) from its own folder on node
     ``node`` of ``nodes``; extra arguments are passed on to the command. ``env`` holds
-    ``export`` lines the runtime needs."""
+    ``export`` lines the runtime needs; ``prelude`` runs before the script leaves the folder
+    it was started from (to read paths the operator gave relative to it)."""
     lines = [
         "#!/usr/bin/env bash",
         f"# {title}",
         f"# Node {node} of {nodes}: run this on node {node}"
         + (", with MASTER_ADDR set to node 0's address." if nodes > 1 else "."),
         "set -euo pipefail",
+        *([prelude.rstrip("\n")] if prelude else []),
         'cd "$(dirname "$0")"',
     ]
     if nodes > 1:

@@ -1,0 +1,120 @@
+"""The emitted launch scripts run as an operator runs them: from another folder, with only
+what the files say to set. Megatron-LM's script is run against a stand-in ``pretrain_gpt.py``
+that checks what Megatron-LM's ``validate_args`` checks of the environment; the several-node
+executor scripts are run as two "nodes" on this machine, with the operator's mistakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from cli.main import main
+from tests.executor.conftest import VENV_BIN
+
+MODEL = {
+    "name": "tiny-gpt",
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "seq_length": 32,
+    "vocab_size": 128,
+}
+
+
+def _emit(tmp_path: Path, cluster: dict[str, Any], search: dict[str, Any], **training: Any) -> Path:
+    request = {
+        "model": MODEL,
+        "cluster": {"gpu": "cpu", **cluster},
+        "training": {
+            "global_batch_size": 8,
+            "precision": "fp32",
+            "optimizer": "adam",
+            "distributed_optimizer": False,
+            "sequence_parallel": False,
+            **training,
+        },
+        "search": {"micro_batch_sizes": [1], "top_k": 100, **search},
+    }
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(request))
+    emitted = tmp_path / "launch"
+    assert main(["plan", str(path), "--emit", str(emitted)]) == 0
+    return emitted
+
+
+def _folder_of(emitted: Path, **wanted: int) -> Path:
+    for path in sorted(emitted.glob("candidate-*/candidate.json")):
+        config = json.loads(path.read_text())["config"]
+        if all(config[k] == v for k, v in wanted.items()):
+            return path.parent
+    raise AssertionError(f"no candidate with {wanted}")
+
+
+# What Megatron-LM's megatron/training/arguments.py (validate_args, at the commit
+# planner.launch.megatron checks against) asserts of the environment before training: on GPUs
+# before Blackwell, tensor or context parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1,
+# with or without sequence parallelism.
+_PRETRAIN_GPT = textwrap.dedent(
+    """
+    import json, os, sys
+
+    args = sys.argv[1:]
+    value = lambda flag, default: int(args[args.index(flag) + 1]) if flag in args else default
+    tp = value("--tensor-model-parallel-size", 1)
+    cp = value("--context-parallel-size", 1)
+    if (tp > 1 or cp > 1) and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
+        sys.exit("AssertionError: Using tensor model parallelism or context parallelism "
+                 "require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
+    with open(os.environ["STUB_OUT"] + "." + os.environ["RANK"], "w") as out:
+        json.dump({"args": args, "cwd": os.getcwd()}, out)
+    """
+)
+
+
+def test_the_megatron_script_runs_from_another_folder_with_tensor_parallelism(tmp_path):
+    """t = 2 without sequence parallelism (Megatron-LM still wants one CUDA connection), the
+    script started from the operator's folder with MEGATRON_LM relative to it."""
+    emitted = _emit(
+        tmp_path,
+        {"num_nodes": 1, "gpus_per_node": 2},
+        {"schedules": ["1f1b"], "recompute": ["none"]},
+    )
+    folder = _folder_of(emitted, t=2, p=1, d=1)
+    operator = tmp_path / "operator"
+    (operator / "megatron").mkdir(parents=True)
+    (operator / "megatron" / "pretrain_gpt.py").write_text(_PRETRAIN_GPT)
+    stub_out = tmp_path / "ran"
+    env = {"PATH": f"{VENV_BIN}{os.pathsep}{os.defpath}", "MEGATRON_LM": "megatron"}
+    done = subprocess.run(
+        ["bash", str(folder / "megatron-node0.sh")],
+        cwd=operator,
+        env={**env, "STUB_OUT": str(stub_out)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = (folder / "megatron-args.txt").read_text().split()
+    for rank in range(2):
+        ran = json.loads(Path(f"{stub_out}.{rank}").read_text())
+        assert ran["args"][: len(expected)] == expected
+        assert ran["args"][len(expected) :][:1] == ["--mock-data"]
+
+    # A MEGATRON_LM without pretrain_gpt.py: one line that says what to change.
+    missing = subprocess.run(
+        ["bash", str(folder / "megatron-node0.sh")],
+        cwd=operator,
+        env={**env, "MEGATRON_LM": "elsewhere"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode != 0
+    assert "MEGATRON_LM" in missing.stderr and "pretrain_gpt.py" in missing.stderr
+    assert missing.stderr.count("\n") == 1, missing.stderr
