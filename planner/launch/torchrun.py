@@ -2,8 +2,10 @@
 
 A line runs as printed, given the files it names (the executor config, in the folder
 ``stagewright plan --emit`` writes) and, on several nodes, ``MASTER_ADDR`` (the first node's
-address). One node needs no address at all: ``--standalone`` lets torchrun pick a free port on
-the machine, so two jobs on one machine do not collide.
+address) and optionally ``MASTER_PORT`` (default 29500; a cluster's job environment often sets
+it, and another job may hold 29500 on node 0). One node needs no address at all:
+``--standalone`` lets torchrun pick a free port on the machine, so two jobs on one machine do
+not collide.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ __all__ = [
 ]
 
 EXECUTOR_CONFIG_FILE = "executor-config.json"
-MASTER_PORT = 29500  # torchrun's default rendezvous port
+MASTER_PORT = 29500  # torchrun's default rendezvous port, unless MASTER_PORT says another
 
 
 def node_layout(request: PlanRequest, config: CandidateConfig) -> tuple[int, int]:
@@ -37,7 +39,7 @@ def torchrun_prefix(request: PlanRequest, config: CandidateConfig, node: int) ->
         return f"torchrun --standalone --nproc-per-node={per_node}"
     return (
         f"torchrun --nnodes={nodes} --node-rank={node} --nproc-per-node={per_node} "
-        f"--master-addr=$MASTER_ADDR --master-port={MASTER_PORT}"
+        f"--master-addr=$MASTER_ADDR --master-port=${{MASTER_PORT:-{MASTER_PORT}}}"
     )
 
 
@@ -85,5 +87,13 @@ def launch_script(
     ]
     if env:
         lines.append(env.rstrip("\n"))
+    if nodes > 1:
+        # torchrun says nothing while it waits for the other nodes, and gives up only after
+        # its rendezvous timeout (900 s): say what it waits for, and where.
+        lines.append(
+            f'echo "$0: node {node} of {nodes}: waiting until all {nodes} nodes have started '
+            f"their script, meeting at $MASTER_ADDR:${{MASTER_PORT:-{MASTER_PORT}}} (torchrun "
+            'gives up after 15 minutes)" >&2'
+        )
     lines.append(f'{command} "$@"')
     return "\n".join(lines) + "\n"

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from cli.main import main
 from tests.executor.conftest import VENV_BIN
@@ -118,3 +121,84 @@ def test_the_megatron_script_runs_from_another_folder_with_tensor_parallelism(tm
     assert missing.returncode != 0
     assert "MEGATRON_LM" in missing.stderr and "pretrain_gpt.py" in missing.stderr
     assert missing.stderr.count("\n") == 1, missing.stderr
+
+
+# ------------------------------------------------------------- two nodes on this machine
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_node(
+    folder: Path, node: int, cwd: Path, *args: str, **env: str
+) -> subprocess.Popen[str]:
+    """``bash run-node<node>.sh ARGS`` as an operator starts it on that node: from its own
+    working folder, with MASTER_ADDR (and whatever else ``env`` says) set."""
+    environment = {
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.defpath}",
+        "MASTER_ADDR": "127.0.0.1",
+        **env,
+    }
+    return subprocess.Popen(
+        ["bash", str(folder / f"run-node{node}.sh"), *args],
+        cwd=cwd,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(process: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str, str]:
+    """The node's exit status and output; a node still running after ``timeout`` seconds
+    has hung, which is a failure (its processes are stopped first)."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        raise
+    return process.returncode, out, err
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    """End a node's script and torchrun under it (torchrun stops its ranks on SIGTERM)."""
+    for child in subprocess.run(
+        ["pgrep", "-P", str(process.pid)], capture_output=True, text=True, check=False
+    ).stdout.split():
+        os.kill(int(child), 15)
+    process.terminate()
+    process.communicate(timeout=60)
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Path:
+    """A tiny plan for 2 nodes x 2 CPU "GPUs": the folder of its (t, p, d) = (1, 2, 2) 1F1B
+    candidate."""
+    emitted = _emit(
+        tmp_path,
+        {"num_nodes": 2, "gpus_per_node": 2},
+        {"schedules": ["1f1b"], "recompute": ["none"]},
+    )
+    return _folder_of(emitted, t=1, p=2, d=2)
+
+
+def test_two_nodes_meet_on_the_port_master_port_names(two_nodes, tmp_path):
+    """The port torchrun's rendezvous uses on node 0 is taken (another job there): both
+    nodes given MASTER_PORT, as a cluster's job environment gives it, run and verify."""
+    with socket.socket() as other_job:
+        other_job.bind(("", 29500))
+        other_job.listen()
+        port = str(_free_port())
+        nodes = [
+            _start_node(two_nodes, n, tmp_path, "--steps", "2", "--verify", MASTER_PORT=port)
+            for n in range(2)
+        ]
+        done = [_finish(node) for node in nodes]
+    for node, (status, _, err) in enumerate(done):
+        assert status == 0, err[-3000:]
+        # Said before torchrun's silent wait for the other node: which node, and where.
+        assert f"node {node} of 2: waiting until all 2 nodes" in err
+        assert f"meeting at 127.0.0.1:{port} " in err
+    assert "verify: passed" in done[0][1]
+    assert (two_nodes / "stagewright-run" / "run-report.json").is_file()
