@@ -20,9 +20,10 @@ import argparse
 import gc
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,7 @@ __all__ = ["DEFAULT_OUT", "main"]
 
 DEFAULT_OUT = Path("stagewright-run")
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_MISMATCH = 2, 1, 3
+_BAD_INPUT_GRACE_S = 2.0
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -109,30 +111,57 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     try:
         configs = _check_inputs(args, world)
     except BadInput as exc:
-        if rank == 0:
+        # Once per node: on several nodes each has its own copy of the folder and its own
+        # log, and a problem only node 1's copy has would otherwise go unsaid.
+        if local_rank == 0:
             sys.stderr.write(f"executor.worker: error: {exc}\n")
+        else:
+            # torchrun stops a node's other ranks as soon as one of them ends: give the one
+            # that says why the moment it needs to say it.
+            time.sleep(_BAD_INPUT_GRACE_S)
         return EXIT_BAD_INPUT
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+        torch.cuda.set_device(local_rank)
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    except Exception as exc:  # noqa: BLE001 - one clear line for the operator, then stop
+        # torchrun started every node's ranks, but some never joined: they stopped before
+        # (bad input on their node, said in that node's output) or were not started.
+        _stopped(
+            rank,
+            f"not every rank joined within --timeout {args.timeout:g}s ({_first_line(exc)}); "
+            f"a rank stopped before joining: see every node's output",
+        )
     passed = True
     for config, out in configs:
         try:
             passed &= _run(config, rank, args, out)
         except Exception as exc:  # noqa: BLE001 - one clear line for the operator, then stop
-            text = str(exc).splitlines()[0][:300] if str(exc) else ""
-            sys.stderr.write(
-                f"rank {rank}: stopped: {type(exc).__name__}: {text} (a peer died, hung past "
-                f"--timeout {args.timeout:g}s, or the step failed)\n"
+            _stopped(
+                rank,
+                f"{_first_line(exc)} (a peer died, hung past --timeout {args.timeout:g}s, or "
+                "the step failed)",
             )
-            sys.stderr.flush()
-            os._exit(EXIT_FAILED)  # do not wait for peers that may be gone
     _leave_together(rank, world, args.timeout)
     return 0 if passed else EXIT_MISMATCH
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
+
+
+def _stopped(rank: int, why: str) -> NoReturn:
+    """Say why this rank stops, in one line, and end it with EXIT_FAILED without waiting for
+    peers that may be gone."""
+    sys.stderr.write(f"rank {rank}: stopped: {why}\n")
+    sys.stderr.flush()
+    os._exit(EXIT_FAILED)
 
 
 def _leave_together(rank: int, world: int, timeout_s: float) -> None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +204,28 @@ def test_two_nodes_meet_on_the_port_master_port_names(two_nodes, tmp_path):
         assert f"meeting at 127.0.0.1:{port} " in err
     assert "verify: passed" in done[0][1]
     assert (two_nodes / "stagewright-run" / "run-report.json").is_file()
+
+
+def test_a_node_whose_copy_of_the_config_is_broken_says_so_and_node_0_stops(two_nodes, tmp_path):
+    """Node 1 has its own copy of the folder, with the config cut short: node 1 says what is
+    wrong with it (not only node 0's rank 0 may print), and node 0's ranks, which never see
+    node 1's ranks join, stop within --timeout with one line each, not a traceback."""
+    node1 = tmp_path / "node1-disk"
+    shutil.copytree(two_nodes, node1)
+    config = node1 / "executor-config.json"
+    config.write_text(config.read_text()[:100])
+    port = str(_free_port())
+    started = time.monotonic()
+    nodes = [
+        _start_node(folder, n, tmp_path, "--timeout", "10", MASTER_PORT=port)
+        for n, folder in enumerate([two_nodes, node1])
+    ]
+    (status0, _, err0), (status1, _, err1) = (_finish(node, timeout=120) for node in nodes)
+    assert status1 != 0 and status0 != 0
+    assert "executor.worker: error: executor-config.json is not a valid executor config" in err1
+    stopped = [line for line in err0.splitlines() if line.startswith("rank ")]
+    assert sorted(line.split(":")[0] for line in stopped) == ["rank 0", "rank 1"], err0[-3000:]
+    for line in stopped:
+        assert "not every rank joined within --timeout 10s" in line, line
+    assert "executor/worker.py" not in err0  # no traceback of a rank
+    assert time.monotonic() - started < 90
