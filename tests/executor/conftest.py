@@ -4,10 +4,14 @@ that the product code carries no hooks for it."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,6 +44,16 @@ def torchrun(
     return subprocess.run(
         command, capture_output=True, text=True, env=environment, timeout=timeout, check=False
     )
+
+
+@contextmanager
+def one_multinode_job_at_a_time() -> Iterator[None]:
+    """Lines for several nodes use torchrun's default rendezvous port (29500) unless
+    MASTER_PORT names another: on one machine, two such jobs (two test runs at once) would
+    meet on it."""
+    with open(Path(tempfile.gettempdir()) / "stagewright-multinode-test.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def report(folder: Path) -> RunReport:

@@ -8,11 +8,9 @@ planner's prediction (within 5%)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 from cli.main import main
 from executor.reference import reference_run
 from planner.launch import ExecutorConfig
-from tests.executor.conftest import VENV_BIN, report
+from tests.executor.conftest import VENV_BIN, one_multinode_job_at_a_time, report
 
 MODEL = {
     "name": "tiny-gpt",
@@ -80,15 +78,6 @@ def _request(
             **({} if chunks is None else {"num_chunks": [chunks]}),
         },
     }
-
-
-@contextmanager
-def _one_multinode_job_at_a_time() -> Iterator[None]:
-    """Lines for several nodes use torchrun's fixed rendezvous port: on one machine, two
-    such jobs (two test runs at once) would meet on it."""
-    with open(Path(tempfile.gettempdir()) / "stagewright-multinode-test.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _run_nodes(folder: Path, commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
@@ -151,7 +140,7 @@ def test_the_emitted_torchrun_line_runs_and_trains_like_one_process(
         commands = [f"bash run-node{node}.sh --verify" for node in range(nodes)]
     else:
         commands = lines
-    with _one_multinode_job_at_a_time() if nodes > 1 else _nothing():
+    with one_multinode_job_at_a_time() if nodes > 1 else _nothing():
         done = _run_nodes(folder, commands)
     for result in done:
         assert result.returncode == 0, result.stderr[-3000:]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cli.main import main
-from tests.executor.conftest import VENV_BIN
+from tests.executor.conftest import VENV_BIN, one_multinode_job_at_a_time
 
 MODEL = {
     "name": "tiny-gpt",
@@ -188,7 +188,8 @@ def two_nodes(tmp_path: Path) -> Path:
 def test_two_nodes_meet_on_the_port_master_port_names(two_nodes, tmp_path):
     """The port torchrun's rendezvous uses on node 0 is taken (another job there): both
     nodes given MASTER_PORT, as a cluster's job environment gives it, run and verify."""
-    with socket.socket() as other_job:
+    # The lock: the emitted-line tests' several-node runs use 29500 (they set no MASTER_PORT).
+    with one_multinode_job_at_a_time(), socket.socket() as other_job:
         other_job.bind(("", 29500))
         other_job.listen()
         port = str(_free_port())
