@@ -4,13 +4,15 @@ Every rank writes its stages' fp32 master weights and optimizer state (keys carr
 coordinates, so no two ranks write the same key). A checkpoint is written into
 ``step_N.incomplete`` and renamed to ``step_N`` by rank 0 only after every rank has finished
 writing: a job that dies while saving leaves no folder that looks complete, and the next start
-removes the leftovers. The folder must be shared by all nodes (as DCP requires).
+removes the leftovers. The folder must be shared by all nodes (as DCP requires):
+:func:`ranks_not_sharing` finds the ranks that do not see it before anything is written.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 import torch
@@ -20,7 +22,13 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from executor.interpreter import RankRunner
 
-__all__ = ["latest_step", "load_checkpoint", "remove_incomplete", "save_checkpoint"]
+__all__ = [
+    "latest_step",
+    "load_checkpoint",
+    "ranks_not_sharing",
+    "remove_incomplete",
+    "save_checkpoint",
+]
 
 _STEP = re.compile(r"^step_(\d+)$")
 _INCOMPLETE = ".incomplete"
@@ -45,6 +53,24 @@ def save_checkpoint(runner: RankRunner, folder: Path, step: int) -> None:
     if dist.get_rank() == 0:
         staging.rename(folder / f"step_{step}")
     dist.barrier()
+
+
+def ranks_not_sharing(folder: Path) -> list[int]:
+    """Collective: the ranks that do not see a file rank 0 writes into ``folder``. On several
+    nodes each with its own disk (or its own copy of the candidate's folder, which a relative
+    folder is taken from), a rank's shards would land where rank 0, which marks a checkpoint
+    complete, never looks, and a restart's nodes would disagree on the step to resume."""
+    token = [uuid.uuid4().hex if dist.get_rank() == 0 else ""]
+    dist.broadcast_object_list(token, src=0)
+    probe = folder / f".stagewright-shared-{token[0]}"
+    if dist.get_rank() == 0:
+        probe.write_text("")
+    dist.barrier()
+    seen: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, probe.exists())
+    if dist.get_rank() == 0:  # every rank has looked: all_gather_object returned
+        probe.unlink()
+    return [rank for rank, found in enumerate(seen) if not found]
 
 
 def remove_incomplete(folder: Path) -> None:

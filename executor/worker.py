@@ -115,14 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configs = _check_inputs(args, world)
     except BadInput as exc:
-        # Once per node: on several nodes each has its own copy of the folder and its own
-        # log, and a problem only node 1's copy has would otherwise go unsaid.
-        if local_rank == 0:
-            sys.stderr.write(f"executor.worker: error: {exc}\n")
-        else:
-            # torchrun stops a node's other ranks as soon as one of them ends: give the one
-            # that says why the moment it needs to say it.
-            time.sleep(_BAD_INPUT_GRACE_S)
+        _say_bad_input(local_rank, exc)
         return EXIT_BAD_INPUT
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -141,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     for config, out in configs:
         try:
             passed &= _run(config, rank, args, out)
+        except BadInput as exc:  # found once the ranks could compare what they see
+            _say_bad_input(local_rank, exc)
+            os._exit(EXIT_BAD_INPUT)
         except Exception as exc:  # noqa: BLE001 - one clear line for the operator, then stop
             _stopped(
                 rank,
@@ -149,6 +145,18 @@ def main(argv: list[str] | None = None) -> int:
             )
     _leave_together(rank, world, args.timeout)
     return 0 if passed else EXIT_MISMATCH
+
+
+def _say_bad_input(local_rank: int, exc: BadInput) -> None:
+    """Say it once per node: on several nodes each has its own copy of the folder and its
+    own log, and a problem only node 1's copy has would otherwise go unsaid."""
+    if local_rank == 0:
+        sys.stderr.write(f"executor.worker: error: {exc}\n")
+        sys.stderr.flush()
+    else:
+        # torchrun stops a node's other ranks as soon as one of them ends: give the one that
+        # says why the moment it needs to say it.
+        time.sleep(_BAD_INPUT_GRACE_S)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -246,10 +254,19 @@ def _run(config: ExecutorConfig, rank: int, args: argparse.Namespace, out: Path)
         from executor.checkpoint import (
             latest_step,
             load_checkpoint,
+            ranks_not_sharing,
             remove_incomplete,
             save_checkpoint,
         )
 
+        missing = ranks_not_sharing(folder)
+        if missing:
+            raise BadInput(
+                f"--checkpoint-dir {folder} is not one folder every node shares: ranks "
+                f"{', '.join(map(str, missing))} do not see what rank 0 writes there; name a "
+                "folder on a file system every node mounts (a relative one is taken from each "
+                "node's copy of the candidate's folder)"
+            )
         if rank == 0:
             remove_incomplete(folder)
         dist.barrier()

@@ -230,3 +230,24 @@ def test_a_node_whose_copy_of_the_config_is_broken_says_so_and_node_0_stops(two_
         assert "not every rank joined within --timeout 10s" in line, line
     assert "executor/worker.py" not in err0  # no traceback of a rank
     assert time.monotonic() - started < 90
+
+
+def test_a_checkpoint_folder_the_nodes_do_not_share_is_refused_before_training(two_nodes, tmp_path):
+    """Each node with its own copy of the folder and a relative --checkpoint-dir: node 1's
+    ranks would write their shards on node 1's disk, which rank 0 never sees when it marks a
+    checkpoint complete (a job that "succeeds" with checkpoints missing half the weights,
+    and a resume where the nodes disagree on the step). Refused before the first step."""
+    node1 = tmp_path / "node1-disk"
+    shutil.copytree(two_nodes, node1)
+    port = str(_free_port())
+    args = ("--steps", "2", "--checkpoint-dir", "ckpt", "--checkpoint-every", "1")
+    nodes = [
+        _start_node(folder, n, tmp_path, *args, "--timeout", "20", MASTER_PORT=port)
+        for n, folder in enumerate([two_nodes, node1])
+    ]
+    (status0, _, err0), (status1, _, err1) = (_finish(node, timeout=120) for node in nodes)
+    assert (status0, status1) != (0, 0), "a run whose checkpoints miss node 1's shards"
+    assert "is not one folder every node shares: ranks 2, 3 do not see" in err0, err0[-3000:]
+    assert "is not one folder every node shares" in err1, err1[-3000:]
+    assert not list((two_nodes / "ckpt").glob("step_*"))
+    assert not list((node1 / "ckpt").glob("step_*"))
