@@ -250,6 +250,8 @@ class JobRunner:
                     error=error,
                 )
         except Exception as exc:
+            if not is_unavailable(exc):
+                raise  # a bug: its traceback, even if its message mentions a disk
             # Leave it 'running' without heartbeats: the lease expires and it runs again.
             fix = storage_trouble(exc)
             if fix is not None:  # a full disk is the operator's to mend, not a bug's traceback
@@ -263,8 +265,6 @@ class JobRunner:
                     self._settings.job_lease_s,
                 )
                 return None
-            if not is_unavailable(exc):
-                raise
             log.warning("job %s: database unavailable, the job will run again: %s", job_id, exc)
             return None
         finally:

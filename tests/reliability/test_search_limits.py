@@ -184,3 +184,21 @@ def test_a_result_the_full_disk_cannot_hold_is_said_and_the_job_runs_again(
     assert wait_until(
         lambda: client.get(f"/v1/plans/{plan_id}").json()["status"] == "done", timeout_s=60
     )
+
+
+def test_a_bug_that_mentions_space_is_not_taken_for_a_full_disk(make_client, monkeypatch, caplog):
+    """The full-disk line is for the database's failures alone: a bug of ours whose message
+    happened to hold "space" or "disk" (a namespace, a key) was logged as "could not store
+    its result; check the free space" and swallowed, its traceback lost."""
+    from api.store import crud
+
+    def finish_job(**kwargs):  # type: ignore[no-untyped-def]
+        raise KeyError("the summary has no 'namespace'")
+
+    monkeypatch.setattr(crud, "finish_job", finish_job)
+    client = make_client(planner_threads=1, job_lease_s=60.0)
+    caplog.set_level("ERROR", logger="stagewright.jobs")
+    client.post("/v1/plans", params={"wait_s": 0}, json=example("tiny-cpu"))
+    assert wait_until(lambda: "unexpected error" in caplog.text, timeout_s=30)
+    assert "could not store its result" not in caplog.text
+    assert "Traceback" in caplog.text and "namespace" in caplog.text
