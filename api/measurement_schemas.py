@@ -10,9 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.measurements import MeasuredRun
 
 __all__ = [
-    "MAX_REASON_CHARS",
     "MAX_RUNS_PER_REQUEST",
-    "REASON_PATTERN",
     "MeasuredRunList",
     "MeasuredRunPublic",
     "MeasuredRunsIn",
@@ -20,9 +18,6 @@ __all__ = [
 ]
 
 MAX_RUNS_PER_REQUEST = 1000
-# A withdrawal's reason: some text (not only spaces), no NUL (PostgreSQL text holds none).
-MAX_REASON_CHARS = 500
-REASON_PATTERN = r"^[^\x00]*[^\s\x00][^\x00]*$"
 
 
 class _ApiModel(BaseModel):

@@ -15,8 +15,6 @@ from starlette.responses import Response
 
 from api.deps import WRITE, JsonBodyRoute, StateDep, strict_body
 from api.measurement_schemas import (
-    MAX_REASON_CHARS,
-    REASON_PATTERN,
     MeasuredRunList,
     MeasuredRunPublic,
     MeasuredRunsIn,
@@ -26,6 +24,7 @@ from api.routes._docs import problems_of
 from api.schemas import HARDWARE_NAME_PATTERN, NO_NUL_PATTERN
 from api.services import measured_runs
 from api.state import offload
+from api.store.measured_runs import MAX_REASON_CHARS, REASON_PATTERN
 
 __all__ = ["router"]
 

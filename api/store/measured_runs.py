@@ -27,7 +27,6 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.measurement_schemas import MAX_REASON_CHARS, REASON_PATTERN
 from api.store.crud import rowcount
 from api.store.models import Calibration, Hardware, MeasuredRunRecord, Measurement, utcnow
 from api.store.profiles import WriteReport, hardware_profile, upsert_hardware
@@ -49,6 +48,8 @@ from planner.profiles import (
 )
 
 __all__ = [
+    "MAX_REASON_CHARS",
+    "REASON_PATTERN",
     "AddReport",
     "RunOrigin",
     "UnknownRunError",
@@ -315,6 +316,11 @@ class WithdrawReport:
     run: MeasuredRunRecord
     already: bool
 
+
+# A withdrawal's reason: some text (not only spaces), no NUL (PostgreSQL text holds none).
+# The rule of every caller: DELETE /v1/measurements/{id} states it as its query's limits.
+MAX_REASON_CHARS = 500
+REASON_PATTERN = r"^[^\x00]*[^\s\x00][^\x00]*$"
 
 # Ids are 32-bit on PostgreSQL (INTEGER): a larger one names no run, and asking the
 # database for it would be an error of the database instead of "no such run".
