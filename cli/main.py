@@ -377,11 +377,14 @@ def _check_memory(args: argparse.Namespace, given: dict[str, float]) -> None:
     needed = actions * _BYTES_PER_ACTION
     available = _available_memory()
     if available is not None and needed > available:
+        schedule = (
+            f"{args.schedule} on {counted(args.devices, 'device')} with "
+            f"{counted(args.microbatches, 'micro-batch')}"
+        )
         raise StagewrightError(
-            f"{args.schedule} on {args.devices} devices with {args.microbatches} micro-batches "
-            f"is about {actions:,} actions: simulating it needs about {needed / 2**30:.1f} GiB, "
-            f"more than the {available / 2**30:.1f} GiB this machine has available; lower "
-            "--microbatches or --devices"
+            f"{schedule} is about {actions:,} actions: simulating it needs about "
+            f"{needed / 2**30:.1f} GiB, more than the {available / 2**30:.1f} GiB this machine "
+            "has available; lower --microbatches or --devices"
         )
 
 

@@ -269,6 +269,16 @@ def test_a_schedule_larger_than_the_memory_is_refused_before_it_is_built(capsys,
     assert run(capsys, *args, "--microbatches", "1000")[0] == 0
 
 
+def test_the_memory_refusal_counts_one_device_in_the_singular(capsys, monkeypatch):
+    """simulate's headers say '1 device'; its memory refusal said '1f1b on 1 devices'."""
+    import cli.main
+
+    monkeypatch.setattr(cli.main, "_available_memory", lambda: 2**30)
+    args = ["simulate", "--schedule", "1f1b", "--devices", "1", "--f", "1", "--b", "2"]
+    code, _, err = run(capsys, *args, "--microbatches", "10000000")
+    assert code == 2 and "1f1b on 1 device with 10000000 micro-batches is about" in err
+
+
 def test_unparseable_time_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as info:
         main(
