@@ -576,6 +576,8 @@ def _profiles_load(args: argparse.Namespace) -> int:
         from api.service import load_profiles
 
     for folder in args.folders:  # checked before the store is touched
+        if not folder.is_dir():
+            raise StagewrightError(f"there is no folder {folder}; name a profile folder")
         if not (folder / "hardware.json").is_file() and not (folder / "layers").is_dir():
             raise StagewrightError(
                 f"{folder} holds neither a hardware.json nor a layers/ folder: name a profile "

@@ -566,9 +566,13 @@ def test_profiles_load_of_a_folder_it_cannot_use_stores_nothing_of_it(tmp_path, 
     (broken / "hardware.json").write_text('{"hardware": [')
     code, _, err = run(capsys, "profiles", "load", str(broken), "--database-url", url)
     assert code == 2 and str(broken / "hardware.json") in err and err.count("\n") == 1
-    # A folder that is not a profile folder is named before the store is touched.
+    # A folder that is not a profile folder is named before the store is touched; a
+    # mistyped one is said not to be there (it read as a folder that holds nothing).
     code, _, err = run(capsys, "profiles", "load", str(tmp_path / "nowhere"), "--database-url", url)
-    assert code == 2 and "neither a hardware.json nor a layers/ folder" in err
+    assert code == 2 and f"there is no folder {tmp_path / 'nowhere'};" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "profiles", "load", str(tmp_path / "empty"), "--database-url", url)
+    assert code == 2 and "empty holds neither a hardware.json nor a layers/ folder" in err
     database = Database(url)
     try:
         with database.session() as session:
