@@ -144,11 +144,16 @@ def _compare_or_update(
         table.add_row(o.name, f"[{style}]{o.status}[/]", rates, change, peak, configs, o.message)
     Console().print(table)  # the terminal's width (COLUMNS when not a terminal), as plan
     unrecorded = sum(o.status == "new" for o in outcomes)
+    # Nothing fits and nothing was recorded: no regression, and --update cannot record one.
+    never_fit = sum(o.status == "infeasible" and o.baseline_samples_per_s is None for o in outcomes)
+    regressed = len(failed) - unrecorded - never_fit
     parts = []
-    if len(failed) > unrecorded:
-        parts.append(f"{len(failed) - unrecorded} of {len(outcomes)} scenarios regressed")
+    if regressed:
+        parts.append(f"{regressed} of {len(outcomes)} scenarios regressed")
     if unrecorded:
         parts.append(f"{unrecorded} of {len(outcomes)} without a recorded answer (--update)")
+    if never_fit:
+        parts.append(f"{never_fit} of {len(outcomes)} fit nothing and have no recorded answer")
     verdict = "; ".join(parts) or f"all {len(outcomes)} scenarios within tolerance"
     sys.stdout.write(verdict + "\n")
     return 1 if failed else 0

@@ -93,6 +93,10 @@ def test_an_update_that_records_no_answer_says_so(capsys, tmp_path):
     assert code == 0 and "updated" in out
     assert "nothing fits in 'tiny', so no answer is recorded" in err
     assert "expected" not in json.loads(path.read_text())["scenarios"][0]
+    # The check after it fails, saying what it is: nothing regressed, nothing was recorded.
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 1 and "regressed" not in out
+    assert "1 of 1 fit nothing and have no recorded answer" in out
 
 
 def test_a_changed_best_configuration_fails_unless_allowed(capsys, tmp_path):
