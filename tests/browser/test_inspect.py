@@ -325,7 +325,9 @@ def test_context_parallel_candidates_show_their_cp(server, page):
     each candidate's configuration, as the CLI does; a plan without cp has no cp column."""
     request = {
         **TINY,
-        "training": {**TINY["training"], "flash_attention": True},
+        # bf16: context parallelism runs only on Megatron-LM, whose flash attention has no
+        # fp32 kernel.
+        "training": {**TINY["training"], "flash_attention": True, "precision": "bf16"},
         "search": {"micro_batch_sizes": [1], "top_k": 20, "context_parallel": [2]},
     }
     plan = make_plan(server, request)
