@@ -24,7 +24,6 @@ from api.routes._docs import problems_of
 from api.schemas import HARDWARE_NAME_PATTERN, NO_NUL_PATTERN
 from api.services import measured_runs
 from api.state import offload
-from api.store.measured_runs import MAX_REASON_CHARS, REASON_PATTERN
 
 __all__ = ["router"]
 
@@ -121,8 +120,8 @@ async def withdraw_measurement(
         str | None,
         Query(
             min_length=1,
-            max_length=MAX_REASON_CHARS,
-            pattern=REASON_PATTERN,
+            max_length=measured_runs.MAX_REASON_CHARS,
+            pattern=measured_runs.REASON_PATTERN,
             description="Why it is withdrawn (kept with it), e.g. 'the step time was in ms'.",
         ),
     ] = None,

@@ -13,7 +13,13 @@ from api.measurement_schemas import (
     MeasuredRunsWriteResult,
 )
 from api.services import read_retried
+
+# MAX_REASON_CHARS and REASON_PATTERN: the rule of a withdrawal's reason, which the store
+# enforces, for the route to state in its query parameter (routes reach the store only
+# through this layer).
 from api.store.measured_runs import (
+    MAX_REASON_CHARS,
+    REASON_PATTERN,
     UnknownRunError,
     add_runs,
     count_runs,
@@ -27,6 +33,8 @@ if TYPE_CHECKING:
     from api.state import AppState
 
 __all__ = [
+    "MAX_REASON_CHARS",
+    "REASON_PATTERN",
     "add_measured_runs",
     "measured_run_public",
     "read_measured_runs",
