@@ -82,10 +82,10 @@ def context_degrees(request: PlanRequest, t: int) -> list[int]:
     if not request.training.flash_attention:
         return [1]
     seq = request.model.seq_length
+    # Whether sequence parallelism can split each rank's s / cp tokens over t is checked
+    # where these are used (:func:`_splits`), for a requested list and this one alike.
     return [
-        cp
-        for cp in _divisors(request.cluster.gpus_per_node // t)
-        if cp == 1 or (seq % (2 * cp) == 0 and _sequence_split_problem(request, t, cp) is None)
+        cp for cp in _divisors(request.cluster.gpus_per_node // t) if cp == 1 or seq % (2 * cp) == 0
     ]
 
 
