@@ -121,7 +121,7 @@ def add_runs(
     now = utcnow()
     for parsed in runs:
         key = fingerprint(parsed.run)
-        found = _stored_id(session, key)
+        found = _stored(session, key)
         if found is None:
             record = MeasuredRunRecord(
                 **run_columns(parsed.run), fingerprint=key, origin=origin, created_at=now
@@ -130,19 +130,20 @@ def add_runs(
                 with session.begin_nested():  # a savepoint: a lost race undoes this row only
                     session.add(record)
             except IntegrityError:
-                found = _stored_id(session, key)  # stored by a concurrent writer meanwhile
+                found = _stored(session, key)  # stored by a concurrent writer meanwhile
                 if found is None:  # the only unique constraint is the fingerprint
                     raise
             else:
                 report.created += 1
                 report.ids.append(record.id)
                 continue
-        report.ids.append(found)
-        if origin != "bundled" and _restore(session, found):
+        run_id, withdrawn = found
+        report.ids.append(run_id)
+        if withdrawn and origin != "bundled" and _restore(session, run_id):
             report.restored += 1
             continue
         report.unchanged += 1
-        if origin == "bundled" and _is_withdrawn(session, found):
+        if withdrawn and origin == "bundled":
             report.kept_withdrawn += 1
     return report
 
@@ -157,11 +158,6 @@ def _restore(session: Session, run_id: int) -> bool:
         .execution_options(synchronize_session="fetch")
     )
     return rowcount(session.execute(stmt)) == 1
-
-
-def _is_withdrawn(session: Session, run_id: int) -> bool:
-    stmt = select(MeasuredRunRecord.withdrawn_at).where(MeasuredRunRecord.id == run_id)
-    return session.scalar(stmt) is not None
 
 
 _LISTED_RUNS = 5  # runs of one unknown GPU named in its problem; the rest are counted
@@ -204,8 +200,14 @@ def _folder_with(gpu: str) -> Path | None:
     return None
 
 
-def _stored_id(session: Session, key: str) -> int | None:
-    return session.scalar(select(MeasuredRunRecord.id).where(MeasuredRunRecord.fingerprint == key))
+def _stored(session: Session, key: str) -> tuple[int, bool] | None:
+    """The id of the stored run with this fingerprint and whether it is withdrawn, in the one
+    query that finds it (the loader asks it of every bundled run at every start)."""
+    stmt = select(MeasuredRunRecord.id, MeasuredRunRecord.withdrawn_at).where(
+        MeasuredRunRecord.fingerprint == key
+    )
+    row = session.execute(stmt).first()
+    return None if row is None else (row[0], row[1] is not None)
 
 
 def run_columns(run: MeasuredRun) -> dict[str, Any]:

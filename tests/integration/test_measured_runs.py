@@ -463,7 +463,7 @@ def test_a_run_stored_concurrently_is_counted_not_duplicated(database_url, monke
                 session=session, runs=[ParsedRun("row 1", first)], origin="api", name="a"
             )
             session.commit()
-        real = measured_runs._stored_id
+        real = measured_runs._stored
         missed: list[str] = []
 
         def look_up_too_early(session, key):  # the other writer had not committed yet
@@ -472,7 +472,7 @@ def test_a_run_stored_concurrently_is_counted_not_duplicated(database_url, monke
                 return None
             return real(session, key)
 
-        monkeypatch.setattr(measured_runs, "_stored_id", look_up_too_early)
+        monkeypatch.setattr(measured_runs, "_stored", look_up_too_early)
         with database.session() as session:
             report = measured_runs.add_runs(
                 session=session,

@@ -381,14 +381,7 @@ def test_migrating_copies_plan_measurements_into_measured_runs(empty_database_ur
         migrate(database, str(before))
         request = PlanRequest.model_validate(example("tiny-cpu"))
         result = plan(request)
-        with database.session() as session:
-            upsert_hardware(
-                session=session,
-                profile=JsonProfileStore.load().hardware("cpu"),
-                origin="bundled",
-                report=WriteReport(),
-            )
-            session.commit()
+        _store_cpu_hardware(database)
         # Rows as that revision's schema has them (the models describe the newest).
         plans = sa_table(
             "plans",
@@ -561,14 +554,7 @@ def test_runs_stored_before_withdrawing_existed_stay_in_use_and_survive_a_downgr
     database = Database(empty_database_url)
     try:
         migrate(database, "0006")
-        with database.session() as session:
-            upsert_hardware(
-                session=session,
-                profile=JsonProfileStore.load().hardware("cpu"),
-                origin="bundled",
-                report=WriteReport(),
-            )
-            session.commit()
+        _store_cpu_hardware(database)
         request = example("tiny-cpu")
         run = MeasuredRun.model_validate(
             {
@@ -623,3 +609,16 @@ def test_runs_stored_before_withdrawing_existed_stay_in_use_and_survive_a_downgr
             assert row.withdrawn_at is None
     finally:
         database.dispose()
+
+
+def _store_cpu_hardware(database: Database) -> None:
+    """The bundled cpu profile in a store migrated to an older revision, which the bundled
+    loader (written for the newest schema) cannot fill."""
+    with database.session() as session:
+        upsert_hardware(
+            session=session,
+            profile=JsonProfileStore.load().hardware("cpu"),
+            origin="bundled",
+            report=WriteReport(),
+        )
+        session.commit()
