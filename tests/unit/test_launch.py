@@ -402,17 +402,16 @@ def test_every_emitted_megatron_flag_exists_in_megatron():
     seen: set[str] = set()
     for result in map(plan, MEGATRON_PLANS):
         for candidate in result.candidates:
-            if candidate.launch.megatron_args is None:
-                continue
-            seen |= set(flags_of(candidate.launch.megatron_args))
-            for item in launch_files(result):
-                if item.path.endswith("megatron-node0.sh"):  # the Megatron arguments it adds
-                    lines = [
-                        x.rpartition("pretrain_gpt.py")[2]
-                        for x in item.content.splitlines()
-                        if "_ARGS" in x
-                    ]
-                    seen |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", "\n".join(lines)))
+            if candidate.launch.megatron_args is not None:
+                seen |= set(flags_of(candidate.launch.megatron_args))
+        for item in launch_files(result):
+            if item.path.endswith("megatron-node0.sh"):  # the Megatron arguments it adds
+                lines = [
+                    x.rpartition("pretrain_gpt.py")[2]
+                    for x in item.content.splitlines()
+                    if "_ARGS" in x
+                ]
+                seen |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", "\n".join(lines)))
     assert seen <= MEGATRON_FLAGS_USED, seen - MEGATRON_FLAGS_USED
     assert {"--attention-backend", "--vocab-size", "--sequence-parallel"} <= seen
 
