@@ -65,7 +65,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=DEFAULT_OUT,
         help=f"folder for run-report.json (default ./{DEFAULT_OUT}; the emitted "
-        "run-node scripts run from the candidate's folder)",
+        "run-node scripts run from the candidate's folder); with several configs, a "
+        "subfolder per config, named after its file (and its folder, where file names repeat)",
     )
     parser.add_argument(
         "--verify",
@@ -76,7 +77,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds before a silent peer counts as dead"
     )
-    parser.add_argument("--checkpoint-dir", type=Path, default=None)
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="folder every node shares for checkpoints, resumed from when it holds one; "
+        "with several configs, a subfolder per config, named as under --out",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: never)")
     parser.add_argument("--lr", type=float, default=None, help="override the learning rate")
     parser.add_argument(
@@ -85,9 +92,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _check_inputs(args: argparse.Namespace, world: int) -> list[tuple[ExecutorConfig, Path]]:
-    """Each config with the folder its report goes to (a subfolder per config when there
-    are several)."""
+def run_names(paths: list[Path]) -> list[str]:
+    """A distinct folder name per config of a run of several: its file name without the
+    suffix, unless two share one (every emitted candidate's config is
+    ``executor-config.json``), then its folder's name before it, and its position in the
+    command line where even that repeats. Reports and checkpoints of different configs must
+    never share a folder: the later would overwrite (or resume from) the earlier."""
+    names = [path.stem for path in paths]
+    if len(set(names)) < len(names):
+        names = [f"{path.resolve().parent.name}-{path.stem}" for path in paths]
+    if len(set(names)) < len(names):
+        names = [f"{index}-{name}" for index, name in enumerate(names, start=1)]
+    return names
+
+
+def _check_inputs(
+    args: argparse.Namespace, world: int
+) -> list[tuple[ExecutorConfig, Path, Path | None]]:
+    """Each config with the folders its report and its checkpoints go to
+    (:func:`run_folders`)."""
     if args.steps < 1:
         raise BadInput("--steps must be at least 1")
     if args.checkpoint_every < 0:
@@ -100,11 +123,26 @@ def _check_inputs(args: argparse.Namespace, world: int) -> list[tuple[ExecutorCo
                 f"{config.parallel.d} = {config.world_size} ranks, but torchrun started {world}; "
                 f"start {config.world_size} (--nproc-per-node x --nnodes)"
             )
-    several = len(configs) > 1
-    runs = [(config, args.out / path.stem if several else args.out) for path, config in configs]
-    for folder in [out for _, out in runs] + ([args.checkpoint_dir] if args.checkpoint_dir else []):
-        check_writable(folder)
-    return runs
+    folders = run_folders([path for path, _ in configs], args.out, args.checkpoint_dir)
+    for out, checkpoints in folders:
+        for folder in (out, checkpoints):
+            if folder is not None:
+                check_writable(folder)
+    return [(config, *where) for (_, config), where in zip(configs, folders, strict=True)]
+
+
+def run_folders(
+    paths: list[Path], out: Path, checkpoint_dir: Path | None
+) -> list[tuple[Path, Path | None]]:
+    """The report folder and the checkpoint folder (None: no checkpoints) of each config:
+    ``out`` and ``checkpoint_dir`` themselves for one config, a subfolder of each named by
+    :func:`run_names` for several."""
+    if len(paths) == 1:
+        return [(out, checkpoint_dir)]
+    return [
+        (out / name, None if checkpoint_dir is None else checkpoint_dir / name)
+        for name in run_names(paths)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             f"a rank stopped before joining: see every node's output",
         )
     passed = True
-    for config, out in configs:
+    for config, out, checkpoints in configs:
         try:
-            passed &= _run(config, rank, args, out)
+            passed &= _run(config, rank, args, out, checkpoints)
         except BadInput as exc:  # found once the ranks could compare what they see
             _say_bad_input(local_rank, exc)
             os._exit(EXIT_BAD_INPUT)
@@ -241,13 +279,19 @@ def _segments(config: ExecutorConfig, start: int, steps: int, every: int) -> lis
     return [min(size, remaining - i) for i in range(0, remaining, size)]
 
 
-def _run(config: ExecutorConfig, rank: int, args: argparse.Namespace, out: Path) -> bool:
+def _run(
+    config: ExecutorConfig,
+    rank: int,
+    args: argparse.Namespace,
+    out: Path,
+    checkpoints: Path | None,
+) -> bool:
     comm = Comm(config, rank, args.timeout)
     runner = RankRunner(config, comm, keep_grads=gradients_checked(config) if args.verify else 0)
     if config.ir.count(ActionKind.EVICT):
         runner.measure_stage_bytes()
     start = 0
-    folder: Path | None = args.checkpoint_dir
+    folder = checkpoints
     if folder is not None:
         # Imported only when asked: torch.distributed.checkpoint takes 0.6 s to import, in
         # every rank.
