@@ -145,7 +145,8 @@ def run(
         command += ["--checkpoint-every", str(checkpoint_every)]
     environment = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
     # A bounded wait (at most a week): a job whose ranks all hang is stopped by the worker
-    # timeouts first.
+    # timeouts first. Past it, subprocess.run kills torchrun with SIGKILL, and its ranks end
+    # with it (executor.lifeline).
     limit = min(120 + timeout_s * 3 + steps * 60, 7 * 24 * 3600)
     try:
         done = subprocess.run(

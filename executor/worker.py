@@ -11,7 +11,9 @@ if asked, runs the steps, optionally verifies against the single-process referen
 A peer that dies or hangs surfaces here as an error or a timeout: the rank prints one line
 (``rank N: stopped: ...``) and exits with status 1, so torchrun stops the job; no report is
 written, and a checkpoint being written stays marked incomplete. Exit status 3 means the run
-finished but ``--verify`` found a mismatch (the report names rank, stage and tensor).
+finished but ``--verify`` found a mismatch (the report names rank, stage and tensor). A rank
+also ends when the torchrun agent that started it ends, killed or not
+(:mod:`executor.lifeline`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
+
+from executor.lifeline import end_with_parent
+
+if __name__ == "__main__":
+    # First, before torch's import (seconds): from here on this rank ends when the torchrun
+    # agent that started it does, also when the agent is killed with SIGKILL.
+    end_with_parent()
 
 import torch
 import torch.distributed as dist

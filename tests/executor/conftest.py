@@ -81,11 +81,58 @@ _SITECUSTOMIZE = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def corrupting_env(tmp_path: Path) -> dict[str, str]:
-    """Environment that puts the fault injection on the ranks' PYTHONPATH."""
+# A rank process imports this at start-up (it is on PYTHONPATH): with STAGEWRIGHT_TEST_BLOCK
+# naming a folder, every rank, once it has joined the process group and would start its
+# steps, ignores SIGTERM (as a rank does whose Python handler waits for the C++ collective it
+# is in to return), writes its pid to rank<RANK>.pid there and blocks for good.
+_BLOCKING_SITECUSTOMIZE = textwrap.dedent(
+    """
+    import os
+
+    _folder = os.environ.get("STAGEWRIGHT_TEST_BLOCK")
+    if _folder and "RANK" in os.environ:
+        import signal
+        import time
+
+        import executor.interpreter as _interpreter
+
+        def _block(self, *args, **kwargs):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            path = os.path.join(_folder, f"rank{os.environ['RANK']}.pid")
+            with open(path + ".part", "w") as out:
+                out.write(str(os.getpid()))
+            os.replace(path + ".part", path)
+            while True:
+                time.sleep(3600)
+
+        _interpreter.RankRunner.run = _block
+    """
+)
+
+
+def _injecting_env(tmp_path: Path, sitecustomize: str) -> dict[str, str]:
+    """Environment that puts ``sitecustomize`` on the ranks' PYTHONPATH."""
     folder = tmp_path / "inject"
     folder.mkdir()
-    (folder / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    (folder / "sitecustomize.py").write_text(sitecustomize)
     path = os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return {"PYTHONPATH": path}
+
+
+@pytest.fixture
+def corrupting_env(tmp_path: Path) -> dict[str, str]:
+    """Environment that makes the rank named by STAGEWRIGHT_TEST_CORRUPT corrupt its
+    gradients."""
+    return _injecting_env(tmp_path, _SITECUSTOMIZE)
+
+
+@pytest.fixture
+def blocking_env(tmp_path: Path) -> dict[str, str]:
+    """Environment that makes every rank block before its first step, having written its
+    pid to ``rank<RANK>.pid`` in the folder that ``STAGEWRIGHT_TEST_BLOCK`` names."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    return {
+        **_injecting_env(tmp_path, _BLOCKING_SITECUSTOMIZE),
+        "STAGEWRIGHT_TEST_BLOCK": str(pids),
+    }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from executor.checkpoint import latest_step, remove_incomplete
-from executor.launcher import ExecutorError, run
+from executor.launcher import ExecutorError, run, torchrun_command
 from executor.reporting import REPORT_FILE
 from tests.executor.configs import make_config, write
 from tests.executor.conftest import report, torchrun
@@ -143,6 +144,46 @@ def test_a_rank_that_hangs_makes_the_others_stop_within_the_timeout(tmp_path):
     assert "error" in outcome, "the job did not stop"
     assert time.perf_counter() - stopped < 60
     assert "rank 0: stopped" in str(outcome["error"])
+
+
+def _is_rank(pid: int) -> bool:
+    """Whether ``pid`` is a running executor rank (a zombie's command line is empty: it holds
+    no port, memory or device any more)."""
+    try:
+        return b"executor.worker" in (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not PROC.is_dir(), reason="finds the ranks through /proc (Linux)")
+def test_the_ranks_end_when_torchrun_is_killed(tmp_path, blocking_env):
+    """torchrun killed with SIGKILL cannot stop its ranks (each runs in a session of its own):
+    they end by themselves within seconds, also when they ignore SIGTERM and block."""
+    config = write(tmp_path, "job", make_config("1f1b", 1, 2, 1, 4))
+    pids = Path(blocking_env["STAGEWRIGHT_TEST_BLOCK"])
+    command = torchrun_command(2, "-m", "executor.worker", str(config), "--out", str(tmp_path))
+    log = tmp_path / "torchrun.log"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **blocking_env}
+    with log.open("w") as out:
+        agent = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    ranks: list[int] = []
+    try:
+        _wait_for(lambda: len(list(pids.glob("*.pid"))) == 2 or agent.poll() is not None)
+        assert agent.poll() is None, log.read_text()[-3000:]
+        ranks = [int(path.read_text()) for path in pids.glob("*.pid")]
+        assert all(map(_is_rank, ranks))
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=10)
+        killed = time.monotonic()
+        while any(map(_is_rank, ranks)) and time.monotonic() - killed < 5:
+            time.sleep(0.05)
+        assert not any(map(_is_rank, ranks)), "ranks outlived the torchrun that started them"
+    finally:
+        for pid in filter(_is_rank, ranks):
+            os.kill(pid, signal.SIGKILL)
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
 
 
 def test_a_checkpoint_left_half_written_is_not_resumed_from(tmp_path):
