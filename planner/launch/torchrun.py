@@ -3,7 +3,8 @@
 A line runs as printed, given the files it names (the executor config, in the folder
 ``stagewright plan --emit`` writes) and, on several nodes, ``MASTER_ADDR`` (the first node's
 address) and optionally ``MASTER_PORT`` (default 29500; a cluster's job environment often sets
-it, and another job may hold 29500 on node 0). One node needs no address at all:
+it, and another job may hold 29500 on node 0) and ``RDZV_TIMEOUT`` (how many seconds a node
+waits for the others, default torchrun's 900). One node needs no address at all:
 ``--standalone`` lets torchrun pick a free port on the machine, so two jobs on one machine do
 not collide.
 """
@@ -15,6 +16,7 @@ from planner.specs import CandidateConfig, PlanRequest
 __all__ = [
     "EXECUTOR_CONFIG_FILE",
     "MASTER_PORT",
+    "RDZV_TIMEOUT",
     "launch_script",
     "node_layout",
     "torchrun_commands",
@@ -23,6 +25,13 @@ __all__ = [
 
 EXECUTOR_CONFIG_FILE = "executor-config.json"
 MASTER_PORT = 29500  # torchrun's default rendezvous port, unless MASTER_PORT says another
+# Seconds a node waits for the others, unless RDZV_TIMEOUT says otherwise: torchrun's own
+# default (LaunchConfig in torch.distributed.launcher.api). The lines below, given
+# --master-addr and --master-port but no --rdzv-backend, rendezvous through torchrun's
+# "static" backend, a TCPStore on node 0 whose only setting besides the node's rank is
+# --rdzv-conf timeout=SECONDS (static_tcp_rendezvous.create_rdzv_handler): node 0 waits that
+# long for the others to connect, the others that long to reach it.
+RDZV_TIMEOUT = 900
 
 
 def node_layout(request: PlanRequest, config: CandidateConfig) -> tuple[int, int]:
@@ -39,7 +48,8 @@ def torchrun_prefix(request: PlanRequest, config: CandidateConfig, node: int) ->
         return f"torchrun --standalone --nproc-per-node={per_node}"
     return (
         f"torchrun --nnodes={nodes} --node-rank={node} --nproc-per-node={per_node} "
-        f"--master-addr=$MASTER_ADDR --master-port=${{MASTER_PORT:-{MASTER_PORT}}}"
+        f"--master-addr=$MASTER_ADDR --master-port=${{MASTER_PORT:-{MASTER_PORT}}} "
+        f"--rdzv-conf=timeout=${{RDZV_TIMEOUT:-{RDZV_TIMEOUT}}}"
     )
 
 
@@ -68,6 +78,7 @@ def launch_script(
     ]
     if nodes > 1:
         lines.append(': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"')
+        lines.append(_CHECK_RDZV_TIMEOUT)
     # Without this bash says only "torchrun: command not found" (exit 127), which does not
     # say that the environment holding torch (and stagewright) is not the one on PATH.
     lines += [
@@ -88,12 +99,52 @@ def launch_script(
     if env:
         lines.append(env.rstrip("\n"))
     if nodes > 1:
-        # torchrun says nothing while it waits for the other nodes, and gives up only after
-        # its rendezvous timeout (900 s): say what it waits for, and where.
-        lines.append(
-            f'echo "$0: node {node} of {nodes}: waiting until all {nodes} nodes have started '
-            f"their script, meeting at $MASTER_ADDR:${{MASTER_PORT:-{MASTER_PORT}}} (torchrun "
-            'gives up after 15 minutes)" >&2'
-        )
-    lines.append(f'{command} "$@"')
+        lines.append(_meeting(command, node, nodes))
+    else:
+        lines.append(f'{command} "$@"')
     return "\n".join(lines) + "\n"
+
+
+# torchrun reads the value with int(); whole seconds, and at most 7 digits (115 days) so that
+# a slip of the keyboard is not taken for a wait of centuries.
+_CHECK_RDZV_TIMEOUT = f"""\
+RDZV_TIMEOUT="${{RDZV_TIMEOUT:-{RDZV_TIMEOUT}}}"
+if ! [[ "$RDZV_TIMEOUT" =~ ^[1-9][0-9]{{0,6}}$ ]]; then
+  echo "$0: RDZV_TIMEOUT=$RDZV_TIMEOUT is not a number of seconds; set RDZV_TIMEOUT to how" \\
+    "long this node waits for the others, in whole seconds from 1 to 9999999" \\
+    "(e.g. RDZV_TIMEOUT=1800), or unset it for torchrun's {RDZV_TIMEOUT}" >&2
+  exit 2
+fi"""
+
+
+def _meeting(command: str, node: int, nodes: int) -> str:
+    """Say what the node waits for and how long, then run ``command``; when torchrun ends
+    because the nodes did not all meet in time, say that in the script's words."""
+    where = f"$MASTER_ADDR:${{MASTER_PORT:-{MASTER_PORT}}}"
+    # torchrun says nothing while it waits for the other nodes, and a wait that runs out ends
+    # in a traceback whose last line says it in torch's words: "Timed out after N seconds
+    # waiting for clients. 1/2 clients joined." on node 0, "The client socket has timed out
+    # after Nms while trying to connect to (ADDR, PORT)." on the others. Its stderr passes
+    # through the function line by line, and the script's own line follows when one of those
+    # was in it. The function ignores Ctrl-C and SIGTERM so that it passes on what torchrun
+    # prints while it stops its ranks; it ends when torchrun and its ranks have.
+    return f"""\
+echo "$0: node {node} of {nodes}: waiting until all {nodes} nodes have started their script, \
+meeting at {where} (torchrun gives up after $RDZV_TIMEOUT s; RDZV_TIMEOUT=SECONDS sets that)" >&2
+say_if_the_nodes_did_not_meet() {{
+  trap '' INT TERM
+  local line timed_out=""
+  while IFS= read -r line || [ -n "$line" ]; do
+    printf '%s\\n' "$line" >&2
+    case "$line" in
+      *"waiting for clients"*|*"client socket has timed out"*) timed_out=1 ;;
+    esac
+  done
+  if [ -n "$timed_out" ]; then
+    echo "$0: node {node} of {nodes}: the {nodes} nodes did not all meet at {where} within" \\
+      "RDZV_TIMEOUT=$RDZV_TIMEOUT s; start every node's script within that time, each" \\
+      "with MASTER_ADDR set to node 0's address (reachable from every node) and the same" \\
+      "MASTER_PORT, or set RDZV_TIMEOUT to wait longer" >&2
+  fi
+}}
+{{ {command} "$@" 2>&1 >&3 3>&- | say_if_the_nodes_did_not_meet; }} 3>&1"""

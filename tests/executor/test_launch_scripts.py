@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -205,6 +206,45 @@ def test_two_nodes_meet_on_the_port_master_port_names(two_nodes, tmp_path):
         assert f"meeting at 127.0.0.1:{port} " in err
     assert "verify: passed" in done[0][1]
     assert (two_nodes / "stagewright-run" / "run-report.json").is_file()
+
+
+def test_a_node_whose_peers_never_start_gives_up_after_rdzv_timeout(two_nodes, tmp_path):
+    """Node 0 started alone, and (on another port) node 1 alone: with RDZV_TIMEOUT=3 each
+    torchrun gives up after 3 s of waiting (torch says how long it waited), not after
+    torchrun's 15 minutes, and the script's last line says what to do."""
+    timeout = 3
+    ports = [str(_free_port()) for _ in range(2)]
+    with one_multinode_job_at_a_time():
+        started = time.monotonic()
+        alone = [
+            _start_node(two_nodes, n, tmp_path, MASTER_PORT=ports[n], RDZV_TIMEOUT=str(timeout))
+            for n in range(2)
+        ]
+        done = [_finish(node, timeout=120) for node in alone]
+        elapsed = time.monotonic() - started
+    # torch's words for the wait that ran out, on node 0 (seconds) and node 1 (milliseconds).
+    waited = [
+        (r"Timed out after (\d+) seconds waiting for clients\. 1/2 clients joined\.", 1),
+        (r"The client socket has timed out after (\d+)ms while trying to connect", 1000),
+    ]
+    for node, ((status, out, err), (pattern, per_second)) in enumerate(
+        zip(done, waited, strict=True)
+    ):
+        assert status != 0 and out == "", err[-3000:]
+        assert f"node {node} of 2: waiting until all 2 nodes" in err
+        assert f"(torchrun gives up after {timeout} s;" in err
+        found = re.search(pattern, err)
+        assert found, err[-3000:]
+        assert timeout <= int(found[1]) / per_second <= timeout + 2
+        assert err.splitlines()[-1].endswith(
+            f"run-node{node}.sh: node {node} of 2: the 2 nodes did not all meet at "
+            f"127.0.0.1:{ports[node]} within RDZV_TIMEOUT={timeout} s; start every node's "
+            "script within that time, each with MASTER_ADDR set to node 0's address (reachable "
+            "from every node) and the same MASTER_PORT, or set RDZV_TIMEOUT to wait longer"
+        )
+    # Each waits its 3 s once torch is imported (seconds on a busy 2-core machine), node 1
+    # also one retry's delay: far from the default's 900 s.
+    assert elapsed < 60
 
 
 def test_a_node_whose_copy_of_the_config_is_broken_says_so_and_node_0_stops(two_nodes, tmp_path):

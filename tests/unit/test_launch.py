@@ -308,8 +308,8 @@ def test_several_nodes_get_one_line_each_with_the_master_address(num_nodes, per_
     for candidate in result.candidates:
         assert candidate.launch.torchrun == [
             f"torchrun --nnodes={num_nodes} --node-rank={node} --nproc-per-node={per_node} "
-            "--master-addr=$MASTER_ADDR --master-port=${MASTER_PORT:-29500} -m executor.worker "
-            "executor-config.json"
+            "--master-addr=$MASTER_ADDR --master-port=${MASTER_PORT:-29500} "
+            "--rdzv-conf=timeout=${RDZV_TIMEOUT:-900} -m executor.worker executor-config.json"
             for node in range(num_nodes)
         ]
 
