@@ -241,7 +241,9 @@ def reference() -> str:
         "`megatron-args.txt` with `megatron-node<i>.sh` (Megatron-LM's `pretrain_gpt.py`) and",
         "`torch-pipelining.csv` (torch.distributed.pipelining). The service gives the same",
         "files as `GET /v1/plans/{id}/launch.tar.gz`, and the dashboard links them from every",
-        "candidate's page.",
+        "candidate's page. On several nodes each node's script needs `MASTER_ADDR` (node 0's",
+        "address) and takes `MASTER_PORT` (default 29500) and `RDZV_TIMEOUT`, the seconds a",
+        "node waits for the others to start before it gives up (default 900).",
         "",
     ]
     return "\n".join(out)
