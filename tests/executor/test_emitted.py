@@ -151,7 +151,8 @@ def _printed_lines(nodes: int) -> list[str]:
         return [f"torchrun --standalone --nproc-per-node=4 {target}"]
     return [
         f"torchrun --nnodes={nodes} --node-rank={node} --nproc-per-node={4 // nodes} "
-        f"--master-addr=$MASTER_ADDR --master-port=${{MASTER_PORT:-29500}} {target}"
+        f"--master-addr=$MASTER_ADDR --master-port=${{MASTER_PORT:-29500}} "
+        f"--rdzv-conf=timeout=${{RDZV_TIMEOUT:-900}} {target}"
         for node in range(nodes)
     ]
 
