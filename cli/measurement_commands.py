@@ -1,4 +1,4 @@
-"""``stagewright measurements add|list|withdraw`` and ``stagewright calibrate``: measured
+"""``stagewright measurements add|list|show|withdraw`` and ``stagewright calibrate``: measured
 runs in the store (the local SQLite file by default, or ``--database-url``) and fitting a hardware
 profile to them. The database is migrated and the bundled profiles loaded first, as
 ``stagewright profiles load`` does. All of them use the SQL store: the ``service`` extra."""
@@ -20,6 +20,8 @@ from planner.errors import StagewrightError
 
 if TYPE_CHECKING:  # the CLI loads SQLAlchemy only for the commands that use the store
     from sqlalchemy.orm import Session
+
+    from api.store.models import MeasuredRunRecord
 
 __all__ = ["add_measurement_commands"]
 
@@ -69,6 +71,19 @@ def add_measurement_commands(commands: Any) -> None:
     form.add_argument("--csv", action="store_true", help="print the runs as CSV (re-addable)")
     listing.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
     listing.set_defaults(handler=_list)
+
+    show = actions.add_parser(
+        "show",
+        help="show one stored run, in use or withdrawn",
+        description="Show the run with this id (from `measurements list` or a calibration's "
+        "report), whether in use or withdrawn (then with when and why): its line of "
+        "`measurements list` with the whole source, or with --json its entry of "
+        "`measurements list --json`.",
+    )
+    show.add_argument("id", metavar="ID", type=int, help="the run's id")
+    show.add_argument("--json", action="store_true", help="print the run as JSON")
+    show.add_argument("--database-url", default=None, metavar="URL", help=_DATABASE_HELP)
+    show.set_defaults(handler=_show)
 
     withdraw = actions.add_parser(
         "withdraw",
@@ -203,16 +218,7 @@ def _list(args: argparse.Namespace) -> int:
             "writes them all\n"
         )
     if args.json:
-        items = [
-            {
-                "id": r.id,
-                "origin": r.origin,
-                **r.run,
-                "withdrawn_at": None if r.withdrawn_at is None else r.withdrawn_at.isoformat(),
-                "withdrawn_reason": r.withdrawn_reason,
-            }
-            for r in rows
-        ]
+        items = [_json_item(r) for r in rows]
         sys.stdout.write(json.dumps({"total": total, "runs": items}, indent=1) + "\n")
         return 0
     if args.csv:
@@ -224,24 +230,64 @@ def _list(args: argparse.Namespace) -> int:
     which = "withdrawn run(s)" if args.withdrawn else "run(s)"
     lines = [f"{total} {which}; showing {len(rows)} from {args.offset}"]
     for r in rows:
-        what = (
-            f"step {r.step_time_s:.4g} s"
-            if r.step_time_s is not None
-            else f"MFU {r.mfu:.2%}"
-            if r.mfu is not None
-            else "peak memory"
-            if r.kind == "step"
-            else f"pass of {r.pass_layers} layer(s): F {_ms(r.forward_ms)} "
-            f"B {_ms(r.backward_ms)} W {_ms(r.weight_ms)} ms"
-        )
-        lines.append(
-            f"{r.id:>5} {r.gpu:<14} {r.model_name:<12} t{r.t} p{r.p} d{r.d} mb{r.micro_batch_size} "
-            f"{r.recompute:<9} {r.schedule:<8} {what}  [{r.source[:60]}]"
-        )
-        if r.withdrawn_at is not None:
-            lines.append(f"{'':>6}{_withdrawn(r.withdrawn_at, r.withdrawn_reason)}")
+        lines += _lines(r, source_chars=60)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    with needs_extra("service", "the SQL store"):
+        from api.store.measured_runs import get_run
+
+    with _session(args.database_url) as (session, where):
+        r = get_run(session=session, run_id=args.id)
+        if r is None:
+            raise StagewrightError(f"no measured run has id {args.id} in {where}; {_IDS_HINT}")
+        if args.json:
+            sys.stdout.write(json.dumps(_json_item(r), indent=1) + "\n")
+        else:
+            sys.stdout.write("\n".join(_lines(r, source_chars=None)) + "\n")
+    return 0
+
+
+# Where a person finds the id of a run (said when an id names none).
+_IDS_HINT = (
+    "`stagewright measurements list` shows the ids of the runs in use (--withdrawn: of the "
+    "withdrawn ones)"
+)
+
+
+def _json_item(r: MeasuredRunRecord) -> dict[str, Any]:
+    """A run as `list --json` writes it: its id and origin, the run, its withdrawal."""
+    return {
+        "id": r.id,
+        "origin": r.origin,
+        **r.run,
+        "withdrawn_at": None if r.withdrawn_at is None else r.withdrawn_at.isoformat(),
+        "withdrawn_reason": r.withdrawn_reason,
+    }
+
+
+def _lines(r: MeasuredRunRecord, source_chars: int | None) -> list[str]:
+    """A run's line of the text listing (its source cut to ``source_chars``), and a second
+    saying when and why it was withdrawn, if it was."""
+    what = (
+        f"step {r.step_time_s:.4g} s"
+        if r.step_time_s is not None
+        else f"MFU {r.mfu:.2%}"
+        if r.mfu is not None
+        else "peak memory"
+        if r.kind == "step"
+        else f"pass of {r.pass_layers} layer(s): F {_ms(r.forward_ms)} "
+        f"B {_ms(r.backward_ms)} W {_ms(r.weight_ms)} ms"
+    )
+    lines = [
+        f"{r.id:>5} {r.gpu:<14} {r.model_name:<12} t{r.t} p{r.p} d{r.d} mb{r.micro_batch_size} "
+        f"{r.recompute:<9} {r.schedule:<8} {what}  [{r.source[:source_chars]}]"
+    ]
+    if r.withdrawn_at is not None:
+        lines.append(f"{'':>6}{_withdrawn(r.withdrawn_at, r.withdrawn_reason)}")
+    return lines
 
 
 def _withdrawn(when: datetime, reason: str | None) -> str:
@@ -262,8 +308,7 @@ def _withdraw(args: argparse.Namespace) -> int:
             report = withdraw_run(session=session, run_id=args.id, reason=args.reason)
         except UnknownRunError:
             raise StagewrightError(
-                f"no measured run has id {args.id} in {where}; `stagewright measurements list` "
-                "shows the ids of the runs in use (--withdrawn: of the withdrawn ones)"
+                f"no measured run has id {args.id} in {where}; {_IDS_HINT}"
             ) from None
         session.commit()
         r = report.run

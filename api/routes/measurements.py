@@ -1,5 +1,7 @@
 """/v1/measurements: measured runs, the data calibration fits the cost model to.
 
+GET /v1/measurements/{id} answers one run, in use or withdrawn (with when and why): the
+lists show either kind only when asked for it, and a calibration names its runs by id.
 DELETE withdraws a run rather than deleting it (see :mod:`api.store.measured_runs`); its
 ``reason`` is a query parameter, not a body: a body of DELETE has no defined meaning
 (RFC 9110, 9.3.5), some clients cannot send one and some proxies drop it, and a reason
@@ -28,6 +30,10 @@ from api.state import offload
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/measurements", tags=["measurements"], route_class=JsonBodyRoute)
+
+RunId = Annotated[
+    int, PathParam(ge=1, description="The run's id (from GET or POST /v1/measurements).")
+]
 
 
 @router.post(
@@ -97,6 +103,18 @@ async def read_measurements(
     )
 
 
+@router.get(
+    "/{run_id}",
+    response_model=MeasuredRunPublic,
+    summary="One measured run, in use or withdrawn",
+    description="A withdrawn run is answered too, with `withdrawn_at` and `withdrawn_reason` "
+    "set (the lists show it only with `?withdrawn=true`).",
+    responses=problems_of(401, 403, 404, 422, 503),
+)
+async def read_measurement(run_id: RunId, state: StateDep) -> MeasuredRunPublic:
+    return await offload(state, measured_runs.read_measured_run, state, run_id)
+
+
 @router.delete(
     "/{run_id}",
     response_model=MeasuredRunPublic,
@@ -112,9 +130,7 @@ async def read_measurements(
     },
 )
 async def withdraw_measurement(
-    run_id: Annotated[
-        int, PathParam(ge=1, description="The run's id (from GET or POST /v1/measurements).")
-    ],
+    run_id: RunId,
     state: StateDep,
     reason: Annotated[
         str | None,

@@ -1,5 +1,5 @@
-"""Measured runs: the data calibration fits the cost model to (store them, list them,
-withdraw them)."""
+"""Measured runs: the data calibration fits the cost model to (store them, list them, read
+one, withdraw them)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from api.store.measured_runs import (
     UnknownRunError,
     add_runs,
     count_runs,
+    get_run,
     list_runs,
     withdraw_run,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "REASON_PATTERN",
     "add_measured_runs",
     "measured_run_public",
+    "read_measured_run",
     "read_measured_runs",
     "withdraw_measured_run",
 ]
@@ -105,6 +107,17 @@ def read_measured_runs(
         )
 
 
+@read_retried
+def read_measured_run(state: AppState, run_id: int) -> MeasuredRunPublic:
+    """One run, in use or withdrawn (then with when and why); 404 naming the id when there
+    is none."""
+    with state.database.session() as session:
+        row = get_run(session=session, run_id=run_id)
+        if row is None:
+            raise _not_found(run_id)
+        return measured_run_public(row)
+
+
 def withdraw_measured_run(state: AppState, run_id: int, reason: str | None) -> MeasuredRunPublic:
     """Withdraw a run (idempotent: one already withdrawn is answered as it was withdrawn);
     404 naming the id when there is none."""
@@ -112,11 +125,15 @@ def withdraw_measured_run(state: AppState, run_id: int, reason: str | None) -> M
         try:
             report = withdraw_run(session=session, run_id=run_id, reason=reason)
         except UnknownRunError:
-            raise problems.not_found(
-                "measured-run-not-found",
-                "Measured run not found",
-                f"no measured run has id {run_id}; GET /v1/measurements lists the runs in use "
-                "and GET /v1/measurements?withdrawn=true the withdrawn ones, with their ids",
-            ) from None
+            raise _not_found(run_id) from None
         session.commit()
         return measured_run_public(report.run)
+
+
+def _not_found(run_id: int) -> problems.ApiProblem:
+    return problems.not_found(
+        "measured-run-not-found",
+        "Measured run not found",
+        f"no measured run has id {run_id}; GET /v1/measurements lists the runs in use "
+        "and GET /v1/measurements?withdrawn=true the withdrawn ones, with their ids",
+    )

@@ -56,6 +56,7 @@ __all__ = [
     "WithdrawReport",
     "add_runs",
     "count_runs",
+    "get_run",
     "list_runs",
     "load_bundled_runs",
     "reason_problem",
@@ -341,6 +342,13 @@ def reason_problem(reason: str | None) -> str | None:
             return "holds a NUL character, which the store cannot keep"
         return "is empty; say why the run is withdrawn, or leave the reason out"
     return None
+
+
+def get_run(*, session: Session, run_id: int) -> MeasuredRunRecord | None:
+    """The run with this id, in use or withdrawn; None when there is none."""
+    if not 1 <= run_id <= _MAX_ID:
+        return None
+    return session.get(MeasuredRunRecord, run_id)
 
 
 def withdraw_run(*, session: Session, run_id: int, reason: str | None) -> WithdrawReport:

@@ -8,6 +8,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from api.core.db import Database
 from api.store.profiles import load_bundled_profiles
 from planner.profiles import BUNDLED_PROFILES
@@ -55,6 +57,50 @@ def test_a_withdrawn_run_leaves_the_lists_and_is_listed_as_withdrawn(client):
     assert other.json()["total"] == 0
     head = client.head("/v1/measurements", params={"withdrawn": "true"})
     assert head.status_code == 200 and head.content == b""
+
+
+def test_one_run_is_read_by_its_id_in_use_or_withdrawn(client):
+    """GET /v1/measurements/{id} was 405: a run named by a calibration or a log line could
+    be found only by paging through the lists, and a withdrawn one only in the other list."""
+    kept, dropped = _post(client, RUN, with_(RUN, **{"measured.step_time_s": 0.6}))
+    listed = client.get("/v1/measurements", params={"gpu": "cpu"}).json()["items"]
+    for item in listed:
+        answer = client.get(f"/v1/measurements/{item['id']}")
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == item
+    withdrawn = client.delete(f"/v1/measurements/{dropped}", params={"reason": "in ms"}).json()
+    answer = client.get(f"/v1/measurements/{dropped}").json()
+    assert answer == withdrawn and answer["withdrawn_reason"] == "in ms"
+    assert answer["measured"]["step_time_s"] == 0.6 and _recent(answer["withdrawn_at"])
+    assert client.get(f"/v1/measurements/{kept}").json()["withdrawn_at"] is None
+    head = client.head(f"/v1/measurements/{dropped}")
+    assert head.status_code == 200 and head.content == b""
+
+
+def test_reading_a_run_that_is_not_there_is_a_404_naming_it(client):
+    _post(client, RUN)
+    for missing in (987654, 2**31, 2**70):  # beyond PostgreSQL's INTEGER too: no 500
+        assert_problem(
+            client.get(f"/v1/measurements/{missing}"),
+            404,
+            f"no measured run has id {missing}",
+            "?withdrawn=true",
+        )
+    assert_problem(client.get("/v1/measurements/0"), 422)
+    assert_problem(client.get("/v1/measurements/first"), 422)
+    assert_problem(client.get("/v1/measurements/1?reason=x"), 422, "unknown query parameter")
+
+
+def test_reading_one_run_takes_the_same_token_as_the_list(make_client):
+    client = make_client(api_tokens="ci:write:w; dash:read:r")
+    created = client.post(
+        "/v1/measurements", json={"runs": [RUN]}, headers={"Authorization": "Bearer w"}
+    )
+    (run_id,) = created.json()["ids"]
+    for path in ("/v1/measurements", f"/v1/measurements/{run_id}"):
+        assert_problem(client.get(path), 401)
+        assert_problem(client.get(path, headers={"Authorization": "Bearer nope"}), 401)
+        assert client.get(path, headers={"Authorization": "Bearer r"}).status_code == 200
 
 
 def test_withdrawing_again_keeps_the_first_withdrawal(client):
@@ -277,14 +323,49 @@ def test_cli_withdraws_lists_and_restores_a_run(database_url, tmp_path, capsys):
     assert out.startswith("2 run(s)")
 
 
-def test_cli_withdraw_of_a_missing_run_is_one_line_naming_it(database_url, capsys):
+@pytest.mark.parametrize("action", ["withdraw", "show"])
+def test_cli_withdraw_or_show_of_a_missing_run_is_one_line_naming_it(database_url, capsys, action):
     reset(database_url)
     url = ["--database-url", database_url]
     for missing in ("987654", "0", "-3", str(2**63)):
-        code, out, err = cli(capsys, "measurements", "withdraw", missing, *url)
+        code, out, err = cli(capsys, "measurements", action, missing, *url)
         assert code == 2 and out == "" and err.count("\n") == 1, err
         assert f"no measured run has id {missing} in " in err
         assert "`stagewright measurements list` shows the ids" in err
+
+
+def test_cli_shows_one_run_in_use_or_withdrawn(database_url, tmp_path, capsys):
+    reset(database_url)
+    url = ["--database-url", database_url]
+    source = "a run whose source is longer than the sixty characters a list line shows of it"
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([with_(RUN, source=source)]))
+    assert cli(capsys, "measurements", "add", str(path), *url)[0] == 0
+    code, out, _ = cli(capsys, "measurements", "list", "--gpu", "cpu", "--json", *url)
+    (listed,) = json.loads(out)["runs"]
+    run_id = str(listed["id"])
+
+    code, out, err = cli(capsys, "measurements", "show", run_id, "--json", *url)
+    assert code == 0, err
+    assert json.loads(out) == listed
+    code, out, err = cli(capsys, "measurements", "show", run_id, *url)
+    assert code == 0 and out.count("\n") == 1, out
+    assert out.startswith(f"{run_id:>5} cpu") and "step 0.5 s" in out
+    assert out.endswith(f"[{source}]\n")  # whole, where the list cuts it at 60 characters
+    code, line, _ = cli(capsys, "measurements", "list", "--gpu", "cpu", *url)
+    assert f"[{source[:60]}]" in line and source not in line
+
+    assert cli(capsys, "measurements", "withdraw", run_id, "--reason", "in ms", *url)[0] == 0
+    code, out, _ = cli(capsys, "measurements", "show", run_id, *url)
+    first, second = out.splitlines()
+    assert first.startswith(f"{run_id:>5} cpu")
+    assert second.lstrip().startswith("withdrawn ") and second.endswith(" UTC: in ms")
+    code, out, _ = cli(capsys, "measurements", "show", run_id, "--json", *url)
+    shown = json.loads(out)
+    assert shown["withdrawn_reason"] == "in ms" and _recent(shown["withdrawn_at"])
+    assert {k: v for k, v in shown.items() if not k.startswith("withdrawn")} == {
+        k: v for k, v in listed.items() if not k.startswith("withdrawn")
+    }
 
 
 def test_recording_a_withdrawn_run_again_says_restored(database_url, capsys):

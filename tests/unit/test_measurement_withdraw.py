@@ -1,5 +1,6 @@
-"""`stagewright measurements withdraw` and DELETE /v1/measurements/{id} where no database
-is needed: what is refused before a store is opened, and what the OpenAPI document says."""
+"""`stagewright measurements withdraw|show` and GET|DELETE /v1/measurements/{id} where no
+database is needed: what is refused before a store is opened, and what the OpenAPI document
+says."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ def test_a_bad_reason_is_refused_before_the_store_is_opened(tmp_path: Path, caps
     assert not database.exists()  # not even created, let alone migrated
 
 
-def test_the_id_must_be_a_number(capsys):
+@pytest.mark.parametrize("action", ["withdraw", "show"])
+def test_the_id_must_be_a_number(capsys, action):
     with pytest.raises(SystemExit) as exited:
-        main(["measurements", "withdraw", "the-slow-one"])
+        main(["measurements", action, "the-slow-one"])
     assert exited.value.code == 2
     assert "argument ID: invalid int value: 'the-slow-one'" in capsys.readouterr().err
 
@@ -66,3 +68,15 @@ def test_the_openapi_document_describes_withdrawing():
     assert {"withdrawn_at", "withdrawn_reason"} <= set(run)
     listing = schema["paths"]["/v1/measurements"]["get"]
     assert "withdrawn" in {p["name"] for p in listing["parameters"]}
+
+
+def test_the_openapi_document_describes_reading_one_run():
+    schema = create_app(Settings(database_url="sqlite:///")).openapi()
+    read = schema["paths"]["/v1/measurements/{run_id}"]["get"]
+    assert [(p["name"], p["in"]) for p in read["parameters"]] == [("run_id", "path")]
+    assert {"200", "401", "403", "404", "422", "503"} <= set(read["responses"])
+    assert "application/problem+json" in read["responses"]["404"]["content"]
+    ok = read["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": "#/components/schemas/MeasuredRunPublic"}
+    # The read scope, as the list: no write token declared.
+    assert read.get("security") == schema["paths"]["/v1/measurements"]["get"].get("security")
