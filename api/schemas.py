@@ -438,6 +438,19 @@ class MeasurementPublic(MeasurementIn):
         description="measured / predicted - 1 (0.1 = 10% slower than predicted)."
     )
     created_at: datetime
+    measured_run_id: int | None = Field(
+        default=None,
+        description="The measured run it is stored as for calibration (GET "
+        "/v1/measurements/{id}), or the identical one stored before; null when it is not "
+        "one (see not_calibrated_because).",
+    )
+    not_calibrated_because: str | None = Field(
+        default=None,
+        description="Why it is not stored as a measured run, so calibration does not learn "
+        "from it (most often a step time 100 times off the prediction: a unit slip, such as "
+        "ms for s); null when it is one. Both are null for a measurement stored before "
+        "stagewright recorded either.",
+    )
 
 
 def _stage_times(value: Any) -> Any:

@@ -30,12 +30,15 @@ def _public(row: Measurement) -> MeasurementPublic:
         predicted_iteration_time_s=predicted,
         step_time_error=None if not predicted else row.step_time_s / predicted - 1.0,
         created_at=row.created_at,
+        measured_run_id=row.measured_run_id,
+        not_calibrated_because=row.not_calibrated_because,
     )
 
 
 def add_measurement(state: AppState, plan_id: str, body: MeasurementIn) -> MeasurementPublic:
     """Store what was measured for candidate ``body.candidate`` of a done plan, with the
-    step time the plan predicted for it."""
+    step time the plan predicted for it, and as a measured run for calibration; the answer
+    says which run, or why the store refused it."""
     with state.database.session(write=True) as session:
         record = load_done_plan(session, plan_id, "report measurements for it")
         candidates = (record.result or {}).get("candidates") or []
@@ -70,7 +73,6 @@ def add_measurement(state: AppState, plan_id: str, body: MeasurementIn) -> Measu
             predicted_iteration_time_s=float(predicted) if predicted is not None else None,
             data=body.data,
         )
-        public = _public(row)
         # Each report is also a measured run: calibration learns from the team's own runs.
         record_plan_measurement(
             session=session,
@@ -78,7 +80,7 @@ def add_measurement(state: AppState, plan_id: str, body: MeasurementIn) -> Measu
             request=record.request,
             config=candidates[body.candidate]["config"],
         )
-        return public
+        return _public(row)
 
 
 def _wrong_for_this_plan(

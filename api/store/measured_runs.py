@@ -23,6 +23,7 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -52,6 +53,7 @@ __all__ = [
     "REASON_PATTERN",
     "AddReport",
     "RunOrigin",
+    "RunsRefusedError",
     "UnknownRunError",
     "WithdrawReport",
     "add_runs",
@@ -89,11 +91,20 @@ class AddReport:
     ids: list[int] = field(default_factory=list)
 
 
+class RunsRefusedError(MeasurementFileError):
+    """:func:`add_runs` stored nothing: the message names the source and lists every
+    problem; ``problems`` are those lines, each naming its run and field."""
+
+    def __init__(self, name: str, problems: Sequence[str]) -> None:
+        super().__init__(describe_problems(name, list(problems)))
+        self.problems = tuple(problems)
+
+
 def add_runs(
     *, session: Session, runs: Sequence[ParsedRun], origin: RunOrigin, name: str
 ) -> AddReport:
     """Check every run, then store the new ones (flushes; the caller commits, so a failure
-    stores nothing). MeasurementFileError lists every run that cannot be stored, by row."""
+    stores nothing). RunsRefusedError lists every run that cannot be stored, by row."""
     profiles: dict[str, HardwareProfile | None] = {}
     problems: list[str] = []
     unknown: dict[str, list[ParsedRun]] = {}
@@ -117,7 +128,7 @@ def add_runs(
         ]
     problems += [_unknown_gpu(session, gpu, found) for gpu, found in unknown.items()]
     if problems:
-        raise MeasurementFileError(describe_problems(name, problems))
+        raise RunsRefusedError(name, problems)
     report = AddReport()
     now = utcnow()
     for parsed in runs:
@@ -448,9 +459,11 @@ def run_from_plan_measurement(
 def record_plan_measurement(
     *, session: Session, measurement: Measurement, request: dict[str, Any], config: dict[str, Any]
 ) -> int | None:
-    """Store the measured run a plan measurement stands for, linked to it, and commit; its
-    id. A plan whose configuration cannot be stored as a run (logged) leaves the measurement
-    alone and gives None."""
+    """Store the measured run a plan measurement (a stored row) stands for, link the two
+    (``measurement.measured_run_id``; the run's ``measurement_id`` when it is new), and
+    commit; the run's id. A run the store refuses (a number 100 times off its prediction,
+    hardware it has no profile of) leaves the measurement stored with the refusal in
+    ``measurement.not_calibrated_because`` (and logged), and gives None."""
     try:
         run = run_from_plan_measurement(
             request=request,
@@ -466,16 +479,26 @@ def record_plan_measurement(
             origin="plan",
             name=f"plan {measurement.plan_id}",
         )
-    except ValueError as exc:  # MeasurementFileError and pydantic's errors are ValueErrors
-        session.rollback()
-        log.warning("measurement %s not stored as a measured run: %s", measurement.id, exc)
-        return None
-    row = session.get(MeasuredRunRecord, report.ids[0])
-    assert row is not None
-    if report.created:
-        row.measurement_id = measurement.id
+    except RunsRefusedError as exc:
+        refusal = "; ".join(exc.problems)
+    except ValidationError as exc:  # a plan whose request no longer reads as a run
+        said = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        refusal = f"measurement {measurement.id}: the plan does not read as a measured run: {said}"
+    except ValueError as exc:  # StagewrightError: anything else the run cannot be stored for
+        refusal = f"measurement {measurement.id}: {exc}"
+    else:
+        row = session.get(MeasuredRunRecord, report.ids[0])
+        assert row is not None
+        if report.created:
+            row.measurement_id = measurement.id
+        measurement.measured_run_id = row.id
+        session.commit()
+        return row.id
+    session.rollback()  # the run's writes, if any; the measurement was committed before
+    log.warning("measurement %s not stored as a measured run: %s", measurement.id, refusal)
+    measurement.not_calibrated_because = refusal
     session.commit()
-    return row.id
+    return None
 
 
 _RUN_CONFIG_FIELDS = {

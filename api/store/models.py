@@ -240,7 +240,10 @@ class Job(Base):
 
 
 class Measurement(Base):
-    """What the executor measured when it ran one of a plan's candidates."""
+    """What the executor measured when it ran one of a plan's candidates. It is also stored
+    as a measured run for calibration: ``measured_run_id`` is that run (or the identical one
+    already stored), ``not_calibrated_because`` why the store refused it; both are null for
+    a measurement stored before either was recorded (schema revision 0008)."""
 
     __tablename__ = "measurements"
 
@@ -254,6 +257,11 @@ class Measurement(Base):
     predicted_iteration_time_s: Mapped[float | None] = mapped_column(Double)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # No foreign key: measured runs are never deleted (only withdrawn), so the id stays
+    # valid; measured_runs.measurement_id keys the link the other way, and a key each way
+    # would make the two tables depend on each other (neither created or dropped first).
+    measured_run_id: Mapped[int | None] = mapped_column(Integer)
+    not_calibrated_because: Mapped[str | None] = mapped_column(Text)
 
 
 class MeasuredRunRecord(Base):

@@ -156,10 +156,41 @@ def test_a_plan_measurement_is_also_a_measured_run(client):
     (run,) = client.get("/v1/measurements", params={"source": plan["id"]}).json()["items"]
     assert run["origin"] == "plan" and run["measurement_id"] == reported.json()["id"]
     assert run["measured"]["step_time_s"] == 0.42
+    assert reported.json()["measured_run_id"] == run["id"]
+    assert reported.json()["not_calibrated_because"] is None
+    assert client.get(f"/v1/measurements/{run['id']}").json() == run
     best = plan["candidates"][0]["config"]
     assert {k: run["config"][k] for k in ("t", "p", "d", "schedule", "layers_per_stage")} == {
         k: best[k] for k in ("t", "p", "d", "schedule", "layers_per_stage")
     }
+
+
+def test_a_plan_measurement_calibration_cannot_use_says_why_in_the_answer(client):
+    """A step time 1000 times the prediction (milliseconds sent as seconds) was stored as a
+    measurement and answered 201 like any other, while the store refused it as a measured
+    run in a log line only: the client believed calibration would learn from it."""
+    plan = wait_done(client, client.post("/v1/plans", json=example("tiny-cpu")).json()["id"])
+    predicted = plan["candidates"][0]["predicted"]["iteration_time_s"]
+    url = f"/v1/plans/{plan['id']}/measurements"
+    in_ms = predicted * 1000  # the step time in milliseconds, given as seconds
+    reported = client.post(url, json={"step_time_s": in_ms})
+    assert reported.status_code == 201, reported.text
+    answer = reported.json()
+    assert answer["step_time_s"] == in_ms and answer["measured_run_id"] is None
+    why = answer["not_calibrated_because"]
+    assert why.startswith(f"measurement {answer['id']}: field measured.step_time_s: ")
+    assert f"if it is in milliseconds, give {predicted:.4g}" in why
+    assert client.get("/v1/measurements", params={"source": plan["id"]}).json()["total"] == 0
+
+    # Sent again in seconds, it is a run; the same report twice is one run, named by both.
+    right = [client.post(url, json={"step_time_s": predicted}).json() for _ in range(2)]
+    (run,) = client.get("/v1/measurements", params={"source": plan["id"]}).json()["items"]
+    assert [r["measured_run_id"] for r in right] == [run["id"], run["id"]]
+    assert [r["not_calibrated_because"] for r in right] == [None, None]
+    assert run["measurement_id"] == right[0]["id"]  # the run links to the first
+
+    # The plan's list says the same of each, from what was stored.
+    assert client.get(url).json() == [answer, *right]
 
 
 # -- the command line -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -549,7 +550,7 @@ def test_runs_stored_before_withdrawing_existed_stay_in_use_and_survive_a_downgr
     from alembic import command
 
     from api.core.db import migration_connection
-    from api.store.measured_runs import list_runs, run_columns, withdraw_run
+    from api.store.measured_runs import list_runs, withdraw_run
 
     database = Database(empty_database_url)
     try:
@@ -571,18 +572,7 @@ def test_runs_stored_before_withdrawing_existed_stay_in_use_and_survive_a_downgr
                 "source": "stored at 0006",
             }
         )
-        # A row as that revision's schema has it (the models describe the newest).
-        values = {
-            **run_columns(run),
-            "fingerprint": fingerprint(run),
-            "origin": "cli",
-            "created_at": utcnow().replace(tzinfo=None),
-        }
-        values["run"] = json.dumps(values["run"])
-        values["peak_memory_gib"] = json.dumps(values["peak_memory_gib"])
-        runs = sa_table("measured_runs", *(sa_column(name) for name in values))
-        with database.engine.begin() as conn:
-            conn.execute(runs.insert().values(**values))
+        runs = _insert_old_run(database, run, origin="cli")
 
         migrate(database, "head")
         with database.session() as session:
@@ -607,6 +597,108 @@ def test_runs_stored_before_withdrawing_existed_stay_in_use_and_survive_a_downgr
         with database.session() as session:
             (row,) = list_runs(session=session)  # in use again: the withdrawal is forgotten
             assert row.withdrawn_at is None
+    finally:
+        database.dispose()
+
+
+def _insert_old_run(database: Database, run: MeasuredRun, **columns: Any) -> Any:
+    """Store ``run`` as a row of ``measured_runs`` as an older revision's schema has it
+    (the models describe the newest); the table, as far as it was written."""
+    from api.store.measured_runs import run_columns
+
+    values = {
+        **run_columns(run),
+        "fingerprint": fingerprint(run),
+        "created_at": utcnow().replace(tzinfo=None),
+        **columns,
+    }
+    values["run"] = json.dumps(values["run"])
+    values["peak_memory_gib"] = json.dumps(values["peak_memory_gib"])
+    runs = sa_table("measured_runs", *(sa_column(name) for name in values))
+    with database.engine.begin() as conn:
+        conn.execute(runs.insert().values(**values))
+    return runs
+
+
+def test_plan_measurements_stored_before_0008_keep_their_run_and_survive_a_downgrade(
+    empty_database_url,
+):
+    """Revision 0008 records, on a plan measurement, the measured run it was stored as
+    (copied from the run's link back to it) and why the store refused one (unknown for a
+    measurement stored before); going back to 0007 keeps every row."""
+    from alembic import command
+
+    from api.core.db import migration_connection
+
+    database = Database(empty_database_url)
+    try:
+        migrate(database, "0007")
+        _store_cpu_hardware(database)
+        now = utcnow().replace(tzinfo=None)
+        with database.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO plans (id, request_hash, request, status, warnings, model_name,"
+                    " gpu, num_gpus, method, hardware_revision, created_at, updated_at)"
+                    " VALUES ('p1', 'h', '{}', 'done', '[]', 'tiny', 'cpu', 4, 'grid', 1, :now,"
+                    " :now)"
+                ),
+                {"now": now},
+            )
+            linked, unlinked = (
+                conn.execute(
+                    text(
+                        "INSERT INTO measurements (plan_id, candidate, step_time_s,"
+                        " peak_activation_bytes, predicted_iteration_time_s, data, created_at)"
+                        " VALUES ('p1', 0, :step, '[]', 0.5, '{}', :now) RETURNING id"
+                    ),
+                    {"step": step, "now": now},
+                ).scalar_one()
+                for step in (0.5, 500.0)
+            )
+        run = MeasuredRun.model_validate(
+            {
+                **{k: example("tiny-cpu")[k] for k in ("model", "cluster", "training")},
+                "config": {
+                    "t": 1,
+                    "p": 4,
+                    "d": 1,
+                    "micro_batch_size": 1,
+                    "recompute": "none",
+                    "schedule": "1f1b",
+                },
+                "measured": {"kind": "step", "step_time_s": 0.5},
+                "source": "executor run of plan p1, candidate 0",
+            }
+        )
+        runs = _insert_old_run(database, run, origin="plan", measurement_id=linked)
+        with database.engine.connect() as conn:
+            run_id = conn.execute(select(sa_column("id")).select_from(runs)).scalar_one()
+
+        migrate(database, "head")
+        with database.session() as session:
+            stored = {m.id: m for m in session.scalars(select(Measurement))}
+            recorded = {i: (m.measured_run_id, m.not_calibrated_because) for i, m in stored.items()}
+            assert recorded == {linked: (run_id, None), unlinked: (None, None)}
+            stored[unlinked].not_calibrated_because = "in ms"
+            session.commit()
+
+        with migration_connection(database) as conn, conn.begin():
+            config = alembic_config()
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0007")
+        columns = {c["name"] for c in inspect(database.engine).get_columns("measurements")}
+        assert not {"measured_run_id", "not_calibrated_because"} & columns
+        with database.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM measurements")).scalar() == 2
+            link = conn.execute(text("SELECT id, measurement_id FROM measured_runs")).one()
+        assert tuple(link) == (run_id, linked)
+
+        migrate(database, "head")
+        with database.session() as session:
+            stored = {m.id: m for m in session.scalars(select(Measurement))}
+            assert stored[linked].measured_run_id == run_id
+            assert stored[unlinked].not_calibrated_because is None  # forgotten going back
     finally:
         database.dispose()
 
