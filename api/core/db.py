@@ -7,7 +7,11 @@ for a second is pinged when it is checked out, so a server that went away and ca
 reconnected to without a restart. For the service, PostgreSQL statements carry a server-side
 timeout and a watchdog cuts a connection that is held past a bound (a database that stops
 answering cannot hang a request). Errors that mean "the database cannot be reached" are told
-apart from the rest by :func:`is_unavailable` (the service answers 503 for them).
+apart from the rest by :func:`is_unavailable` (the service answers 503 for them), and those
+an operator must mend (a full disk, a read-only file or server) by :func:`storage_trouble`:
+both by the driver's code of the failure (PostgreSQL's SQLSTATE, SQLite's result code), not
+by its message, which a server may word in another language; the English words decide only
+for an error that carries no code.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import os
 import re
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -109,10 +114,14 @@ def describe_url(url: str | URL) -> str:
 
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` means the database cannot be reached or is not ready (a 503, retry
-    later), as opposed to a statement it rejected."""
+    later), or cannot write until an operator mends it (:func:`storage_trouble`: a server
+    that takes no writes), as opposed to a statement it rejected."""
     if isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError, DisconnectionError)):
         return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+    if not isinstance(exc, DBAPIError):
+        return False
+    # By code only: a bug's message that mentions a disk is not the database's trouble.
+    return bool(exc.connection_invalidated) or _storage_by_code(exc) is not None
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -486,10 +495,15 @@ def wait_for_database(database: Database, timeout_s: float) -> None:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
-# What a PostgreSQL server that answers says of a URL that can never connect (a database
-# or role that does not exist, a password or client it refuses), and what libpq says of
-# options it cannot use. The server's messages are in English unless lc_messages says
-# otherwise; an unrecognised one is waited out as before.
+# The SQLSTATEs of a connection PostgreSQL refuses for good: a database that does not exist
+# (invalid_catalog_name), a role that does not exist or a client pg_hba.conf does not let in
+# (invalid_authorization_specification), a wrong password (invalid_password).
+_REFUSED_SQLSTATES = frozenset({"3D000", "28000", "28P01"})
+# The fallback, for an error that carries no SQLSTATE, which is every failure while
+# connecting with psycopg 3.3 (libpq keeps the server's code to itself: the exception's
+# `sqlstate` and `diag` are empty): what the server says of those refusals in English, and
+# what libpq says of options it cannot use. A server whose lc_messages is another language
+# words them otherwise; such a refusal is not recognised, and is waited out as before.
 _REFUSED = re.compile(
     r"FATAL:\s+(database \".*\" does not exist|role \".*\" does not exist|"
     r"no pg_hba\.conf entry|.*authentication failed)"
@@ -506,10 +520,16 @@ def _refusal(database: Database, exc: BaseException) -> str | None:
             "this user may create and write it and its folder (SQLite keeps its -wal and "
             "-shm files beside it), or choose another --database-url"
         )
-    found = _REFUSED.search(reason)
-    if found is None:
-        return None
-    said = reason[found.start() :] if reason[found.start() :].startswith("FATAL") else reason
+    code = _sqlstate(_driver_error(exc))
+    if code is not None:
+        if code not in _REFUSED_SQLSTATES:
+            return None
+        said = reason
+    else:
+        found = _REFUSED.search(reason)
+        if found is None:
+            return None
+        said = reason[found.start() :] if reason[found.start() :].startswith("FATAL") else reason
     return (
         f"the database server refused the connection to {describe_url(database.url)} "
         f"({' '.join(said.split())}); fix the URL (--database-url or "
@@ -524,7 +544,9 @@ def reported_failures(url: str | URL) -> Iterator[None]:
     check, instead of SQLAlchemy's traceback. The transaction that failed is rolled back."""
     try:
         yield
-    except (OperationalError, InterfaceError) as exc:
+    except DBAPIError as exc:
+        if not is_unavailable(exc):
+            raise  # a statement it rejected: a bug's traceback
         hint = storage_trouble(exc) or "check that the database is running and try again"
         raise SettingsError(
             f"the database at {describe_url(url)} failed ({_reason(exc)}); the write in "
@@ -532,21 +554,76 @@ def reported_failures(url: str | URL) -> Iterator[None]:
         ) from None
 
 
+_NO_SPACE = "check the free space (and quotas) of its file system"
+_NOT_WRITABLE = "check that this user may write the database file and its folder"
+_READ_ONLY_SERVER = (
+    "check that the URL names a server that takes writes: a standby, or one with "
+    "default_transaction_read_only on, refuses them"
+)
+# What to check, by the driver's code of the failure: PostgreSQL's SQLSTATE (disk_full,
+# read_only_sql_transaction) and SQLite's primary result code (the extended ones, such as
+# SQLITE_IOERR_WRITE when a write cannot grow the file, share it).
+_STORAGE_SQLSTATES = {"53100": _NO_SPACE, "25006": _READ_ONLY_SERVER}
+_STORAGE_SQLITE_CODES = {
+    sqlite3.SQLITE_FULL: _NO_SPACE,
+    sqlite3.SQLITE_IOERR: _NO_SPACE,
+    sqlite3.SQLITE_READONLY: _NOT_WRITABLE,
+    sqlite3.SQLITE_CANTOPEN: _NOT_WRITABLE,  # its -wal, -shm or journal file, in its folder
+    sqlite3.SQLITE_PERM: _NOT_WRITABLE,
+}
+
+
 def storage_trouble(exc: BaseException) -> str | None:
     """What an operator must check when the database failed for want of storage (its file
     system full or over a quota, SQLite's "disk I/O error" when a write cannot grow the file,
-    a file or folder it may not write), else None: waiting alone will not mend it, unlike a
-    database that is restarting."""
+    a file or folder it may not write, a server that takes no writes), else None: waiting
+    alone will not mend it, unlike a database that is restarting. Decided by the driver's
+    code of the failure, which does not depend on the language the server speaks."""
+    original = _driver_error(exc)
+    if _sqlstate(original) is not None or _sqlite_code(original) is not None:
+        return _storage_by_code(original)
+    # The fallback, for an error that carries no code (a wrapper's, or a driver's that
+    # gives none): the English words of SQLite's and PostgreSQL's messages, which a server
+    # with another lc_messages does not use.
     lowered = _reason(exc).lower()
     if "disk" in lowered or "space" in lowered:  # SQLite's "database or disk is full"
-        return "check the free space (and quotas) of its file system"
+        return _NO_SPACE
     if "readonly" in lowered or "read-only" in lowered:
-        return "check that this user may write the database file and its folder"
+        return _NOT_WRITABLE
     return None
+
+
+def _storage_by_code(exc: BaseException) -> str | None:
+    """:func:`storage_trouble` by the driver's code alone; None without one."""
+    original = _driver_error(exc)
+    code = _sqlstate(original)
+    if code is not None:
+        return _STORAGE_SQLSTATES.get(code)
+    primary = _sqlite_code(original)
+    return None if primary is None else _STORAGE_SQLITE_CODES.get(primary)
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    """The driver's own exception: SQLAlchemy's wraps it as ``orig``."""
+    return getattr(exc, "orig", None) or exc
+
+
+def _sqlstate(original: BaseException) -> str | None:
+    """PostgreSQL's SQLSTATE of a psycopg error (None when it carries none, as a failure to
+    connect does)."""
+    code = getattr(original, "sqlstate", None)
+    return code if isinstance(code, str) else None
+
+
+def _sqlite_code(original: BaseException) -> int | None:
+    """The primary SQLite result code of a sqlite3 error (its low byte: SQLITE_IOERR of
+    SQLITE_IOERR_WRITE), or None."""
+    code = getattr(original, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
 
 
 def _reason(exc: BaseException) -> str:
     """The driver's first message line, without SQLAlchemy's background link."""
-    original = getattr(exc, "orig", None) or exc
+    original = _driver_error(exc)
     text = str(original).strip().splitlines()
     return text[0] if text else type(original).__name__
