@@ -49,6 +49,7 @@ from planner.profiles import (
 )
 from planner.specs import PlanRequest
 from tests.integration.conftest import PG_ADMIN_URL, REPO, example, reset, schema_url
+from tests.integration.test_measured_runs import RUN
 
 TABLES = {
     "hardware",
@@ -656,21 +657,7 @@ def test_plan_measurements_stored_before_0008_keep_their_run_and_survive_a_downg
                 ).scalar_one()
                 for step in (0.5, 500.0)
             )
-        run = MeasuredRun.model_validate(
-            {
-                **{k: example("tiny-cpu")[k] for k in ("model", "cluster", "training")},
-                "config": {
-                    "t": 1,
-                    "p": 4,
-                    "d": 1,
-                    "micro_batch_size": 1,
-                    "recompute": "none",
-                    "schedule": "1f1b",
-                },
-                "measured": {"kind": "step", "step_time_s": 0.5},
-                "source": "executor run of plan p1, candidate 0",
-            }
-        )
+        run = MeasuredRun.model_validate({**RUN, "source": "executor run of plan p1, candidate 0"})
         runs = _insert_old_run(database, run, origin="plan", measurement_id=linked)
         with database.engine.connect() as conn:
             run_id = conn.execute(select(sa_column("id")).select_from(runs)).scalar_one()
