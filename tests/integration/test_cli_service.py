@@ -19,7 +19,7 @@ from api.core.db import Database, normalize_url, wait_for_database
 from api.service import _log_config
 from cli.main import main
 from planner.profiles import default_store
-from tests.integration.conftest import PG_ADMIN_URL, example
+from tests.integration.conftest import PG_ADMIN_URL, example, free_port
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -76,7 +76,9 @@ def test_serve_reports_bad_settings_in_one_line(monkeypatch, capsys, tmp_path, a
     monkeypatch.chdir(tmp_path)  # a setting accepted by mistake must not serve from the checkout
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    code, out, err = run(capsys, "serve", *args)
+    # A free port first (a case's own --port comes later and wins): the database URL is
+    # checked after the address, and another server may hold the default 8000.
+    code, out, err = run(capsys, "serve", "--port", str(free_port()), *args)
     assert code == 2 and out == ""
     assert err.startswith("stagewright serve: error: ") and err.count("\n") == 1
     assert needle in err
