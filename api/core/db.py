@@ -564,11 +564,12 @@ _READ_ONLY_SERVER = (
 # read_only_sql_transaction) and SQLite's primary result code (the extended ones, such as
 # SQLITE_IOERR_WRITE when a write cannot grow the file, share it).
 _STORAGE_SQLSTATES = {"53100": _NO_SPACE, "25006": _READ_ONLY_SERVER}
+# SQLITE_CANTOPEN is not among them: a file that cannot be opened is most often on a volume
+# not mounted yet, which the service waits for without a restart (503, retry).
 _STORAGE_SQLITE_CODES = {
     sqlite3.SQLITE_FULL: _NO_SPACE,
     sqlite3.SQLITE_IOERR: _NO_SPACE,
     sqlite3.SQLITE_READONLY: _NOT_WRITABLE,
-    sqlite3.SQLITE_CANTOPEN: _NOT_WRITABLE,  # its -wal, -shm or journal file, in its folder
     sqlite3.SQLITE_PERM: _NOT_WRITABLE,
 }
 

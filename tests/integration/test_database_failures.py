@@ -87,10 +87,10 @@ def test_a_read_only_sqlite_file_is_told_by_its_code(sqlite_db):
     assert storage_trouble(_worded(exc, "Schreibschutz")) == NOT_WRITABLE
 
 
-def test_a_sqlite_file_that_cannot_be_opened_is_told_by_its_code(tmp_path):
-    """SQLite's "unable to open database file" (its file, or the -wal or -shm beside it, in
-    a folder it may not write) held none of the English words and was answered as "the
-    database is unreachable or not ready; retry in a few seconds"."""
+def test_a_sqlite_file_that_cannot_be_opened_is_waited_for(tmp_path):
+    """SQLite's "unable to open database file" is most often a volume not mounted yet: the
+    service answers 503 "retry" until the file is there (test_faults), not "an operator must
+    mend it"."""
     database = Database(f"sqlite:///{tmp_path / 'no-such-folder' / 'store.db'}")
     try:
         exc = _raised(database.ping)
@@ -98,7 +98,7 @@ def test_a_sqlite_file_that_cannot_be_opened_is_told_by_its_code(tmp_path):
         database.dispose()
     assert exc.orig.sqlite_errorname == "SQLITE_CANTOPEN"
     assert str(exc.orig) == "unable to open database file"
-    assert storage_trouble(exc) == NOT_WRITABLE
+    assert storage_trouble(exc) is None
 
 
 def test_a_locked_sqlite_file_is_not_storage_trouble_whatever_its_message_says(sqlite_db):
