@@ -144,21 +144,27 @@ class _GatheredLinear(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None
 
 
+def _all_reduce(x: Tensor, tp: TensorParallel, op: Any = dist.ReduceOp.SUM) -> None:
+    """All-reduce ``x`` in place over the group; nothing for a shard measured on its own."""
+    if tp.communicates:
+        dist.all_reduce(x, op=op, group=tp.group)
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: Tensor, target: Tensor, tp: TensorParallel) -> Tensor:
         local = logits.shape[-1]
         low = tp.rank * local
         peak = logits.max(dim=-1).values
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=tp.group)
+        _all_reduce(peak, tp, dist.ReduceOp.MAX)
         shifted = logits - peak.unsqueeze(-1)
         outside = (target < low) | (target >= low + local)
         index = (target - low).masked_fill(outside, 0)
         picked = shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        dist.all_reduce(picked, group=tp.group)
+        _all_reduce(picked, tp)
         exp = shifted.exp()
         total = exp.sum(dim=-1)
-        dist.all_reduce(total, group=tp.group)
+        _all_reduce(total, tp)
         softmax = exp.div_(total.unsqueeze(-1))
         ctx.save_for_backward(softmax, outside, index)
         return total.log() - picked
@@ -218,8 +224,11 @@ def gathered_linear(x: Tensor, weight: Tensor, bias: Tensor | None, tp: TensorPa
 
 def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, tp: TensorParallel) -> Tensor:
     """Per-token cross-entropy of fp32 ``logits`` holding this rank's slice of the vocabulary
-    (the whole vocabulary when the group has one rank)."""
-    if not tp.communicates:
+    (the whole vocabulary when the group has one rank). A shard measured on its own (t > 1
+    without a group: profiling) runs the rank's own computation with the collectives
+    skipped, so it keeps what a rank of the group keeps; its targets still index the whole
+    vocabulary, which its slice alone cannot take."""
+    if tp.size == 1:
         return F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none"
         ).view(target.shape)

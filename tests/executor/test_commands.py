@@ -216,6 +216,51 @@ def test_profile_writes_a_point_the_planner_reads(capsys, tmp_path):
     assert found.stdout.strip() == "1"
 
 
+@pytest.mark.parametrize("t", [2, 4])
+def test_profile_of_a_tensor_parallel_shard_keeps_what_one_rank_keeps(capsys, tmp_path, t):
+    """`profile --t` times one rank's shard on its own (no group, collectives skipped). Its
+    last stage keeps what one rank of Megatron-LM's vocabulary-parallel cross-entropy keeps,
+    counted by hand for TINY (s 32, b 1, h 64, V 128, fp32): the final norm's input and its
+    per-token mean and rstd, the output layer's input, the softmax of this rank's V / t
+    logits, the shifted target ids (int64) and which fell outside the slice (bool). The
+    planner then prices the t-way candidates of that shape (without sequence parallelism, as
+    profiled) from the point. (It failed with IndexError: the shard's V / t logits were
+    handed the whole vocabulary's targets.)"""
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"model": TINY}))
+    folder = tmp_path / "profiles"
+    code = main(
+        ["profile", str(model), "--t", str(t), "--out", str(folder), "--repeats", "1", "--json"]
+    )
+    assert code == 0, capsys.readouterr().err
+    point = json.loads(capsys.readouterr().out)["point"]
+    sb, h, vocab = 32 * 1, 64, 128
+    norm_input = output_input = 4 * sb * h
+    norm_stats = 2 * 4 * sb
+    softmax = 4 * sb * (vocab // t)
+    ids, outside = 8 * sb, sb
+    assert point["t"] == t
+    assert point["last_stage_extra_bytes"] == (
+        norm_input + norm_stats + output_input + softmax + ids + outside
+    )
+    from planner.costmodel.timing import layer_times
+    from planner.profiles import BUNDLED_PROFILES, JsonProfileStore
+    from planner.specs import ModelSpec, TrainingSpec
+
+    store = JsonProfileStore.load(BUNDLED_PROFILES, folder)
+    times = layer_times(
+        list(store.layer_points("cpu")),
+        store.hardware("cpu"),
+        ModelSpec.model_validate(TINY),
+        TrainingSpec(global_batch_size=1, precision="fp32", sequence_parallel=False),
+        1,
+        t,
+        "none",
+    )
+    assert times.origin == "measured"
+    assert times.forward == pytest.approx(point["forward_ms"] / 1e3)
+
+
 def test_profile_into_the_service_store(capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     assert main(["profiles", "load", "--database-url", url]) == 0
