@@ -30,10 +30,19 @@ from benchmarks.executor_vs_torch import TORCH_WORKER, make_config  # noqa: E402
 from executor.launcher import torchrun_command  # noqa: E402
 
 # A rank's process runs the worker under cProfile with a CPU clock, then dumps its stats.
+# stagewright's worker ends each rank with os._exit (no interpreter teardown), which skips
+# the wrapper's `finally`: os._exit is wrapped to dump the stats first.
 _WRAPPER = """
 import cProfile, os, runpy, sys, time
 prefix, rest = sys.argv[1], sys.argv[2:]
 profile = cProfile.Profile(time.process_time)
+path = f"{prefix}.rank{os.environ.get('RANK', '0')}.prof"
+hard_exit = os._exit
+def dump_then_exit(status):
+    profile.disable()
+    profile.dump_stats(path)
+    hard_exit(status)
+os._exit = dump_then_exit
 if rest[0] == "-m":
     sys.argv = [rest[1], *rest[2:]]
     target = lambda: runpy.run_module(rest[1], run_name="__main__")
@@ -47,7 +56,7 @@ except SystemExit:
     pass
 finally:
     profile.disable()
-    profile.dump_stats(f"{prefix}.rank{os.environ.get('RANK', '0')}.prof")
+    profile.dump_stats(path)
 """
 
 Where = tuple[str, str]  # (file name ending, function name)
