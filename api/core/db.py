@@ -121,7 +121,7 @@ def is_unavailable(exc: BaseException) -> bool:
     if not isinstance(exc, DBAPIError):
         return False
     # By code only: a bug's message that mentions a disk is not the database's trouble.
-    return bool(exc.connection_invalidated) or _storage_by_code(exc) is not None
+    return bool(exc.connection_invalidated) or _storage_by_code(exc)[1] is not None
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -580,9 +580,9 @@ def storage_trouble(exc: BaseException) -> str | None:
     a file or folder it may not write, a server that takes no writes), else None: waiting
     alone will not mend it, unlike a database that is restarting. Decided by the driver's
     code of the failure, which does not depend on the language the server speaks."""
-    original = _driver_error(exc)
-    if _sqlstate(original) is not None or _sqlite_code(original) is not None:
-        return _storage_by_code(original)
+    coded, hint = _storage_by_code(exc)
+    if coded:
+        return hint
     # The fallback, for an error that carries no code (a wrapper's, or a driver's that
     # gives none): the English words of SQLite's and PostgreSQL's messages, which a server
     # with another lc_messages does not use.
@@ -594,14 +594,17 @@ def storage_trouble(exc: BaseException) -> str | None:
     return None
 
 
-def _storage_by_code(exc: BaseException) -> str | None:
-    """:func:`storage_trouble` by the driver's code alone; None without one."""
+def _storage_by_code(exc: BaseException) -> tuple[bool, str | None]:
+    """Whether the driver's error carries a code (PostgreSQL's SQLSTATE, SQLite's result
+    code), and what :func:`storage_trouble` says of that code (None: not storage trouble)."""
     original = _driver_error(exc)
     code = _sqlstate(original)
     if code is not None:
-        return _STORAGE_SQLSTATES.get(code)
+        return True, _STORAGE_SQLSTATES.get(code)
     primary = _sqlite_code(original)
-    return None if primary is None else _STORAGE_SQLITE_CODES.get(primary)
+    if primary is not None:
+        return True, _STORAGE_SQLITE_CODES.get(primary)
+    return False, None
 
 
 def _driver_error(exc: BaseException) -> BaseException:
