@@ -35,8 +35,13 @@ lint: $(STAMP)  ## ruff (lint + format check)
 typecheck: $(STAMP)  ## mypy --strict on planner, api, executor and cli
 	$(BIN)/mypy
 
-unit: $(STAMP)  ## the pytest suite only
-	$(BIN)/python -m pytest
+# Test files run in TEST_WORKERS processes (one file stays on one worker: its module
+# fixtures, e.g. a live server, are built once, and tests that count what the file ran see
+# all of it). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+
+unit: $(STAMP)  ## the pytest suite only (TEST_WORKERS processes, default 2)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 browser:  ## Debian's chromium for the dashboard tests (installed with apt-get when missing)
 	@command -v chromium >/dev/null 2>&1 || { \
