@@ -84,4 +84,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from _no_options import parse_no_options
+
+    parse_no_options(__doc__, "benchmarks/cpsat_vs_grid.py")
     main()

@@ -69,4 +69,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from _no_options import parse_no_options
+
+    parse_no_options(__doc__, "benchmarks/llama3_405b_published.py")
     main()

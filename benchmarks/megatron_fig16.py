@@ -96,4 +96,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from _no_options import parse_no_options
+
+    parse_no_options(__doc__, "benchmarks/megatron_fig16.py")
     main()

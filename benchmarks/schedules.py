@@ -101,6 +101,9 @@ def speed(devices: int = 64, microbatches: int = 512, repeats: int = 3) -> str:
 
 
 if __name__ == "__main__":
+    from _no_options import parse_no_options
+
+    parse_no_options(__doc__, "benchmarks/schedules.py")
     print("Bubble fraction and peak activation (Table 5 times, m = 4d):\n")
     print(table())
     print("\nSimulator speed, 64 devices x 512 micro-batches:\n")
