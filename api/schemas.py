@@ -583,6 +583,12 @@ class ScheduleFamilyPublic(_ApiModel):
         description="The family this one saves memory for: the search considers it only "
         "where that family runs out of memory with the same configuration.",
     )
+    single_device_as: str | None = Field(
+        default=None,
+        description="The family that runs the same passes on one pipeline device in the same "
+        "time with no more memory: the search does not consider this one at p = 1 where that "
+        "family is searched too.",
+    )
     uses_pass_times: bool = Field(
         description="The generator searches for the fastest order under the pass times given."
     )

@@ -227,6 +227,7 @@ register(
         runtimes=frozenset({"stagewright", "torch"}),
         inflight_grows_with_microbatches=True,
         memory_rule="every device holds all m micro-batches of its stage at its peak",
+        single_device_as="1f1b",
     )
 )
 register(

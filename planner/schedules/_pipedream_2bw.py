@@ -108,5 +108,6 @@ register(
         idle_vs_1f1b=0.0,  # one fill amortized over the run (PipeDream-2BW §3.1)
         inflight_saturation=lambda p: p,
         memory_rule="1F1B's in-flight counts plus a second copy of the weights",
+        single_device_as="1f1b",
     )
 )

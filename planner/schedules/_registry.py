@@ -174,6 +174,11 @@ class ScheduleFamily:
     of memory with the same (t, p, d, micro-batch, recompute). Where the base fits, the
     variant's transfers only cost time (BPipe §4.2 evaluates activation balancing only for
     the configurations Megatron-LM's 1F1B cannot run)."""
+    single_device_as: str | None = None
+    """The family that runs the same passes on one pipeline device (p = 1) in the same time
+    with no more memory (and the same semantics or better): there is no pipeline to schedule,
+    so where that family is searched too this one is not searched at p = 1, rather than
+    ranked as a second row of the same configuration."""
     generation_growth_devices: int | None = None
     """When set, the generator's time per action grows with the devices beyond about this
     many (the V warm-up fill is searched device by device): a service bounds a request's
@@ -341,6 +346,7 @@ class ScheduleFamily:
             "min_devices": self.min_devices,
             "memory_rule": self.memory_rule,
             "memory_fallback_for": self.memory_fallback_for,
+            "single_device_as": self.single_device_as,
             "uses_pass_times": self.uses_pass_times,
         }
 

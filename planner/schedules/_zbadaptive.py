@@ -345,5 +345,6 @@ register(
         # A stage never holds more than all m micro-batches.
         largest_memory_limit=lambda p, m: m / p,
         idle_at_limit=_idle_at_limit,
+        single_device_as="1f1b",
     )
 )

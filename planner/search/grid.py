@@ -267,6 +267,19 @@ def schedule_problem(
     return None
 
 
+def single_device_problem(schedule: str, searched: Sequence[str]) -> str | None:
+    """Why ``schedule`` is not searched on one pipeline device: the family its registry entry
+    names as running the same passes there (:attr:`ScheduleFamily.single_device_as`) is
+    searched too, and would be as fast with no more memory."""
+    same = schedule_family(schedule).single_device_as
+    if same is None or same not in searched:
+        return None
+    return (
+        f"p = 1 runs no pipeline: {schedule} runs the same passes as {same} in the same time "
+        f"with no less memory, and {same} is searched, so {schedule} is searched at p >= 2 only"
+    )
+
+
 def runtime_problem(request: PlanRequest, config: CandidateConfig, runtime: str) -> str | None:
     """Why the request's search.runtime cannot run ``config`` as planned; with ``any``, why
     no runtime can. (torch.distributed.pipelining runs every schedule it has as planned, so
@@ -357,6 +370,8 @@ def enumerate_space(ctx: PlanContext, capacity: float) -> SearchSpace:
         estimated: dict[tuple[str, int | None, str], Estimate] = {}
         for schedule, chunks, base, takes_limit in schedules:
             problem = schedule_problem(schedule, point, m, layers_total, chunks)
+            if problem is None and point.p == 1:
+                problem = single_device_problem(schedule, request.search.schedules)
             layers = split_layers(layers_total, num_stages(schedule, point.p, chunks)) or []
             for recompute in request.search.recompute:
                 config = _config(point, m, recompute, schedule, layers, chunks)

@@ -18,7 +18,9 @@ GIB = 1024**3
 def _every_fitting_time(r: PlanRequest) -> dict[str, float]:
     """Brute force, independent of the search's pruning: simulate every configuration of
     every schedule that fits, and keep each schedule's fastest. BPipe is searched only where
-    1F1B of the same configuration runs out of memory (BPipe §4.2)."""
+    1F1B of the same configuration runs out of memory (BPipe §4.2), and on one pipeline
+    device 1F1B stands for GPipe, 2BW and zb-adaptive (the same passes; see
+    test_plan_flow's test of that)."""
     ctx = PlanContext.from_store(r, default_store())
     capacity = ctx.hardware.usable_memory_gib * GIB
     best: dict[str, float] = {}
@@ -27,6 +29,8 @@ def _every_fitting_time(r: PlanRequest) -> dict[str, float]:
     for point, m in search_points(r):
         for schedule in r.search.schedules:
             if schedule_problem(schedule, point, m, r.model.num_layers):
+                continue
+            if point.p == 1 and schedule != "1f1b" and "1f1b" in r.search.schedules:
                 continue
             layers = split_layers(r.model.num_layers, num_stages(schedule, point.p)) or []
             for recompute in r.search.recompute:

@@ -113,12 +113,13 @@ def test_an_invalid_generated_schedule_is_a_bug_not_a_refusal(monkeypatch):
 
 def test_at_the_same_step_time_synchronous_and_then_less_memory_rank_first():
     """On one GPU every schedule runs the same passes in the same time (up to rounding in
-    the last digits); zb-adaptive may hold more micro-batches and 2BW changes training for
-    nothing, so 1F1B must rank first at each time."""
+    the last digits); at each time the synchronous ones rank by their memory, and 2BW, which
+    changes training for nothing, last. (With 1F1B searched too, it alone is ranked there:
+    the next test.)"""
     from tests.unit.test_search import request
 
     result = planning.plan(
-        request(gpus_per_node=1, schedules=["zb-adaptive", "2bw", "1f1b"], sizes=[1, 2])
+        request(gpus_per_node=1, schedules=["gpipe", "2bw", "zb-adaptive"], sizes=[1, 2])
     )
     by_time: dict[float, list[tuple[str, bool, float]]] = {}
     for c in result.candidates:
@@ -132,4 +133,48 @@ def test_at_the_same_step_time_synchronous_and_then_less_memory_rank_first():
             (stale, peak) for _, stale, peak in group
         )
         if len(group) == 3:
-            assert group[0][0] == "1f1b" and group[-1][0] == "2bw"
+            assert group[-1][0] == "2bw"
+
+
+@pytest.mark.parametrize("example", ["llama3-8b-8xh100.json", "tiny-cpu.json"])
+def test_on_one_pipeline_device_1f1b_alone_is_ranked_and_the_rest_say_why(example):
+    """p = 1 has no pipeline: GPipe, 2BW and zb-adaptive run the same passes as 1F1B. Checked
+    here by pricing each directly (not through the search): the same step time to the
+    nanosecond, and no less memory than 1F1B's (one micro-batch in flight). So with 1F1B
+    searched, each p = 1 configuration is ranked once, as 1F1B, and the others are rejected
+    with the reason."""
+    from planner.costmodel import PlanContext, estimate, price
+    from planner.profiles import default_store
+    from tests.unit.test_search import example as load
+
+    searched = ["1f1b", "gpipe", "2bw", "zb-adaptive"]
+    r = load(example, schedules=searched, top_k=1000)
+    result = planning.plan(r)
+    ctx = PlanContext.from_store(r, default_store())
+    single = [c for c in result.candidates if c.config.p == 1]
+    assert single and {c.config.schedule for c in single} == {"1f1b"}
+    for candidate in single:
+        base = candidate.config
+        base_time = price(ctx, estimate(ctx, base)).iteration_time_s
+        assert candidate.predicted.iteration_time_s == pytest.approx(base_time, rel=1e-12)
+        for other in searched[1:]:
+            config = base.model_copy(update={"schedule": other})
+            if other == "zb-adaptive":  # with the limit the search would build it for
+                config, problem = grid._with_memory_limit(ctx, config)
+                assert problem is None
+            est = estimate(ctx, config)
+            assert price(ctx, est).iteration_time_s == pytest.approx(base_time, abs=1e-9)
+            assert est.peak_memory >= estimate(ctx, base).peak_memory
+            rejected = [
+                x.reason
+                for x in result.rejected
+                if x.config.p == 1
+                and x.config.schedule == other
+                and (x.config.t, x.config.d, x.config.micro_batch_size, x.config.recompute)
+                == (base.t, base.d, base.micro_batch_size, base.recompute)
+            ]
+            assert rejected == [
+                f"p = 1 runs no pipeline: {other} runs the same passes as 1f1b in the same "
+                "time with no less memory, and 1f1b is searched, so "
+                f"{other} is searched at p >= 2 only"
+            ]
