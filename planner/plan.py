@@ -84,7 +84,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     pool += [
         (pr, info)
         for pr, info in refined
-        if wanted == "any" or runtime_problem(request, pr.estimate.config, wanted) is None
+        if runtime_problem(request, pr.estimate.config, wanted, pr.estimate.costs.placement) is None
     ]
     pool.sort(key=lambda item: _rank_key(item[0]))
     candidates = [

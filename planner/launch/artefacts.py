@@ -7,14 +7,15 @@ from dataclasses import dataclass
 from planner.costmodel.evaluate import PlanContext, Priced, placement_for
 from planner.launch.config import ExecutorConfig
 from planner.launch.executor import build_executor_config, prediction
-from planner.launch.megatron import megatron_launch
+from planner.launch.megatron import MegatronLaunch, megatron_launch
+from planner.launch.rank_order import order_note
 from planner.launch.runtimes import runtime_limits, runtimes_of
 from planner.launch.torch_csv import torch_pipelining_csv
 from planner.launch.torchrun import torchrun_commands
 from planner.schedules import Runtime
 from planner.specs import Candidate, Launch, PlanRequest
 
-__all__ = ["CandidateLaunch", "candidate_launch", "materialize_launch"]
+__all__ = ["CandidateLaunch", "candidate_launch", "materialize_launch", "megatron_of"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,8 @@ def candidate_launch(ctx: PlanContext, priced: Priced) -> CandidateLaunch:
     writes it out with the schedule's actions."""
     request = ctx.request
     config = priced.estimate.config
-    limits = runtime_limits(request, config)
     placement = placement_for(config, request.cluster.gpus_per_node, ctx.placements)
+    limits = runtime_limits(request, config, placement)
     executor = build_executor_config(
         request,
         config,
@@ -41,7 +42,9 @@ def candidate_launch(ctx: PlanContext, priced: Priced) -> CandidateLaunch:
         prediction(ctx.hardware.name, priced),
         priced.simulation.schedule.meta.get("choice"),
     )
-    megatron = megatron_launch(request, config, has_schedule="megatron" not in limits)
+    megatron = megatron_launch(
+        request, config, has_schedule="megatron" not in limits, placement=placement
+    )
     launch = Launch(
         executor_config=executor.model_dump(mode="json", exclude_none=True),
         torchrun=torchrun_commands(request, config),
@@ -49,7 +52,19 @@ def candidate_launch(ctx: PlanContext, priced: Priced) -> CandidateLaunch:
         torch_pipelining_csv=None,
     )
     notes = list(megatron.notes) if "megatron" not in limits else []
+    if "torch" not in limits:
+        notes += [n for n in [order_note("torch", placement)] if n is not None]
     return CandidateLaunch(launch, runtimes_of(limits), limits, notes)
+
+
+def megatron_of(request: PlanRequest, candidate: Candidate) -> MegatronLaunch:
+    """The Megatron-LM launch of a planned candidate, placed as its executor config says it
+    was priced (what :func:`candidate_launch` wrote into the plan)."""
+    config = ExecutorConfig.model_validate(candidate.launch.executor_config)
+    has_schedule = "megatron" in candidate.runtimes
+    return megatron_launch(
+        request, candidate.config, has_schedule=has_schedule, placement=config.planned_placement
+    )
 
 
 def materialize_launch(request: PlanRequest, candidate: Candidate) -> Launch:

@@ -317,6 +317,17 @@ class ExecutorConfig(_Spec):
             return tuple((dp, pp, tp) for dp, pp in spec.blocks for tp in range(g))
         return place(g, p, d, spec.gpus_per_node, spec.assignment).coords
 
+    @cached_property
+    def planned_placement(self) -> Placement:
+        """The placement as the planner's :class:`~planner.placement.Placement`: its rule
+        when the ranks follow it, else every rank listed (as an optimized one)."""
+        spec, (g, p, d) = self.placement, (self.parallel.group, self.parallel.p, self.parallel.d)
+        if spec.assignment != "optimized":
+            ruled = place(g, p, d, spec.gpus_per_node, spec.assignment)
+            if ruled.coords == self.coords:
+                return ruled
+        return Placement(g, p, d, spec.gpus_per_node, "optimized", self.coords)
+
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         """The global rank at (dp, pp, tp)."""
         return self._ranks[(dp, pp, tp)]

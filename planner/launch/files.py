@@ -21,8 +21,7 @@ import json
 import tarfile
 from dataclasses import dataclass
 
-from planner.launch.artefacts import materialize_launch
-from planner.launch.megatron import megatron_launch
+from planner.launch.artefacts import materialize_launch, megatron_of
 from planner.launch.torchrun import (
     EXECUTOR_CONFIG_FILE,
     launch_script,
@@ -85,7 +84,7 @@ def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> 
             )
         )
     if launch.megatron_args is not None:
-        megatron = megatron_launch(request, candidate.config, has_schedule=True)
+        megatron = megatron_of(request, candidate)
         files.append(LaunchFile(f"{folder}/megatron-args.txt", "\n".join(megatron.args) + "\n"))
         env = "".join(f"export {k}={v}\n" for k, v in megatron.env.items())
         env += (

@@ -23,6 +23,9 @@ What Megatron-LM can express (``pretrain_gpt.py``):
   ``--disable-bias-linear``; GPT's defaults need none of them;
 - context parallelism: ``--context-parallel-size`` (it runs through flash/fused attention;
   the planner searches cp > 1 only with flash attention);
+- the rank placement: Megatron-LM numbers ranks tensor fastest, then data, then pipeline, or
+  pipeline before data with ``--use-tp-pp-dp-mapping``; a placement neither order realizes
+  (:mod:`planner.launch.rank_order`) is not expressible;
 - vocabulary: ``--vocab-size`` with ``--make-vocab-size-divisible-by`` chosen so that Megatron's
   padding (to a multiple of that times t) keeps the planned size; ``NullTokenizer`` with
   ``--mock-data`` (the launch script's defaults) runs without data files, to be replaced by
@@ -37,6 +40,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from planner.launch.rank_order import (
+    MEGATRON_ORDER_FLAG,
+    RankOrder,
+    order_note,
+    order_problem,
+    realizing_order,
+)
+from planner.placement import Placement
 from planner.specs import CandidateConfig, PlanRequest
 
 __all__ = [
@@ -92,6 +103,7 @@ MEGATRON_FLAGS = frozenset(
         "--train-iters",
         "--untie-embeddings-and-output-weights",
         "--use-distributed-optimizer",
+        "--use-tp-pp-dp-mapping",
         "--vocab-file",
         "--vocab-size",
     }
@@ -114,10 +126,15 @@ class MegatronLaunch:
 
 
 def megatron_launch(
-    request: PlanRequest, config: CandidateConfig, *, has_schedule: bool
+    request: PlanRequest,
+    config: CandidateConfig,
+    *,
+    has_schedule: bool,
+    placement: Placement | None = None,
 ) -> MegatronLaunch:
-    """The Megatron-LM arguments of ``config``; ``has_schedule`` says whether Megatron-LM has
-    the candidate's schedule (the schedule registry knows)."""
+    """The Megatron-LM arguments of ``config`` placed as ``placement`` (None: Megatron-LM's
+    default order); ``has_schedule`` says whether Megatron-LM has the candidate's schedule
+    (the schedule registry knows)."""
     if not has_schedule:
         return MegatronLaunch(reason=f"Megatron-LM has no {config.schedule} schedule")
     recompute = _recompute_args(config)
@@ -125,6 +142,12 @@ def megatron_launch(
         return MegatronLaunch(reason=recompute)
     m, tr = request.model, request.training
     vocab_args, notes = _vocab_args(m.vocab_size, config.t)
+    order: RankOrder | None = "tp-dp-pp"
+    if placement is not None:
+        order = realizing_order(placement)
+        if order is None:
+            return MegatronLaunch(reason=order_problem("megatron", placement))
+        notes += [n for n in [order_note("megatron", placement)] if n is not None]
     args = [
         f"--num-layers {m.num_layers}",
         f"--hidden-size {m.hidden_size}",
@@ -137,6 +160,7 @@ def megatron_launch(
         f"--tensor-model-parallel-size {config.t}",
         f"--pipeline-model-parallel-size {config.p}",
         *([f"--context-parallel-size {config.cp}"] if config.cp > 1 else []),
+        *([MEGATRON_ORDER_FLAG] if order == "tp-pp-dp" else []),
         *_layout_args(config),
         f"--micro-batch-size {config.micro_batch_size}",
         f"--global-batch-size {tr.global_batch_size}",

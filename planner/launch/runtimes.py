@@ -15,11 +15,17 @@ FlashAttention) takes only bf16 or fp16 inputs and head dimensions up to 256 tha
 multiples of 8 (Transformer Engine's ``get_attention_backend`` filters; with the backend
 asked for by name there is no fallback), where the other runtimes' scaled dot-product
 attention takes any.
+Megatron-LM and torch.distributed.pipelining number ranks in fixed orders, which realize only
+some placements (:mod:`planner.launch.rank_order`); stagewright's executor takes every rank's
+coordinates from its config.
 """
 
 from __future__ import annotations
 
+from planner.costmodel.stages import placement_for
 from planner.launch.megatron import recompute_problem
+from planner.launch.rank_order import order_problem
+from planner.placement import Placement
 from planner.schedules import RUNTIMES, Runtime, schedule_family
 from planner.specs import CandidateConfig, ModelSpec, PlanRequest, TrainingSpec
 
@@ -32,9 +38,11 @@ RUNTIME_TITLES: dict[Runtime, str] = {
 }
 
 
-def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtime, str]:
-    """For each runtime that cannot run ``config`` as planned, the reason (empty when all
-    can)."""
+def runtime_limits(
+    request: PlanRequest, config: CandidateConfig, placement: Placement | None = None
+) -> dict[Runtime, str]:
+    """For each runtime that cannot run ``config`` as planned, placed as ``placement`` (the
+    placement it was priced under; None: its default one), the reason (empty when all can)."""
     family = schedule_family(config.schedule)
     limits: dict[Runtime, str] = {
         runtime: f"{RUNTIME_TITLES[runtime]} has no {family.title} schedule"
@@ -63,6 +71,13 @@ def runtime_limits(request: PlanRequest, config: CandidateConfig) -> dict[Runtim
         )
         if problem is not None:
             limits["stagewright"] = problem
+    if placement is None:
+        placement = placement_for(config, request.cluster.gpus_per_node)
+    for runtime in RUNTIMES:
+        if runtime not in limits:
+            problem = order_problem(runtime, placement)
+            if problem is not None:
+                limits[runtime] = problem
     return limits
 
 

@@ -37,6 +37,7 @@ from planner.costmodel.evaluate import (
     stage_costs,
 )
 from planner.launch.runtimes import runtime_limits
+from planner.placement import Placement
 from planner.schedules import RUNTIMES, schedule_family
 from planner.specs import DEFAULT_MICRO_BATCH_SIZES, CandidateConfig, PlanRequest, Rejected
 
@@ -280,18 +281,24 @@ def single_device_problem(schedule: str, searched: Sequence[str]) -> str | None:
     )
 
 
-def runtime_problem(request: PlanRequest, config: CandidateConfig, runtime: str) -> str | None:
-    """Why the request's search.runtime cannot run ``config`` as planned; with ``any``, why
-    no runtime can. (torch.distributed.pipelining runs every schedule it has as planned, so
-    the runtimes of a schedule it has are only looked at when one was asked for.)"""
+def runtime_problem(
+    request: PlanRequest, config: CandidateConfig, runtime: str, placement: Placement | None = None
+) -> str | None:
+    """Why the request's search.runtime cannot run ``config`` as planned, placed as
+    ``placement`` (None: its default placement); with ``any``, why no runtime can.
+    (torch.distributed.pipelining runs every schedule it has as planned in Megatron-LM's
+    order, the default placement of every schedule without transfers, so the runtimes of
+    such a candidate are only looked at when one was asked for.)"""
     if runtime == "any":
-        if config.cp == 1 and "torch" in schedule_family(config.schedule).runtimes:
+        family = schedule_family(config.schedule)
+        default = placement is None and not family.transfers
+        if default and config.cp == 1 and "torch" in family.runtimes:
             return None
-        limits = runtime_limits(request, config)
+        limits = runtime_limits(request, config, placement)
         if len(limits) < len(RUNTIMES):
             return None
         return "no runtime can run it as planned: " + "; ".join(limits.values())
-    reason = runtime_limits(request, config).get(runtime)  # type: ignore[call-overload]
+    reason = runtime_limits(request, config, placement).get(runtime)  # type: ignore[call-overload]
     return None if reason is None else f"search.runtime is {runtime}, which cannot run it: {reason}"
 
 

@@ -339,8 +339,8 @@ class Candidate(Spec):
     launch: Launch
     runtimes: list[Runtime] = Field(
         default_factory=list,
-        description="Runtimes that can run this candidate as planned (schedule, layer split "
-        "and recompute choices).",
+        description="Runtimes that can run this candidate as planned (schedule, layer split, "
+        "recompute choices and rank placement).",
     )
     runtime_limits: dict[str, str] = Field(
         default_factory=dict,

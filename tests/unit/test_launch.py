@@ -359,6 +359,9 @@ MEGATRON_FLAGS_USED = {
     "--train-iters",
     "--untie-embeddings-and-output-weights",
     "--use-distributed-optimizer",
+    # DistributedInitConfig.use_tp_pp_dp_mapping (megatron/training/config/common_config.py),
+    # a store_true flag through ArgumentGroupFactory; initialize.py passes it as the order.
+    "--use-tp-pp-dp-mapping",
     "--vocab-file",
     "--vocab-size",
 }
