@@ -6,7 +6,9 @@ non-uniform split or a per-stage recompute mix may make them fit). Each gets an 
 placement and a CP-SAT refinement within the request's time budget (2 s per model at
 most); the refined configuration is priced with the simulator like any other, and kept only
 when it fits and is faster than its uniform version, so the cpsat answer is never worse than
-the grid's.
+the grid's. A placement is offered only if the request's search.runtime (with ``any``: some
+runtime) can number its ranks that way (:mod:`planner.launch.rank_order`): CP-SAT's, else
+Megatron-LM's other order (pipeline before data), else none (the default stays).
 
 The refinement changes nothing it is given: it returns the placements it chose (with the
 estimates of the coarse candidates under them, so that none is estimated twice), and the
@@ -31,11 +33,14 @@ from planner.costmodel.memory import GIB, bytes_per_parameter
 from planner.costmodel.shapes import chunk_parameters
 from planner.costmodel.stages import PlacementKey, placement_key
 from planner.costmodel.timing import p2p_bytes
+from planner.launch.rank_order import order_coords
+from planner.launch.runtimes import RUNTIME_TITLES
 from planner.placement import Placement
 from planner.schedules import ActionKind, generate, schedule_family
 from planner.search.cpsat import RefineOptions, check, refine
+from planner.search.grid import runtime_problem
 from planner.search.placement_cpsat import PlacementWeights, optimize_placement
-from planner.specs import CandidateConfig, Recompute, RefinementInfo, SolverStatus
+from planner.specs import CandidateConfig, PlanRequest, Recompute, RefinementInfo, SolverStatus
 
 __all__ = [
     "MAX_OVER_MEMORY",
@@ -43,6 +48,7 @@ __all__ = [
     "PlanRefinement",
     "Refined",
     "keep_if_faster",
+    "launchable",
     "refine_plan",
 ]
 
@@ -144,6 +150,26 @@ def keep_if_faster(ctx: PlanContext, est: Estimate, optimized: Placement) -> Kep
     return Kept(default, est, optimized=False)
 
 
+def launchable(
+    request: PlanRequest, config: CandidateConfig, optimized: Placement
+) -> tuple[Placement | None, bool]:
+    """The placement to offer ``config`` instead of its default: ``optimized`` when the
+    request's search.runtime (with ``any``: some runtime that runs ``config``) can number
+    its ranks that way; else Megatron-LM's other order (pipeline before data), which
+    torch.distributed.pipelining can take too, when that one can; else None. The second
+    item says whether ``optimized`` was refused."""
+    wanted = request.search.runtime
+    if runtime_problem(request, config, wanted, optimized) is None:
+        return optimized, False
+    g, p, d = config.t * config.cp, config.p, config.d
+    other = Placement(
+        g, p, d, request.cluster.gpus_per_node, "optimized", order_coords("tp-pp-dp", g, p, d)
+    )
+    if runtime_problem(request, config, wanted, other) is not None:
+        return None, True
+    return other, True
+
+
 def refine_plan(
     ctx: PlanContext, feasible: list[Estimate], over_memory: list[Estimate], capacity: float
 ) -> PlanRefinement:
@@ -180,9 +206,18 @@ def refine_plan(
                 _placement_weights(ctx, coarse),
                 time_limit_s=limit,
             )
-            kept = keep_if_faster(ctx, est, result.placement)
+            optimized, refused = launchable(request, coarse, result.placement)
+            if optimized is None:
+                kept = Kept(est.costs.placement, est, optimized=False)
+            else:
+                kept = keep_if_faster(ctx, est, optimized)
             placements[key] = kept.placement
             current = kept.estimate
+            if refused:
+                notes.append(
+                    f"cpsat: placement of {_describe(coarse)}: "
+                    + _refused(request.search.runtime, kept.optimized)
+                )
             if result.status in ("too large", "timed out"):
                 why = (
                     "the CP-SAT model would be too large for this cluster"
@@ -228,6 +263,21 @@ def refine_plan(
             Refined(priced, _info(outcome.status, outcome.wall_s, coarse, est, uniform, priced))
         )
     return PlanRefinement(placements, refined, notes, estimates)
+
+
+def _refused(runtime: str, other_order: bool) -> str:
+    """Why CP-SAT's layout was not used, and what was."""
+    who = (
+        "any runtime that runs the candidate"
+        if runtime == "any"
+        else f"{RUNTIME_TITLES[runtime]} (search.runtime {runtime})"  # type: ignore[index]
+    )
+    used = (
+        "Megatron-LM's other order (pipeline before data) is used"
+        if other_order
+        else "the default layout is kept"
+    )
+    return f"CP-SAT's layout puts GPUs on nodes as no rank order of {who} does; {used}"
 
 
 def _describe(config: CandidateConfig) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from planner.assemble import candidate
 from planner.costmodel.evaluate import PlanContext, estimate, price, split_layers
+from planner.costmodel.memory import GIB
 from planner.launch import ExecutorConfig
 from planner.launch.artefacts import candidate_launch, megatron_of
 from planner.launch.rank_order import order_coords, realizing_order
@@ -23,7 +24,7 @@ from planner.launch.runtimes import runtime_limits
 from planner.placement import Placement, place
 from planner.plan import plan
 from planner.profiles import default_store
-from planner.search.placement_cpsat import PlacementWeights, optimize_placement
+from planner.search.placement_cpsat import PlacementResult, PlacementWeights, optimize_placement
 from planner.specs import CandidateConfig, PlanRequest
 
 FLAG = "--use-tp-pp-dp-mapping"
@@ -205,6 +206,53 @@ def test_a_candidate_placed_pipeline_per_node_asks_megatron_and_torch_for_that_o
     assert any("dimensions (dp, pp, tp)" in note for note in entry.notes)
     # The launch files rebuild the Megatron-LM arguments from the candidate: same flag.
     assert FLAG in megatron_of(request, entry).args
+
+
+def test_launchable_keeps_a_placement_the_requested_runtime_realizes():
+    from planner.search.refinement import launchable
+
+    config = _config(1, 4, 4)
+    for runtime in ("any", "stagewright"):
+        assert launchable(_request(4, 4, runtime), config, MIXED) == (MIXED, False)
+    for runtime in ("megatron", "torch"):
+        offered, refused = launchable(_request(4, 4, runtime), config, MIXED)
+        assert offered is not None and offered.coords == order_coords("tp-pp-dp", 1, 4, 4)
+        assert refused
+
+
+def test_a_cpsat_plan_for_megatron_uses_an_order_megatron_has(monkeypatch):
+    """CP-SAT's layout (MIXED) prices as fast as tp-pp-dp here (the cost model sees replica
+    0's hops and whether data rings stay in a node) and faster than the default; a request
+    for any runtime keeps it (stagewright's executor runs it), one for Megatron-LM gets
+    tp-pp-dp instead, with a note."""
+    import planner.search.refinement as refinement
+
+    def mixed(t, p, d, gpus_per_node, weights, **options):
+        assert (t, p, d, gpus_per_node) == (1, 4, 4, 4)
+        return PlacementResult(MIXED, "optimal", 0.0)
+
+    monkeypatch.setattr(refinement, "optimize_placement", mixed)
+    config = _config(1, 4, 4)
+    default = _priced(_request(4, 4), config, None)[1].iteration_time_s
+    assert _priced(_request(4, 4), config, MIXED)[1].iteration_time_s < default  # the premise
+    key = (1, 4, 4, "1f1b")
+    chosen = {}
+    for runtime in ("any", "megatron"):
+        ctx = PlanContext.from_store(_request(4, 4, runtime, method="cpsat"), default_store())
+        grid = estimate(ctx, config)
+        capacity = ctx.hardware.usable_memory_gib * GIB
+        assert grid.peak_memory <= capacity
+        found = refinement.refine_plan(ctx, [grid], [], capacity)
+        chosen[runtime] = (found.placements[key], found.notes)
+    assert chosen["any"][0] == MIXED
+    placed, notes = chosen["megatron"]
+    assert placed.coords == order_coords("tp-pp-dp", 1, 4, 4)
+    assert realizing_order(placed) == "tp-pp-dp"
+    assert [n for n in notes if "placement of" in n] == [
+        "cpsat: placement of t=1 p=4 d=4 mb=1 1f1b: CP-SAT's layout puts GPUs on nodes as no "
+        "rank order of Megatron-LM (search.runtime megatron) does; Megatron-LM's other order "
+        "(pipeline before data) is used"
+    ]
 
 
 @pytest.mark.parametrize("runtime", ["any", "megatron"])
