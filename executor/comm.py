@@ -1,9 +1,12 @@
 """A rank's communication: its process groups and the pipeline's point-to-point traffic.
 
 Groups: the tensor-parallel group of this rank's (dp, pp) and the data-parallel group of its
-(pp, tp), built in the same order on every rank (``new_group`` is collective). Point-to-point
-transfers are asynchronous ``isend``/``irecv`` with one tag per (kind, stage, micro-batch), so
-messages between the same two ranks can never be confused; bytes sent are counted per peer.
+(pp, tp), built in the same order on every rank (``new_group`` is collective). torch numbers
+a group's members by global rank: a tensor group's ranks rise with tp (the config's
+validation asks it), a data group's need not rise with dp (``dp_ranks`` is in the group's
+order). Point-to-point transfers are asynchronous ``isend``/``irecv`` with one tag per (kind,
+stage, micro-batch), so messages between the same two ranks can never be confused; bytes
+sent are counted per peer.
 """
 
 from __future__ import annotations
@@ -56,7 +59,11 @@ class Comm:
                 ranks = [config.rank_of(dp, pp, tp) for dp in range(d)]
                 group = dist.new_group(ranks, timeout=timeout) if d > 1 else None
                 if rank in ranks:
-                    self.dp_group, self.dp_ranks = group, ranks
+                    # In the group's own order: torch numbers a group's members by global
+                    # rank, which an optimized placement need not give in dp order, and the
+                    # distributed optimizer's shard i is the one its collectives give
+                    # member i.
+                    self.dp_group, self.dp_ranks = group, sorted(ranks)
         self.tp = TensorParallel(t, self.tp_rank, tp_group, config.training.sequence_parallel)
         self.bytes_sent: dict[int, int] = defaultdict(int)
 

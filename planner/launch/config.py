@@ -484,7 +484,20 @@ def _placement_problems(config: ExecutorConfig) -> list[str]:
             f"the placement must hold each (dp, pp, tp) of t={config.parallel.t}{cp} p={p} "
             f"d={d} once"
         ]
+    falling = [(dp, pp) for dp, pp, tp in config.coords if tp and _falls(config, dp, pp, tp)]
+    if falling:
+        dp, pp = falling[0]
+        return [
+            f"the tensor-parallel ranks of (dp, pp) = ({dp}, {pp}) must rise with tp: torch "
+            "numbers a group's members by global rank, and tensor parallelism gathers its "
+            "shards in that order"
+        ]
     return []
+
+
+def _falls(config: ExecutorConfig, dp: int, pp: int, tp: int) -> bool:
+    """Whether the rank at (dp, pp, tp) is below the one at (dp, pp, tp - 1)."""
+    return config.rank_of(dp, pp, tp) < config.rank_of(dp, pp, tp - 1)
 
 
 def placement_reference(placement: Placement) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from planner.costmodel.evaluate import (
 )
 from planner.launch import build_executor_config
 from planner.launch.executor import prediction
+from planner.placement import Placement
 from planner.profiles import default_store
 from planner.specs import CandidateConfig, PlanRequest, RecomputeSplit
 
@@ -46,8 +47,10 @@ def make_config(
     distributed_optimizer: bool = False,
     lr: float = 0.05,
     model: dict[str, Any] | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
-    """The executor config a plan would hand out for this candidate, with the prediction."""
+    """The executor config a plan would hand out for this candidate, with the prediction;
+    placed as ``placement`` (as a cpsat plan places it) or by default."""
     request = PlanRequest.model_validate(
         {
             "model": model or TINY,
@@ -76,7 +79,10 @@ def make_config(
         recompute_per_stage=per_stage,
     )
     ctx = PlanContext.from_store(request, default_store())
-    placement = placement_for(config, request.cluster.gpus_per_node)
+    if placement is None:
+        placement = placement_for(config, request.cluster.gpus_per_node)
+    else:
+        ctx = ctx.with_placements({(t, p, d, schedule): placement})
     document = build_executor_config(
         request, config, placement, prediction("cpu", price(ctx, estimate(ctx, config)))
     )

@@ -2,7 +2,7 @@
 sequence parallelism, uneven layer splits with per-stage recompute modes, data parallelism
 with the distributed optimizer, fp16 with its loss scaler; each verified against the
 single-process reference, with each rank's saved activations against the planner's
-prediction. One torchrun at 4 ranks runs them all."""
+prediction; and an optimized rank placement. One torchrun at 4 ranks runs them all."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from executor.tensor_parallel import TensorParallel
 from planner.costmodel.evaluate import PlanContext, estimate, price
 from planner.launch import ExecutorConfig, RunReport
 from planner.launch.executor import prediction
+from planner.placement import Placement
 from planner.profiles import BUNDLED_PROFILES, JsonProfileStore, save_point
 from planner.specs import CandidateConfig, ModelSpec, PlanRequest, RecomputeSplit
 from tests.executor.configs import TINY, make_config, write
@@ -28,6 +29,11 @@ MIXED = [
     RecomputeSplit(none=3),
     RecomputeSplit(full=1),
 ]
+# An optimized placement of t=1 p=2 d=2 (as a cpsat plan may hand out): rank 0 is replica
+# 0's stage 0, rank 1 replica 1's stage 1, rank 2 replica 1's stage 0, rank 3 replica 0's
+# stage 1. Stage 1's data-parallel ranks are 3 (dp 0) and 1 (dp 1): in the group torch
+# builds from them (its members numbered by global rank) dp 1 comes first.
+PLACED = Placement(1, 2, 2, 4, "optimized", ((0, 0, 0), (1, 1, 0), (1, 0, 0), (0, 1, 0)))
 RUNS = {
     "tp2-sp-selective": {
         "schedule": "1f1b",
@@ -82,6 +88,16 @@ RUNS = {
         "distributed_optimizer": True,
     },
     "dp2-adam": {"schedule": "1f1b", "t": 1, "p": 2, "d": 2, "m": 4, "optimizer": "adam"},
+    "dp2-adam-zero1-placed": {
+        "schedule": "1f1b",
+        "t": 1,
+        "p": 2,
+        "d": 2,
+        "m": 4,
+        "optimizer": "adam",
+        "distributed_optimizer": True,
+        "placement": PLACED,
+    },
     # 2BW with Adam, two micro-batches, products split four ways: its weights after Adam
     # steps round differently from the reference's, which --verify once held against a
     # rounding measure that two micro-batches make zero (a + b = b + a); a randomized sweep
@@ -176,6 +192,29 @@ def test_zero1_updates_the_same_weights_as_a_replicated_optimizer(runs):
         assert sharded.keys() == plain.keys() and sharded
         for name, value in sharded.items():
             torch.testing.assert_close(value, plain[name], rtol=1e-5, atol=1e-6)
+
+
+def test_an_optimized_placement_runs_each_rank_where_the_plan_placed_it(runs):
+    """Each rank runs the (dp, pp) the placement gives it, and ends with the weights the
+    rank at that (dp, pp) ends with in Megatron-LM's order (dp2-adam-zero1: ranks 0-3 are
+    (0, 0), (1, 0), (0, 1), (1, 1)), the distributed optimizer's shards included."""
+    out, reports = runs
+    placed = reports["dp2-adam-zero1-placed"]
+    assert [(r.rank, r.dp, r.pp, r.tp) for r in placed.ranks] == [
+        (0, 0, 0, 0),
+        (1, 1, 1, 0),
+        (2, 1, 0, 0),
+        (3, 0, 1, 0),
+    ]
+    standard = {(0, 0): 0, (1, 0): 1, (0, 1): 2, (1, 1): 3}
+    for rank in placed.ranks:
+        mine = torch.load(out / "dp2-adam-zero1-placed" / f"rank{rank.rank}.weights.pt")
+        theirs = torch.load(
+            out / "dp2-adam-zero1" / f"rank{standard[(rank.dp, rank.pp)]}.weights.pt"
+        )
+        assert mine.keys() == theirs.keys() and mine
+        for name, value in mine.items():
+            torch.testing.assert_close(value, theirs[name], rtol=1e-5, atol=1e-6)
 
 
 def test_the_weights_after_two_steps_are_the_references(runs):

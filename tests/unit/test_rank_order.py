@@ -269,3 +269,27 @@ def test_every_cpsat_candidate_megatron_runs_is_placed_in_an_order_it_has(runtim
     # Here CP-SAT puts t=2 p=2 d=2 one replica per node (blocks (0,0), (0,1) on node 0),
     # which prices faster than the default and Megatron-LM runs with the flag.
     assert optimized >= 1
+
+
+def test_an_executor_config_refuses_tensor_ranks_that_fall_with_tp():
+    """torch numbers a group's members by global rank and tensor parallelism gathers shards
+    in that order, so a tensor group's ranks must rise with tp; a data group's need not
+    (the executor shards the distributed optimizer in the group's order)."""
+    from pydantic import ValidationError
+
+    ctx, priced = _priced(_request(2, 4), _config(2, 2, 2), None)
+    document = candidate_launch(ctx, priced).launch.executor_config
+
+    def listed(coords: list[tuple[int, int, int]]) -> dict[str, Any]:
+        ranks = [{"rank": r, "dp": a, "pp": b, "tp": c} for r, (a, b, c) in enumerate(coords)]
+        placement = {"assignment": "optimized", "gpus_per_node": 4, "ranks": ranks}
+        return {**document, "placement": placement}
+
+    # Replica 1 first: stage 0's data ranks are 6 (dp 0) and 0 (dp 1), falling with dp.
+    data_falls = [(1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    data_falls += [(0, 1, 0), (0, 1, 1), (0, 0, 0), (0, 0, 1)]
+    assert ExecutorConfig.model_validate(listed(data_falls)).rank_of(0, 0, 0) == 6
+    tensor_falls = [(0, 0, 1), (0, 0, 0)] + data_falls[2:6] + [(1, 0, 0), (1, 0, 1)]
+    assert sorted(tensor_falls) == sorted(data_falls)
+    with pytest.raises(ValidationError, match=r"\(dp, pp\) = \(0, 0\) must rise with tp"):
+        ExecutorConfig.model_validate(listed(tensor_falls))
