@@ -445,3 +445,15 @@ def test_a_cpsat_plan_notes_a_placement_that_timed_out(monkeypatch):
     assert any(
         "CP-SAT found no layout within" in n and "default layout is kept" in n for n in notes
     )
+
+
+def test_a_cpsat_plan_lists_no_candidate_that_no_runtime_can_run():
+    """As the grid refuses such a candidate with search.runtime any, so does the ranking of
+    refined ones. On Llama 3 70B CP-SAT refines a context-parallel 1F1B to a per-stage full
+    recompute Megatron-LM's block method cannot express (e.g. [7, 2, 0, 0] layers), and
+    neither torch nor stagewright's executor runs context parallelism: it was ranked with
+    no runtime."""
+    result = plan(_request("llama3-70b-64xh100.json", "cpsat"))
+    assert result.candidates
+    for candidate in result.candidates:
+        assert candidate.runtimes, candidate.runtime_limits
