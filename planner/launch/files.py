@@ -79,7 +79,10 @@ def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> 
         files.append(
             LaunchFile(
                 f"{folder}/run-node{node}.sh",
-                launch_script(line, node=node, nodes=nodes, title=title),
+                # executor.worker's ranks end with torchrun (executor.lifeline).
+                launch_script(
+                    line, node=node, nodes=nodes, title=title, ranks_end_with_torchrun=True
+                ),
                 executable=True,
             )
         )

@@ -17,6 +17,7 @@ __all__ = [
     "EXECUTOR_CONFIG_FILE",
     "MASTER_PORT",
     "RDZV_TIMEOUT",
+    "STOP_GRACE",
     "launch_script",
     "node_layout",
     "torchrun_commands",
@@ -32,6 +33,13 @@ MASTER_PORT = 29500  # torchrun's default rendezvous port, unless MASTER_PORT sa
 # --rdzv-conf timeout=SECONDS (static_tcp_rendezvous.create_rdzv_handler): node 0 waits that
 # long for the others to connect, the others that long to reach it.
 RDZV_TIMEOUT = 900
+# Seconds between the steps a several-node script takes to end torchrun after Ctrl-C or
+# SIGTERM (see _meeting): SIGTERM, then SIGKILL. Long enough for a torchrun that stops its
+# ranks to finish doing so and print its account (1-3 s here on 2 busy cores, ranks that end
+# on the signal); short enough that someone who pressed Ctrl-C does not give up on it, and
+# that both steps fit in the 30 s Slurm gives a job between SIGTERM and SIGKILL (KillWait's
+# default), so that the script still says how it ended.
+STOP_GRACE = 10
 
 
 def node_layout(request: PlanRequest, config: CandidateConfig) -> tuple[int, int]:
@@ -61,12 +69,21 @@ def torchrun_commands(request: PlanRequest, config: CandidateConfig) -> list[str
 
 
 def launch_script(
-    command: str, *, node: int, nodes: int, title: str, env: str = "", prelude: str = ""
+    command: str,
+    *,
+    node: int,
+    nodes: int,
+    title: str,
+    env: str = "",
+    prelude: str = "",
+    ranks_end_with_torchrun: bool = False,
 ) -> str:
     """A bash script that runs ``command`` (a torchrun line) from its own folder on node
     ``node`` of ``nodes``; extra arguments are passed on to the command. ``env`` holds
     ``export`` lines the runtime needs; ``prelude`` runs before the script leaves the folder
-    it was started from (to read paths the operator gave relative to it)."""
+    it was started from (to read paths the operator gave relative to it).
+    ``ranks_end_with_torchrun`` says that the program's ranks end when torchrun does, however
+    it ends (executor.lifeline), so that the script may kill torchrun once it runs them."""
     lines = [
         "#!/usr/bin/env bash",
         f"# {title}",
@@ -99,7 +116,7 @@ def launch_script(
     if env:
         lines.append(env.rstrip("\n"))
     if nodes > 1:
-        lines.append(_meeting(command, node, nodes))
+        lines.append(_meeting(command, node, nodes, ranks_end_with_torchrun))
     else:
         lines.append(f'{command} "$@"')
     return "\n".join(lines) + "\n"
@@ -117,10 +134,13 @@ if ! [[ "$RDZV_TIMEOUT" =~ ^[1-9][0-9]{{0,6}}$ ]]; then
 fi"""
 
 
-def _meeting(command: str, node: int, nodes: int) -> str:
+def _meeting(command: str, node: int, nodes: int, ranks_end_with_torchrun: bool) -> str:
     """Say what the node waits for and how long, then run ``command``; when torchrun ends
-    because the nodes did not all meet in time, say that in the script's words."""
+    because the nodes did not all meet in time, say that in the script's words; on Ctrl-C or
+    SIGTERM, end torchrun and say so."""
     where = f"$MASTER_ADDR:${{MASTER_PORT:-{MASTER_PORT}}}"
+    here = f"$0: node {node} of {nodes}:"
+    grace = STOP_GRACE * 10  # the script counts in tenths of a second
     # torchrun says nothing while it waits for the other nodes, and a wait that runs out ends
     # in a traceback whose last line says it in torch's words: "Timed out after N seconds
     # waiting for clients. 1/2 clients joined." on node 0, "The client socket has timed out
@@ -128,8 +148,36 @@ def _meeting(command: str, node: int, nodes: int) -> str:
     # through the function line by line, and the script's own line follows when one of those
     # was in it. The function ignores Ctrl-C and SIGTERM so that it passes on what torchrun
     # prints while it stops its ranks; it ends when torchrun and its ranks have.
+    #
+    # Ctrl-C does not stop a torchrun that waits for the other nodes: the wait is one blocking
+    # call into C++ (the static rendezvous's TCPStore), and Python raises KeyboardInterrupt
+    # only when it returns, after RDZV_TIMEOUT. So the script ends torchrun itself. It runs
+    # the pipeline in the background and waits for it with `wait`, which a trapped signal
+    # interrupts (bash runs no trap while a foreground command runs). Without job control
+    # a background pipeline stays in the script's process group, the terminal's foreground
+    # group: Ctrl-C and Ctrl-Z still reach torchrun. Bash starts a background command with
+    # SIGINT and SIGQUIT ignored; `trap -` gives torchrun back the dispositions it had.
+    #
+    # What the script does depends on whether torchrun handles SIGTERM itself, which it does
+    # from when it starts its ranks (torch.distributed.elastic's PContext.start installs the
+    # handler) until it ends; Linux shows it in /proc/PID/status (SigCgt). Whether it still
+    # has ranks is no guide: on the same Ctrl-C, torchrun may have stopped them already. A
+    # torchrun gone by the time the script looks (bash has reaped it) ended on the signal
+    # itself, at once, which one with the handler does not: it takes a second or two to stop
+    # its ranks and end (0.9-2.4 s measured, even with ranks gone within milliseconds).
+    # Until then SIGTERM ends torchrun at once: the script sends it at once, and SIGKILL if
+    # torchrun has not ended STOP_GRACE s later (no rank exists to be orphaned). After,
+    # torchrun stops its ranks on SIGINT and SIGTERM: it signals them, waits up to 30 s and
+    # kills those left. It had the signal too, in the usual case (a terminal's Ctrl-C, a
+    # scheduler signalling the job's processes), and a second one during that shutdown cuts
+    # it short, so the script only waits. When the ranks end with torchrun
+    # (executor.lifeline), a torchrun still running STOP_GRACE s later (the signal went to the
+    # script alone, or the ranks are slow to stop) gets SIGTERM, and SIGKILL STOP_GRACE s
+    # after that. Other ranks (Megatron-LM's) would outlive a torchrun cut short: torchrun is
+    # left to end them. Where the script cannot tell (not Linux), SIGTERM at once, no SIGKILL.
+    term_after_ranks, kill_after_ranks = (grace, 2 * grace) if ranks_end_with_torchrun else (-1, -1)
     return f"""\
-echo "$0: node {node} of {nodes}: waiting until all {nodes} nodes have started their script, \
+echo "{here} waiting until all {nodes} nodes have started their script, \
 meeting at {where} (torchrun gives up after $RDZV_TIMEOUT s; RDZV_TIMEOUT=SECONDS sets that)" >&2
 say_if_the_nodes_did_not_meet() {{
   trap '' INT TERM
@@ -141,10 +189,62 @@ say_if_the_nodes_did_not_meet() {{
     esac
   done
   if [ -n "$timed_out" ]; then
-    echo "$0: node {node} of {nodes}: the {nodes} nodes did not all meet at {where} within" \\
+    echo "{here} the {nodes} nodes did not all meet at {where} within" \\
       "RDZV_TIMEOUT=$RDZV_TIMEOUT s; start every node's script within that time, each" \\
       "with MASTER_ADDR set to node 0's address (reachable from every node) and the same" \\
       "MASTER_PORT, or set RDZV_TIMEOUT to wait longer" >&2
   fi
 }}
-{{ {command} "$@" 2>&1 >&3 3>&- | say_if_the_nodes_did_not_meet; }} 3>&1"""
+interrupted="" signals=0
+trap 'interrupted=${{interrupted:-INT}} signals=$((signals + 1))' INT
+trap 'interrupted=${{interrupted:-TERM}} signals=$((signals + 1))' TERM
+exec 3>&1
+( trap - INT QUIT; exec {command} "$@" ) 2>&1 >&3 3>&- | say_if_the_nodes_did_not_meet 3>&- &
+pipeline=$!
+torchrun=$(jobs -p) || true  # the pipeline's first process
+status=0
+wait "$pipeline" || status=$?
+[ -n "$interrupted" ] || exit "$status"
+[ -n "$torchrun" ] || torchrun=$(jobs -p) || true
+handles_term=""  # whether torchrun handles SIGTERM itself: empty where the script cannot tell
+if [[ $OSTYPE == linux* ]]; then
+  handles_term=no caught=0
+  {{ while read -r key value; do
+      if [ "$key" = SigCgt: ]; then caught=$value; fi
+    done <"/proc/$torchrun/status"; }} 2>/dev/null || true
+  if (((0x$caught >> 14) & 1)); then handles_term=yes; fi  # bit 14: signal 15, SIGTERM
+fi
+case "$handles_term" in  # when to send SIGTERM and SIGKILL, in tenths of a second (-1: never)
+  no) term_at=0 kill_at={grace} ;;
+  yes) term_at={term_after_ranks} kill_at={kill_after_ranks} ;;
+  *) term_at=0 kill_at=-1 ;;
+esac
+killed=""
+for ((tenths = 0; ; tenths++)); do
+  kill -0 "$torchrun" 2>/dev/null || break
+  if ((tenths == term_at)); then kill -TERM "$torchrun" 2>/dev/null || true; fi
+  if ((tenths == kill_at)); then
+    if kill -KILL "$torchrun" 2>/dev/null; then killed=1; fi
+    break
+  fi
+  sleep 0.1
+done
+while :; do  # until torchrun's output has all been passed on (a signal cuts a wait short)
+  seen=$signals
+  wait "$pipeline" || true
+  [ "$signals" != "$seen" ] || break
+done
+said="{here} interrupted (SIG$interrupted)"
+if [ "$handles_term" = no ]; then said+=" while waiting for the other nodes at {where}"; fi
+if [ -n "$killed" ]; then
+  said+="; torchrun did not end within {STOP_GRACE} s of SIGTERM and was killed with SIGKILL"
+elif [ "$handles_term" = no ]; then
+  said+="; torchrun stopped. Scripts already started on the other nodes wait up to their"
+  said+=" RDZV_TIMEOUT for this one: stop them too, or start this one again"
+elif [ "$handles_term" = yes ]; then
+  said+="; torchrun stopped its ranks and ended"
+else
+  said+="; torchrun has ended"
+fi
+echo "$said" >&2
+exit $((128 + $(kill -l "$interrupted")))"""
