@@ -9,8 +9,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -134,10 +136,11 @@ def _free_port() -> int:
 
 
 def _start_node(
-    folder: Path, node: int, cwd: Path, *args: str, **env: str
+    folder: Path, node: int, cwd: Path, *args: str, own_group: bool = False, **env: str
 ) -> subprocess.Popen[str]:
     """``bash run-node<node>.sh ARGS`` as an operator starts it on that node: from its own
-    working folder, with MASTER_ADDR (and whatever else ``env`` says) set."""
+    working folder, with MASTER_ADDR (and whatever else ``env`` says) set; with
+    ``own_group``, in a process group of its own, as a terminal starts a command."""
     environment = {
         "PATH": f"{VENV_BIN}{os.pathsep}{os.defpath}",
         "MASTER_ADDR": "127.0.0.1",
@@ -150,6 +153,7 @@ def _start_node(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=own_group,
     )
 
 
@@ -291,3 +295,64 @@ def test_a_checkpoint_folder_the_nodes_do_not_share_is_refused_before_training(t
     assert "is not one folder every node shares" in err1, err1[-3000:]
     assert not list((two_nodes / "ckpt").glob("step_*"))
     assert not list((node1 / "ckpt").glob("step_*"))
+
+
+def _in_group(group: int) -> list[int]:
+    """The processes of process group ``group`` that are still running (not zombies)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process groups in /proc")
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_node_waiting_for_the_others_stops_on_ctrl_c_or_sigterm(two_nodes, tmp_path, sent):
+    """Node 0 alone, in a process group of its own as a terminal starts it, waiting for node 1
+    with RDZV_TIMEOUT=120. The signal Ctrl-C sends that group (SIGINT), or a scheduler's
+    (SIGTERM), ends every process in it within seconds, not when the wait runs out: a
+    blocking wait in torch's C++ that Python's KeyboardInterrupt does not break. The script
+    exits with 128 + the signal's number and says what it was doing."""
+    timeout = 120
+    port = _free_port()
+    node = _start_node(
+        two_nodes, 0, tmp_path, own_group=True, MASTER_PORT=str(port), RDZV_TIMEOUT=str(timeout)
+    )
+    try:
+        # torchrun waits once its rendezvous store listens on the port (a connection that
+        # sends nothing does not count as a node).
+        started = time.monotonic()
+        while time.monotonic() - started < 90:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert node.poll() is None, node.communicate()[1][-3000:]
+            time.sleep(0.2)
+        else:
+            raise AssertionError("torchrun never listened on MASTER_PORT")
+        time.sleep(0.5)
+        sent_at = time.monotonic()
+        os.killpg(node.pid, sent)
+        _, err = node.communicate(timeout=15)
+        while _in_group(node.pid) and time.monotonic() - sent_at < 15:
+            time.sleep(0.05)
+        ended = time.monotonic() - sent_at
+        assert not _in_group(node.pid), "a process of the node outlived its script"
+    finally:
+        if _in_group(node.pid):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.communicate()
+    assert ended < 15 < timeout
+    assert node.returncode == 128 + sent
+    assert err.splitlines()[-1].endswith(
+        f"run-node0.sh: node 0 of 2: interrupted ({sent.name}) while waiting for the other "
+        f"nodes at 127.0.0.1:{port}; torchrun stopped. Scripts already started on the other "
+        "nodes wait up to their RDZV_TIMEOUT for this one: stop them too, or start this one "
+        "again"
+    )
+    assert "did not all meet" not in err
