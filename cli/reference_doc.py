@@ -246,7 +246,11 @@ def reference() -> str:
         "them from every candidate's page. On several nodes each node's script needs",
         "`MASTER_ADDR` (node 0's address) and takes `MASTER_PORT` (default 29500) and",
         "`RDZV_TIMEOUT`, the seconds a node waits for the others to start before it gives up",
-        "(default 900).",
+        "(default 900). Ctrl-C or SIGTERM ends a node that is still waiting at once (torchrun's",
+        "own Ctrl-C does not while it waits); once ranks run, torchrun stops them, and",
+        "`run-node<i>.sh` ends a torchrun still running 10 s later (Megatron-LM's ranks would",
+        "outlive it). The script exits 130 (Ctrl-C) or 143 (SIGTERM) with one line saying what",
+        "it was doing.",
         "",
     ]
     return "\n".join(out)
