@@ -195,6 +195,10 @@ def test_two_nodes_meet_on_the_port_master_port_names(two_nodes, tmp_path):
     nodes given MASTER_PORT, as a cluster's job environment gives it, run and verify."""
     # The lock: the emitted-line tests' several-node runs use 29500 (they set no MASTER_PORT).
     with one_multinode_job_at_a_time(), socket.socket() as other_job:
+        # A two-node job that ended on 29500 just before (another test file, on the other
+        # test worker) leaves connections in TIME-WAIT there for about a minute, which a
+        # plain bind refuses; SO_REUSEADDR binds past those, and a listener still refuses it.
+        other_job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         other_job.bind(("", 29500))
         other_job.listen()
         port = str(_free_port())
