@@ -195,8 +195,18 @@ def _pareto(ordered: list[list[int]]) -> list[list[int]]:
     return front
 
 
+# From 2**24 on, neighbouring doubles are at least 2**-29 (1.9e-9) apart, so the decimal
+# with 9 places nearest a double (within 5e-10 of it) is nearer to it than to any other
+# double: round(x, 9) returns x itself. Peaks in bytes are far above it, and each round()
+# of one costs half a microsecond (it formats the decimal), on every device of every
+# candidate of a search.
+ROUNDING_IS_EXACT_FROM = 2.0**24
+
+
 def peak_from_profile(profile: InflightProfile, sizes: Sequence[float]) -> list[float]:
-    """Peak saved activations per device for per-stage micro-batch ``sizes``."""
+    """Peak saved activations per device for per-stage micro-batch ``sizes``, each rounded
+    to 9 decimals (``round(peak, 9)``: sizes like 1/3 leave float dust that would make
+    equal peaks differ)."""
     # Plain loops: the search calls this for every candidate, and they beat generators here.
     peaks = []
     for moments in profile:
@@ -207,7 +217,8 @@ def peak_from_profile(profile: InflightProfile, sizes: Sequence[float]) -> list[
                 total += sizes[stage] * count
             if total > best:
                 best = total
-        peaks.append(round(best, 9))
+        # round() only where it can change the peak (see ROUNDING_IS_EXACT_FROM).
+        peaks.append(best if best >= ROUNDING_IS_EXACT_FROM else round(best, 9))
     return peaks
 
 
