@@ -99,3 +99,49 @@ def test_plan_runs_with_the_collector_paused(monkeypatch):
     planning.plan(None, None)  # type: ignore[arg-type]
     assert seen == [False]
     assert gc.isenabled()
+
+
+def _tracked(generation: int) -> set[int]:
+    return {id(o) for o in gc.get_objects(generation)}
+
+
+def test_what_a_search_leaves_is_moved_to_the_oldest_generation():
+    """Survivors of the pause skip the young generations (no walk over them at the next
+    allocation); the count that triggers a young collection starts again from zero."""
+    gc.collect()
+    with collector_paused():
+        kept = [[i] for i in range(20_000)]  # far past the young generation's threshold
+    assert gc.get_count()[0] < gc.get_threshold()[0]
+    oldest = _tracked(2)  # CPython's three generations
+    assert all(id(item) in oldest for item in kept)
+    assert gc.get_freeze_count() == 0  # nothing is left frozen
+
+
+def test_cycles_made_in_a_pause_are_still_collected_by_a_full_collection():
+    class Node:
+        pass
+
+    gc.collect()
+    with collector_paused():
+        first, second = Node(), Node()
+        first.other, second.other = second, first  # type: ignore[attr-defined]
+        del first, second
+    assert gc.collect() >= 2
+
+
+def test_objects_someone_else_froze_stay_frozen():
+    """A server that froze its objects (before forking) keeps them frozen: the pause then
+    leaves the generations as they are."""
+    gc.collect()
+    frozen = [[0]]
+    gc.freeze()
+    try:
+        count = gc.get_freeze_count()
+        with collector_paused():
+            pass
+        assert gc.get_freeze_count() == count
+        assert not any(
+            id(item) in _tracked(generation) for item in frozen for generation in (0, 1, 2)
+        )
+    finally:
+        gc.unfreeze()
