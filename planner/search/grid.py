@@ -39,7 +39,13 @@ from planner.costmodel.evaluate import (
 from planner.launch.runtimes import runtime_limits
 from planner.placement import Placement
 from planner.schedules import RUNTIMES, schedule_family
-from planner.specs import DEFAULT_MICRO_BATCH_SIZES, CandidateConfig, PlanRequest, Rejected
+from planner.specs import (
+    DEFAULT_MICRO_BATCH_SIZES,
+    CandidateConfig,
+    PlanRequest,
+    Recompute,
+    Rejected,
+)
 
 __all__ = [
     "DEFAULT_MICRO_BATCH_SIZES",
@@ -302,15 +308,19 @@ def runtime_problem(
     return None if reason is None else f"search.runtime is {runtime}, which cannot run it: {reason}"
 
 
-def _config(
+def _configs(
     point: SearchPoint,
     m: int,
-    recompute: str,
+    modes: Sequence[Recompute],
     schedule: str,
     layers: list[int],
     num_chunks: int | None = None,
-) -> CandidateConfig:
-    return CandidateConfig(
+) -> list[CandidateConfig]:
+    """The candidate of ``schedule`` at this point under each recompute mode of ``modes``
+    (a request's, validated): the first one validated, the others copies of it with their
+    own mode. No rule of a config reads the mode, and a copy costs a third of validating
+    (every candidate of a search is made here)."""
+    first = CandidateConfig(
         num_chunks=num_chunks,
         t=point.t,
         p=point.p,
@@ -318,10 +328,11 @@ def _config(
         cp=point.cp,
         micro_batch_size=point.mb,
         num_microbatches=m,
-        recompute=recompute,
+        recompute=modes[0],
         schedule=schedule,
         layers_per_stage=layers,
     )
+    return [first] + [first.model_copy(update={"recompute": mode}) for mode in modes[1:]]
 
 
 def _with_memory_limit(
@@ -380,8 +391,8 @@ def enumerate_space(ctx: PlanContext, capacity: float) -> SearchSpace:
             if problem is None and point.p == 1:
                 problem = single_device_problem(schedule, request.search.schedules)
             layers = split_layers(layers_total, num_stages(schedule, point.p, chunks)) or []
-            for recompute in request.search.recompute:
-                config = _config(point, m, recompute, schedule, layers, chunks)
+            for config in _configs(point, m, request.search.recompute, schedule, layers, chunks):
+                recompute = config.recompute
                 evaluated += 1
                 refused = problem
                 if refused is None:

@@ -8,7 +8,7 @@ import pytest
 from planner.costmodel import PlanContext, estimate, price
 from planner.plan import plan
 from planner.profiles import default_store
-from planner.search.grid import _config, schedule_problem, search_points
+from planner.search.grid import _configs, schedule_problem, search_points
 from planner.specs import PlanRequest
 from tests.unit.test_search import ALL_SCHEDULES, example, request
 
@@ -33,8 +33,7 @@ def _every_fitting_time(r: PlanRequest) -> dict[str, float]:
             if point.p == 1 and schedule != "1f1b" and "1f1b" in r.search.schedules:
                 continue
             layers = split_layers(r.model.num_layers, num_stages(schedule, point.p)) or []
-            for recompute in r.search.recompute:
-                config = _config(point, m, recompute, schedule, layers)
+            for config in _configs(point, m, r.search.recompute, schedule, layers):
                 est = estimate(ctx, config, capacity)
                 if est.peak_memory > capacity:
                     continue

@@ -599,3 +599,35 @@ def test_sequence_parallelism_searches_no_cp_that_leaves_t_a_share_it_cannot_spl
     configs = [c.config for c in default.candidates] + [x.config for x in default.rejected]
     assert {(c.t, c.cp) for c in configs} == {(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)}
     assert not [n for n in default.notes if n.startswith("context-parallel")]
+
+
+@pytest.mark.parametrize(
+    "schedule, chunks, layers",
+    [("1f1b", None, [2, 2, 2, 2]), ("interleaved", 2, [1] * 8), ("v-zb", None, [1] * 8)],
+)
+def test_a_points_configs_equal_validating_each_mode(schedule, chunks, layers):
+    """The grid validates one config per point and schedule and copies it for the other
+    recompute modes: each copy is the config validating it would give, with its own mode."""
+    from planner.search.grid import SearchPoint, _configs
+
+    point = SearchPoint(t=1, p=4, d=1, mb=2)
+    modes = ["full", "none", "selective"]
+    made = _configs(point, 8, modes, schedule, layers, chunks)
+    assert [config.recompute for config in made] == modes
+    assert made == [
+        CandidateConfig(
+            t=1,
+            p=4,
+            d=1,
+            micro_batch_size=2,
+            num_microbatches=8,
+            recompute=mode,
+            schedule=schedule,
+            layers_per_stage=layers,
+            num_chunks=chunks,
+        )
+        for mode in modes
+    ]
+    assert [config.model_dump() for config in made] == [
+        CandidateConfig.model_validate(config.model_dump()).model_dump() for config in made
+    ]
