@@ -473,6 +473,8 @@ def _placement_problems(config: ExecutorConfig) -> list[str]:
         return [f"placement.ranks must list ranks 0..{g * p * d - 1} in order"]
     if spec.ranks is None and spec.assignment == "optimized" and spec.blocks is None:
         return ["an optimized placement needs its ranks or its blocks"]
+    if spec.ranks is None and spec.blocks is None:
+        return _rule_problems(g, p, d, spec.gpus_per_node, spec.assignment)
     try:
         coords = sorted(config.coords)
     except StagewrightError as exc:
@@ -492,6 +494,19 @@ def _placement_problems(config: ExecutorConfig) -> list[str]:
             "numbers a group's members by global rank, and tensor parallelism gathers its "
             "shards in that order"
         ]
+    return []
+
+
+def _rule_problems(g: int, p: int, d: int, gpus_per_node: int, assignment: Assignment) -> list[str]:
+    """Why ranks placed by a rule (standard or pair-adjacent) cannot hold this job: only
+    when they do not fill whole nodes. The rules are :mod:`planner.placement`'s formulas,
+    which hold every (dp, pp, tp) once and number a tensor group's ranks rising with tp
+    (``tests/unit/test_placement.py`` checks both): listing every rank to check that again
+    took most of the assembly of a 16,384-GPU plan (10 candidates of 16,384 ranks)."""
+    try:
+        place(g, p, d, gpus_per_node, assignment)
+    except StagewrightError as exc:
+        return [f"placement: {exc}"]
     return []
 
 

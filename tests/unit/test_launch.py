@@ -218,6 +218,10 @@ def _document(**changes: Any) -> dict[str, Any]:
         ({"num_microbatches": 3}, "micro-batches per batch"),
         ({"training__global_batch_size": 5}, "global_batch_size is 5"),
         ({"schedule__actions": [["0F0"], []]}, "schedule:"),
+        (
+            {"placement__ranks": None, "placement__gpus_per_node": 3},
+            "placement: 4 ranks do not fill whole nodes of 3 GPUs",
+        ),
     ],
 )
 def test_a_bad_executor_config_says_what_to_change(changes, message):

@@ -91,6 +91,19 @@ def test_every_rank_once_and_tensor_groups_within_nodes(assignment, t, p, d, per
             assert len(nodes) == 1
 
 
+@pytest.mark.parametrize("assignment", ["standard", "pair-adjacent"])
+@pytest.mark.parametrize("t, p, d", [(1, 4, 2), (2, 3, 4), (4, 8, 4), (8, 16, 8), (8, 7, 1)])
+def test_the_formulas_number_every_tensor_group_rising_with_tp(assignment, t, p, d):
+    """What an executor config placed by a rule is not checked for again: torch numbers a
+    group's members by global rank, so each tensor group's ranks rise with tp."""
+    placement = place(t, p, d, 8, assignment)
+    for dp in range(d):
+        for pp in range(p):
+            ranks = [placement.rank_of(dp, pp, tp) for tp in range(t)]
+            assert ranks == sorted(ranks)
+            assert [placement.coords[rank] for rank in ranks] == [(dp, pp, tp) for tp in range(t)]
+
+
 def test_tensor_groups_across_nodes_are_reported():
     # t = 4 on nodes of 2 GPUs cannot stay inside a node.
     assert not place(4, 1, 1, 2, "standard").tensor_groups_within_nodes
