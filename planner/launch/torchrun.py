@@ -51,7 +51,11 @@ def node_layout(request: PlanRequest, config: CandidateConfig) -> tuple[int, int
 
 def torchrun_prefix(request: PlanRequest, config: CandidateConfig, node: int) -> str:
     """``torchrun`` and its options for ``node``, before the program it runs."""
-    nodes, per_node = node_layout(request, config)
+    return _prefix(*node_layout(request, config), node)
+
+
+def _prefix(nodes: int, per_node: int, node: int) -> str:
+    """:func:`torchrun_prefix` given the candidate's :func:`node_layout`."""
     if nodes == 1:
         return f"torchrun --standalone --nproc-per-node={per_node}"
     return (
@@ -63,9 +67,11 @@ def torchrun_prefix(request: PlanRequest, config: CandidateConfig, node: int) ->
 
 def torchrun_commands(request: PlanRequest, config: CandidateConfig) -> list[str]:
     """One torchrun line per node running the executor on ``executor-config.json``."""
-    nodes, _ = node_layout(request, config)
+    # The layout once, not once a node: a plan makes these for each of its candidates, and a
+    # 16,384-GPU one has 2,048 nodes.
+    nodes, per_node = node_layout(request, config)
     target = f"-m executor.worker {EXECUTOR_CONFIG_FILE}"
-    return [f"{torchrun_prefix(request, config, node)} {target}" for node in range(nodes)]
+    return [f"{_prefix(nodes, per_node, node)} {target}" for node in range(nodes)]
 
 
 def launch_script(
