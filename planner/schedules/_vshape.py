@@ -90,8 +90,11 @@ class BlockOffsets:
         )
 
 
+@lru_cache(maxsize=256)
 def block_offsets(name: str, num_devices: int) -> BlockOffsets:
-    """The building block's offsets for ``name`` on d devices (Appendix F, Tables 8 and 9)."""
+    """The building block's offsets for ``name`` on d devices (Appendix F, Tables 8 and 9).
+    Cached: V-ZB's are searched for (30 to 300 us), and every build of a V schedule, of
+    its in-flight profile or of its periodic base asks for them."""
     d = num_devices
     delta0, delta1 = _DELTAS[name]
     if name == "v-min":
