@@ -22,6 +22,7 @@ import pytest
 
 from cli.main import main
 from tests.executor.conftest import VENV_BIN, one_multinode_job_at_a_time
+from tests.unit.helpers import running_in_group
 
 MODEL = {
     "name": "tiny-gpt",
@@ -301,19 +302,6 @@ def test_a_checkpoint_folder_the_nodes_do_not_share_is_refused_before_training(t
     assert not list((node1 / "ckpt").glob("step_*"))
 
 
-def _in_group(group: int) -> list[int]:
-    """The processes of process group ``group`` that are still running (not zombies)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process groups in /proc")
 @pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_node_waiting_for_the_others_stops_on_ctrl_c_or_sigterm(two_nodes, tmp_path, sent):
@@ -343,12 +331,12 @@ def test_a_node_waiting_for_the_others_stops_on_ctrl_c_or_sigterm(two_nodes, tmp
         sent_at = time.monotonic()
         os.killpg(node.pid, sent)
         _, err = node.communicate(timeout=15)
-        while _in_group(node.pid) and time.monotonic() - sent_at < 15:
+        while running_in_group(node.pid) and time.monotonic() - sent_at < 15:
             time.sleep(0.05)
         ended = time.monotonic() - sent_at
-        assert not _in_group(node.pid), "a process of the node outlived its script"
+        assert not running_in_group(node.pid), "a process of the node outlived its script"
     finally:
-        if _in_group(node.pid):
+        if running_in_group(node.pid):
             os.killpg(node.pid, signal.SIGKILL)
         node.communicate()
     assert ended < 15 < timeout

@@ -23,6 +23,7 @@ from planner.launch.files import launch_files
 from planner.launch.torchrun import STOP_GRACE
 from planner.plan import plan
 from planner.specs import PlanRequest
+from tests.unit.helpers import running_in_group
 
 REQUEST = {
     "model": {
@@ -195,19 +196,6 @@ WAITING_SAID = (
 )
 
 
-def _in_group(group: int) -> list[int]:
-    """The processes of process group ``group`` that are still running (not zombies)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
 def _interrupt(
     tmp_path: Path, name: str, sent: signal.Signals, *, whole_group: bool = True, **env: str
 ) -> tuple[int, str, float, list[str]]:
@@ -235,12 +223,12 @@ def _interrupt(
         else:
             os.kill(script.pid, sent)
         _, err = script.communicate(timeout=3 * STOP_GRACE)
-        while _in_group(script.pid) and time.monotonic() - sent_at < 3 * STOP_GRACE:
+        while running_in_group(script.pid) and time.monotonic() - sent_at < 3 * STOP_GRACE:
             time.sleep(0.05)
         ended = time.monotonic() - sent_at
-        assert not _in_group(script.pid), "torchrun outlived the script"
+        assert not running_in_group(script.pid), "torchrun outlived the script"
     finally:
-        if _in_group(script.pid):
+        if running_in_group(script.pid):
             os.killpg(script.pid, signal.SIGKILL)
         script.communicate()
     handled = log.read_text().split() if log.exists() else []
