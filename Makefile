@@ -29,8 +29,8 @@ migrate: $(STAMP)  ## alembic upgrade head on STAGEWRIGHT_DATABASE_URL (default 
 	$(BIN)/alembic upgrade head
 
 lint: $(STAMP)  ## ruff (lint + format check)
-	$(BIN)/ruff check planner api executor cli tests benchmarks
-	$(BIN)/ruff format --check planner api executor cli tests benchmarks
+	$(BIN)/ruff check planner api executor cli tests benchmarks migrations
+	$(BIN)/ruff format --check planner api executor cli tests benchmarks migrations
 
 typecheck: $(STAMP)  ## mypy --strict on planner, api, executor and cli
 	$(BIN)/mypy
