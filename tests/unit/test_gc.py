@@ -139,7 +139,10 @@ def test_objects_someone_else_froze_stay_frozen():
         count = gc.get_freeze_count()
         with collector_paused():
             pass
-        assert gc.get_freeze_count() == count
+        # Nothing was unfrozen (that would empty the permanent generation) and nothing was
+        # added to it. Frozen objects may die meanwhile (other threads': pytest-xdist's
+        # channel to its worker), which lowers the count: a clean-clone CI saw 3 fewer.
+        assert 0 < gc.get_freeze_count() <= count
         assert not any(
             id(item) in _tracked(generation) for item in frozen for generation in (0, 1, 2)
         )
