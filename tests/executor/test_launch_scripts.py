@@ -22,7 +22,7 @@ import pytest
 
 from cli.main import main
 from tests.executor.conftest import VENV_BIN, one_multinode_job_at_a_time
-from tests.unit.helpers import running_in_group
+from tests.unit.helpers import kill_group, signal_until_gone
 
 MODEL = {
     "name": "tiny-gpt",
@@ -328,17 +328,10 @@ def test_a_node_waiting_for_the_others_stops_on_ctrl_c_or_sigterm(two_nodes, tmp
         else:
             raise AssertionError("torchrun never listened on MASTER_PORT")
         time.sleep(0.5)
-        sent_at = time.monotonic()
-        os.killpg(node.pid, sent)
-        _, err = node.communicate(timeout=15)
-        while running_in_group(node.pid) and time.monotonic() - sent_at < 15:
-            time.sleep(0.05)
-        ended = time.monotonic() - sent_at
-        assert not running_in_group(node.pid), "a process of the node outlived its script"
-    finally:
-        if running_in_group(node.pid):
-            os.killpg(node.pid, signal.SIGKILL)
-        node.communicate()
+    except BaseException:
+        kill_group(node)
+        raise
+    err, ended = signal_until_gone(node, sent, within=15)
     assert ended < 15 < timeout
     assert node.returncode == 128 + sent
     assert err.splitlines()[-1].endswith(

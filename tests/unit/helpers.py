@@ -4,7 +4,11 @@ validator), and small model and training specs built from a test module's defaul
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -105,6 +109,37 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def signal_until_gone(
+    process: subprocess.Popen[str], sent: signal.Signals, within: float, *, whole_group: bool = True
+) -> tuple[str, float]:
+    """Send ``sent`` to ``process``'s process group (``process`` leads one of its own), or
+    to ``process`` alone, and wait up to ``within`` s for every process of the group to end.
+    Returns the process's stderr and the seconds from the signal until the group was gone;
+    fails if something of it is still running then (and kills the group, so that nothing
+    outlives the test)."""
+    try:
+        sent_at = time.monotonic()
+        if whole_group:
+            os.killpg(process.pid, sent)
+        else:
+            os.kill(process.pid, sent)
+        _, err = process.communicate(timeout=within)
+        while running_in_group(process.pid) and time.monotonic() - sent_at < within:
+            time.sleep(0.05)
+        ended = time.monotonic() - sent_at
+        assert not running_in_group(process.pid), "a process of the group outlived it"
+    finally:
+        kill_group(process)
+    return err, ended
+
+
+def kill_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL what still runs of ``process``'s process group, and reap ``process``."""
+    if running_in_group(process.pid):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
 
 
 def running_in_group(group: int) -> list[int]:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from functools import cache
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from planner.launch.files import launch_files
 from planner.launch.torchrun import STOP_GRACE
 from planner.plan import plan
 from planner.specs import PlanRequest
-from tests.unit.helpers import running_in_group
+from tests.unit.helpers import kill_group, signal_until_gone
 
 REQUEST = {
     "model": {
@@ -217,20 +216,10 @@ def _interrupt(
     try:
         assert script.stdout is not None
         assert script.stdout.readline() == "ready\n"
-        sent_at = time.monotonic()
-        if whole_group:
-            os.killpg(script.pid, sent)
-        else:
-            os.kill(script.pid, sent)
-        _, err = script.communicate(timeout=3 * STOP_GRACE)
-        while running_in_group(script.pid) and time.monotonic() - sent_at < 3 * STOP_GRACE:
-            time.sleep(0.05)
-        ended = time.monotonic() - sent_at
-        assert not running_in_group(script.pid), "torchrun outlived the script"
-    finally:
-        if running_in_group(script.pid):
-            os.killpg(script.pid, signal.SIGKILL)
-        script.communicate()
+    except BaseException:
+        kill_group(script)
+        raise
+    err, ended = signal_until_gone(script, sent, 3 * STOP_GRACE, whole_group=whole_group)
     handled = log.read_text().split() if log.exists() else []
     return script.returncode, err, ended, handled
 
