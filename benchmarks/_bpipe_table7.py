@@ -215,6 +215,10 @@ class Checker:
             "oom_lighter": oom_lighter,
             "oom_1f1b": oom_1f1b,
             "agrees": all(checks),
+            # Where the layer's F, B, W came from: 'measured' (a profile point of exactly
+            # this shape), 'scaled measurement' (a neighbouring point carried by the model's
+            # ratio) or 'model' (the shape-aware model alone).
+            "times_from": priced.estimate.costs.layer.origin,
         }
 
     def tensor_bytes(self, row: Row, recompute: str, schedule: str) -> float:

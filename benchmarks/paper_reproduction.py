@@ -27,8 +27,11 @@ Five views of the same table:
 For each: Spearman's rank correlation of predicted and measured MFU, the mean |MFU error| in
 points, the share of memory labels the model agrees with, and whether the planner's fastest
 configuration (within the paper's search space: layers divide evenly over the stages) is
-the paper's fastest row, with BPipe and without. Then every row under the calibrated view
-and the per-stage memory of GPT-3 13B on 8 stages next to Figure 3's 37 GiB imbalance.
+the paper's fastest row, with BPipe and without. Then, for the views fitted on all models,
+the median predicted / measured MFU of the rows by where their layer times came from (a
+measured point, a point scaled by the model, the model alone); every row under the calibrated
+view, with the as-shipped prediction and that source beside it; and the per-stage memory of
+GPT-3 13B on 8 stages next to Figure 3's 37 GiB imbalance.
 
 The table is read from ``shared/papers/bpipe_table7.json`` next to the repository (the
 directory above it), or from ``--table``; the runs from ``profiles/measurements/``.
@@ -38,6 +41,7 @@ Disagreements are printed as they come out.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,21 +84,52 @@ from planner.profiles import LayerPoint, default_store  # noqa: E402
 from planner.specs import CandidateConfig  # noqa: E402
 
 
-def row_table(rows: list[Row], results: list[dict[str, Any]], capacity_gib: float) -> str:
+def row_table(
+    rows: list[Row],
+    results: list[dict[str, Any]],
+    shipped: list[dict[str, Any]],
+    capacity_gib: float,
+) -> str:
+    """Every row under a calibrated view (``results``), with the as-shipped prediction and
+    where each row's layer times came from beside it: a row priced from a measured point
+    does not carry the model's bias, so mixed sources show here first."""
     lines = [
         "| model | config | t | p | d | mbs | recompute | schedule | measured MFU % "
-        f"| predicted MFU % | predicted peak GiB (of {capacity_gib:.1f}) "
-        "| fits at listed recompute | OOM at less recompute | OOM under 1f1b | agrees |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| predicted MFU % | as shipped | predicted peak GiB (of {capacity_gib:.1f}) "
+        "| fits at listed recompute | OOM at less recompute | OOM under 1f1b | agrees "
+        "| layer times from |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row, res in zip(rows, results, strict=True):
+    for row, res, as_shipped in zip(rows, results, shipped, strict=True):
         lines.append(
             f"| {row['model']} | {row['config_id']} | {row['t']} | {row['p']} | {row['d']} "
             f"| {row['mbs']} | {row['recompute']} | {row['schedule']} | {row['mfu']:.2f} "
-            f"| {res['predicted_mfu']:.2f} | {res['peak_gib']:.1f} | {yes_no(res['fits'])} "
+            f"| {res['predicted_mfu']:.2f} | {as_shipped['predicted_mfu']:.2f} "
+            f"| {res['peak_gib']:.1f} | {yes_no(res['fits'])} "
             f"| {yes_no(res['oom_lighter'])} | {yes_no(res['oom_1f1b'])} "
-            f"| {yes_no(res['agrees'])} |"
+            f"| {yes_no(res['agrees'])} | {res['times_from']} |"
         )
+    return "\n".join(lines)
+
+
+def bias_by_source(views: list[View], rows: list[Row]) -> str:
+    """For each view, the median of predicted / measured MFU over the rows whose layer times
+    came from each source: where the model is biased and the measured points are not, the
+    planner's order between the two kinds of rows carries the bias."""
+    lines = [
+        "| view | layer times from | rows | median predicted / measured MFU |",
+        "|---|---|---|---|",
+    ]
+    for view in views:
+        _, results = score(view, rows, best=False)
+        by_source: dict[str, list[float]] = {}
+        for row, res in zip(rows, results, strict=True):
+            ratio = res["predicted_mfu"] / row["mfu"]
+            by_source.setdefault(res["times_from"], []).append(ratio)
+        for source, ratios in sorted(by_source.items()):
+            lines.append(
+                f"| {view.label} | {source} | {len(ratios)} | {statistics.median(ratios):.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -272,10 +307,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("## Memory allowance fitted to the out-of-memory labels\n")
     print(allowance_lines(views))
     print()
+    print("## Prediction bias by where the layer times came from\n")
+    print(bias_by_source(views[:all_model_views], rows))
+    print()
     calibrated = views[1]
     _, results = score(calibrated, rows)
     print(f"## Every row, {calibrated.label}\n")
-    print(row_table(rows, results, shipped.usable_memory_gib))
+    _, shipped_results = score(views[0], rows, best=False)
+    print(row_table(rows, results, shipped_results, shipped.usable_memory_gib))
     print()
     print(
         f"## Stage memory imbalance, GPT-3 13B, t=1 p={FIGURE3_GPUS} d=1 mbs=1, no recompute, "
