@@ -221,20 +221,12 @@ def landscape(request: PlanRequest, feasible: list[Estimate]) -> list[LandscapeP
     peak memory, for the dashboard's scatter."""
     return [
         LandscapePoint(
-            label=_label(e.config),
+            label=e.config.label,
             samples_per_s=request.training.global_batch_size / e.iteration_time_s,
             peak_memory_gib=e.peak_memory / GIB,
         )
         for e in feasible
     ]
-
-
-def _label(config: CandidateConfig) -> str:
-    cp = f" cp{config.cp}" if config.cp > 1 else ""
-    return (
-        f"t{config.t}{cp} p{config.p} d{config.d} mb{config.micro_batch_size} "
-        f"{config.recompute} {config.schedule_label}"
-    )
 
 
 def _breakdown(priced: Priced) -> list[StageBreakdown]:

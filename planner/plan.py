@@ -33,6 +33,7 @@ from planner.profiles import ProfileStore, default_store
 from planner.schedules import schedule_family
 from planner.search.gains import limit_note
 from planner.search.grid import enumerate_space, runtime_problem, unsearched
+from planner.search.source_order import source_order_note
 from planner.specs import Plan, PlanRequest, PlanStats, RefinementInfo
 
 __all__ = ["plan"]
@@ -95,6 +96,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
         candidates[0] = candidates[0].model_copy(
             update={"notes": candidates[0].notes + refine_notes}
         )
+    order_note = source_order_note(ctx, [pr for pr, _ in pool[: request.search.top_k]])
     by_schedule = schedule_summaries(request, feasible, best_of, [pr for pr, _ in refined])
     elapsed = (time.perf_counter() - started) * 1e3
     return Plan(
@@ -106,7 +108,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
         stats=PlanStats(evaluated=space.evaluated, feasible=len(feasible), search_ms=elapsed),
         by_schedule=by_schedule,
         landscape=landscape(request, feasible),
-        notes=unsearched(request),
+        notes=unsearched(request) + [n for n in (order_note,) if n is not None],
     )
 
 

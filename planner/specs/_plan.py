@@ -193,6 +193,16 @@ class CandidateConfig(Spec):
         return given
 
     @property
+    def label(self) -> str:
+        """The configuration in one line (``t4 p8 d1 mb2 selective bpipe``): how plan notes
+        and the landscape name it."""
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        return (
+            f"t{self.t}{cp} p{self.p} d{self.d} mb{self.micro_batch_size} "
+            f"{self.recompute} {self.schedule_label}"
+        )
+
+    @property
     def schedule_label(self) -> str:
         """The schedule's name, with its chunks per device where they are not the family's
         default (``interleaved v=4``): how plan notes and tables name it."""
@@ -413,5 +423,8 @@ class Plan(Spec):
         description="What of the requested space was not searched, and why: points that "
         "have no configuration to list as rejected (a tensor-parallel degree the model "
         "does not split over, micro-batch sizes or data-parallel degrees whose product "
-        "divides no global batch).",
+        "divides no global batch). And when the first candidate and the best one whose "
+        "layer times come from the other kind of source (measured points, the model alone) "
+        "would swap places priced alike by the model: their order then rests on the "
+        "model's disagreement with the measurements.",
     )
