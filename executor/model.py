@@ -342,6 +342,16 @@ class Stage(_Parallel):
         ]
 
     def forward(self, x: Tensor, key: DropoutKey, targets: Tensor | None = None) -> Tensor:
+        out = self.activations(x, key)
+        if not self.has_head:
+            return out
+        if targets is None:
+            raise ValueError("the last stage needs targets to compute the loss")
+        return vocab_parallel_cross_entropy(out.float(), targets.t(), self.tp).mean()
+
+    def activations(self, x: Tensor, key: DropoutKey) -> Tensor:
+        """Everything but the loss: the embedding (first stage), the layers and, on the last
+        stage, the output layer's logits (sequence, batch, vocabulary / t)."""
         if self.has_embedding:
             tokens = x.t()  # (sequence, batch)
             x = self._words(tokens) + self.pos[: tokens.shape[0]].unsqueeze(1)
@@ -352,11 +362,8 @@ class Stage(_Parallel):
             x = block(x, key)
         if not self.has_head:
             return x
-        if targets is None:
-            raise ValueError("the last stage needs targets to compute the loss")
         normed = F.layer_norm(x, (self.shape.hidden_size,), self.ln_f_w, self.ln_f_b)
-        logits = self.column(normed, self.out_w, None)
-        return vocab_parallel_cross_entropy(logits.float(), targets.t(), self.tp).mean()
+        return self.column(normed, self.out_w, None)
 
 
 def build_stage(

@@ -4,6 +4,8 @@ that both update weights the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -46,15 +48,19 @@ def optimizer_slots(config: ExecutorConfig, param: Tensor) -> dict[str, Tensor]:
     return {"momentum_buffer": torch.zeros_like(param)}
 
 
-def make_optimizer(config: ExecutorConfig, param: nn.Parameter) -> torch.optim.Optimizer:
-    """The config's optimizer (torch.optim) over one flat parameter."""
+def make_optimizer(
+    config: ExecutorConfig, param: nn.Parameter | Sequence[nn.Parameter]
+) -> torch.optim.Optimizer:
+    """The config's optimizer (torch.optim) over one flat parameter, or over a module's
+    parameters (both element-wise updates: the same numbers either way)."""
+    params = [param] if isinstance(param, nn.Parameter) else list(param)
     settings = config.optimizer
     if config.training.optimizer == "adam":
         return torch.optim.Adam(
-            [param],
+            params,
             lr=settings.lr,
             betas=(settings.adam_beta1, settings.adam_beta2),
             eps=settings.adam_eps,
             foreach=False,
         )
-    return torch.optim.SGD([param], lr=settings.lr, momentum=settings.sgd_momentum, foreach=False)
+    return torch.optim.SGD(params, lr=settings.lr, momentum=settings.sgd_momentum, foreach=False)
