@@ -9,7 +9,9 @@ Per ranked candidate, a folder ``candidate-N`` (N = its rank in the plan) with:
 - where Megatron-LM can run the candidate as planned: ``megatron-args.txt`` (one argument per
   line) and ``megatron-node<i>.sh`` (``MEGATRON_LM`` names a Megatron-LM checkout; synthetic
   data and a null tokenizer unless ``DATA_ARGS`` says otherwise);
-- where torch.distributed.pipelining can: ``torch-pipelining.csv``;
+- where torch.distributed.pipelining can: ``torch-pipelining.csv``, which
+  ``python -m executor.torch_pipelining`` runs on torch's runtime with stagewright's model
+  (the README says how, for a candidate of one pipeline in fp32);
 - ``candidate.json``: the candidate as the plan holds it (prediction, runtimes, notes).
 And at the top, ``plan.json`` (the whole plan) and ``README.md`` (what is where).
 """
@@ -122,7 +124,24 @@ def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> 
     return files
 
 
-def _readme(plan: Plan) -> str:
+def _torch_line(request: PlanRequest, candidate: Candidate) -> str:
+    """What to do with a candidate's torch-pipelining.csv."""
+    c = candidate.config
+    runnable = c.t == 1 and c.d == 1 and c.cp == 1 and request.training.precision == "fp32"
+    if not runnable:
+        return (
+            "  torch-pipelining.csv: the schedule for torch.distributed.pipelining's "
+            "_PipelineScheduleRuntime (_load_csv), row i on pipeline rank i of your stages"
+        )
+    return (
+        "  torch-pipelining.csv: the schedule for torch.distributed.pipelining; on "
+        "stagewright's model, checked against one process: `torchrun --standalone "
+        f"--nproc-per-node={c.p} -m executor.torch_pipelining executor-config.json "
+        "torch-pipelining.csv --verify` (in the folder)"
+    )
+
+
+def _readme(plan: Plan, with_csv: set[int]) -> str:
     lines = [
         f"# Launch artefacts of plan {plan.id}",
         "",
@@ -142,6 +161,8 @@ def _readme(plan: Plan) -> str:
         if "stagewright" not in candidate.runtimes:
             reason = candidate.runtime_limits.get("stagewright", "")
             lines.append(f"  (no run-node scripts: stagewright's executor cannot run it: {reason})")
+        if index in with_csv:
+            lines.append(_torch_line(plan.request, candidate))
     lines += [
         "",
         "Run `bash candidate-N/run-node<i>.sh` on node i (with MASTER_ADDR set to node 0's "
@@ -157,13 +178,22 @@ def _readme(plan: Plan) -> str:
 
 def launch_files(plan: Plan) -> list[LaunchFile]:
     """Every file of the plan's launch artefacts."""
-    files = [
-        LaunchFile("plan.json", plan.model_dump_json(indent=2)),
-        LaunchFile("README.md", _readme(plan)),
+    per_candidate = [
+        _candidate_files(plan.request, candidate, index)
+        for index, candidate in enumerate(plan.candidates, start=1)
     ]
-    for index, candidate in enumerate(plan.candidates, start=1):
-        files += _candidate_files(plan.request, candidate, index)
-    return files
+    with_csv = {
+        index
+        for index, files in enumerate(per_candidate, start=1)
+        if any(f.path.endswith("/torch-pipelining.csv") for f in files)
+    }
+    out = [
+        LaunchFile("plan.json", plan.model_dump_json(indent=2)),
+        LaunchFile("README.md", _readme(plan, with_csv)),
+    ]
+    for files in per_candidate:
+        out += files
+    return out
 
 
 def launch_archive(plan: Plan, root: str) -> bytes:
