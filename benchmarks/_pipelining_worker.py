@@ -34,6 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import Tensor  # noqa: E402
+from torch.distributed.pipelining import (  # noqa: E402
+    Schedule1F1B,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
 
 from executor.inputs import read_config  # noqa: E402
 from executor.optimizer import make_optimizer  # noqa: E402
@@ -114,6 +119,13 @@ class Busy:
         return timed
 
 
+TORCH_SCHEDULES = {
+    "1f1b": Schedule1F1B,
+    "interleaved": ScheduleInterleaved1F1B,
+    "v-zb": ScheduleZBVZeroBubble,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/_pipelining_worker.py")
     parser.add_argument("config", type=Path)
@@ -127,7 +139,9 @@ def main() -> int:
     check_config(config, int(os.environ.get("WORLD_SIZE", "1")))
     dist.init_process_group("gloo")
     busy = Busy()
-    sched, bodies, at_step = build(config, rank, None, busy.wrap)
+    if config.ir.name not in TORCH_SCHEDULES:
+        raise SystemExit(f"no torch counterpart for schedule {config.ir.name!r}")
+    sched, bodies, at_step = build(config, rank, TORCH_SCHEDULES[config.ir.name], busy.wrap)
     stage_ids = config.ir.stages_of(rank)
     params = [p for body in bodies for p in body.parameters()]
     optimizer = make_optimizer(config, params)  # stagewright's STEP: the config's optimizer

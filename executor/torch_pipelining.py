@@ -11,10 +11,9 @@ candidate's layers per stage, weights, batches and dropout masks from
 ``executor-config.json``) through the actions the CSV lists, with the config's optimizer after
 each step. With ``--verify`` the first step's losses and gradients are compared with the
 single-process reference (:mod:`executor.reference`), as ``executor.worker --verify`` does for
-stagewright's own runtime: the CSV then provably computes what one process computes. Without
-a CSV it runs torch's own schedule of the config's name (``Schedule1F1B``,
-``ScheduleInterleaved1F1B``, ``ScheduleZBVZeroBubble``), which ``benchmarks/executor_vs_torch.py``
-compares with stagewright's runtime.
+stagewright's own runtime: the CSV then provably computes what one process computes.
+``benchmarks/executor_vs_torch.py`` builds torch's own schedules (``Schedule1F1B``, ...) with
+:func:`build` too, to compare them with stagewright's runtime.
 
 What torch's runtime and this runner take, each refused with the reason otherwise: one
 pipeline (t = d = 1: the CSV is one pipeline's schedule; tensor and data parallelism around it
@@ -37,12 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleInterleaved1F1B,
-    ScheduleZBVZeroBubble,
-)
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from executor.data import MicroBatch, global_batch
 from executor.dropout import DropoutKey
@@ -54,15 +48,9 @@ from executor.tensor_parallel import TensorParallel
 from executor.verify import TOLERANCE
 from planner.launch import ExecutorConfig
 
-__all__ = ["Body", "TORCH_SCHEDULES", "build", "check_config", "main", "run_step"]
+__all__ = ["Body", "build", "check_config", "main", "run_step"]
 
 EXIT_BAD_INPUT, EXIT_MISMATCH = 2, 3
-
-TORCH_SCHEDULES = {
-    "1f1b": Schedule1F1B,
-    "interleaved": ScheduleInterleaved1F1B,
-    "v-zb": ScheduleZBVZeroBubble,
-}
 
 Wrap = Callable[[str, Callable[..., Any]], Callable[..., Any]]
 
@@ -105,20 +93,15 @@ def check_config(config: ExecutorConfig, world: int) -> None:
 
 
 def build(
-    config: ExecutorConfig, rank: int, csv: Path | None, wrap: Wrap | None = None
+    config: ExecutorConfig, rank: int, schedule: Path | type, wrap: Wrap | None = None
 ) -> tuple[Any, list[Body], Callable[[int], None]]:
-    """torch's schedule for ``rank``: ``_PipelineScheduleRuntime`` with the actions of
-    ``csv``, or (None) torch's own schedule of the config's name. Returns it, the rank's
-    stage modules, and a function that names the step about to run (the dropout masks and
-    batches depend on it). ``wrap(kind, fn)`` wraps the stages' compute calls (the
-    benchmark times them)."""
+    """torch's schedule for ``rank``: ``_PipelineScheduleRuntime`` with the actions of the
+    CSV file ``schedule``, or one of torch's own schedule classes (the benchmark's
+    comparison). Returns it, the rank's stage modules, and a function that names the step
+    about to run (the dropout masks and batches depend on it). ``wrap(kind, fn)`` wraps the
+    stages' compute calls (the benchmark times them)."""
     schedule_ir = config.ir
     n = schedule_ir.num_stages
-    if csv is None and schedule_ir.name not in TORCH_SCHEDULES:
-        raise BadInput(
-            f"torch has no schedule of its own for {schedule_ir.name!r}: give the plan's "
-            "torch-pipelining.csv"
-        )
     shape = GPTShape.of(config.model)
     full = init_full_weights(shape, config.seed)
     options = model_options(config)
@@ -171,16 +154,16 @@ def build(
     m = config.num_microbatches
     loss = loss_fn if wrap is None else wrap("loss", loss_fn)
     sched: Any
-    if csv is not None:
+    if isinstance(schedule, Path):
         # Private in torch 2.13, and the only runtime that takes an action list.
         from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
         sched = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
             stages, m, loss_fn=loss, scale_grads=True
         )
-        sched._load_csv(str(csv), format="compute_only")
+        sched._load_csv(str(schedule), format="compute_only")
     else:
-        kind = TORCH_SCHEDULES[schedule_ir.name]
+        kind = schedule
         sched = kind(
             stages[0] if kind is Schedule1F1B else stages, m, loss_fn=loss, scale_grads=True
         )
@@ -240,11 +223,11 @@ def _say(line: str) -> None:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m executor.torch_pipelining",
-        description="Run a plan's torch-pipelining.csv (or torch's own schedule of the "
-        "config's name) on torch.distributed.pipelining, under torchrun.",
+        description="Run a plan's torch-pipelining.csv on torch.distributed.pipelining's "
+        "runtime with stagewright's model, under torchrun.",
     )
     parser.add_argument("config", type=Path, help="the candidate's executor-config.json")
-    parser.add_argument("csv", type=Path, nargs="?", help="the candidate's torch-pipelining.csv")
+    parser.add_argument("csv", type=Path, help="the candidate's torch-pipelining.csv")
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
     parser.add_argument(
         "--verify",
@@ -265,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = read_config(args.config)
         check_config(config, world)
-        if args.csv is not None and not args.csv.is_file():
+        if not args.csv.is_file():
             raise BadInput(f"cannot read {args.csv}: no such file")
     except BadInput as exc:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
