@@ -26,16 +26,10 @@ from executor.inputs import read_config
 from executor.reference import reference_run
 from executor.torch_pipelining import EXIT_BAD_INPUT
 from executor.torch_pipelining import main as runner_main
+from tests.executor.configs import TINY
 from tests.executor.conftest import VENV_BIN
 
-MODEL = {
-    "name": "tiny-gpt",
-    "num_layers": 8,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "seq_length": 32,
-    "vocab_size": 128,
-}
+MODEL = TINY  # hidden 64, 8 layers, 4 heads, sequence 32, vocabulary 128
 CASES = [("1f1b", "selective"), ("interleaved", "none"), ("v-zb", "full")]
 LATER_REL = 1e-3  # Adam magnifies rounding of near-zero gradients (executor.verify)
 
