@@ -15,6 +15,10 @@ stagewright's own runtime: the CSV then provably computes what one process compu
 ``benchmarks/executor_vs_torch.py`` builds torch's own schedules (``Schedule1F1B``, ...) with
 :func:`build` too, to compare them with stagewright's runtime.
 
+It runs on the CPU over gloo, also on a machine with GPUs: it checks that torch's runtime
+runs the schedule as planned (a few steps of the executor's model), it is not a training
+runtime; ``executor.worker`` is, and picks nccl and the GPUs by itself.
+
 What torch's runtime and this runner take, each refused with the reason otherwise: one
 pipeline (t = d = 1: the CSV is one pipeline's schedule; tensor and data parallelism around it
 are the user's device mesh, see the candidate's placement note), fp32 (torch accumulates
