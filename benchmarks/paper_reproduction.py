@@ -112,16 +112,19 @@ def row_table(
     return "\n".join(lines)
 
 
-def bias_by_source(views: list[View], rows: list[Row]) -> str:
+def bias_by_source(
+    views: list[View], rows: list[Row], results_of: dict[str, list[dict[str, Any]]]
+) -> str:
     """For each view, the median of predicted / measured MFU over the rows whose layer times
-    came from each source: where the model is biased and the measured points are not, the
-    planner's order between the two kinds of rows carries the bias."""
+    came from each source (``results_of[view.label]``: the view's results of ``rows``):
+    where the model is biased and the measured points are not, the planner's order between
+    the two kinds of rows carries the bias."""
     lines = [
         "| view | layer times from | rows | median predicted / measured MFU |",
         "|---|---|---|---|",
     ]
     for view in views:
-        _, results = score(view, rows, best=False)
+        results = results_of[view.label]
         by_source: dict[str, list[float]] = {}
         for row, res in zip(rows, results, strict=True):
             ratio = res["predicted_mfu"] / row["mfu"]
@@ -289,12 +292,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print("## Summary\n")
     lines: list[tuple[str, str, str, Scores]] = []
+    results_of: dict[str, list[dict[str, Any]]] = {}  # each all-model view's results, all rows
     for view in views[:all_model_views]:
         fitted = view.fitted_on or "(declared defaults)"
         for name in [*models, "all"]:
             chosen = [r for r in rows if name in ("all", r["model"])]
             judged = "all rows" if name == "all" else name
-            lines.append((view.label, fitted, judged, score(view, chosen, name != "all")[0]))
+            scores, results = score(view, chosen, name != "all")
+            if name == "all":
+                results_of[view.label] = results
+            lines.append((view.label, fitted, judged, scores))
     for check_model, view in held_out:
         chosen = [r for r in rows if r["model"] == check_model]
         judged = f"{check_model} (held out)"
@@ -308,13 +315,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(allowance_lines(views))
     print()
     print("## Prediction bias by where the layer times came from\n")
-    print(bias_by_source(views[:all_model_views], rows))
+    print(bias_by_source(views[:all_model_views], rows, results_of))
     print()
     calibrated = views[1]
-    _, results = score(calibrated, rows)
     print(f"## Every row, {calibrated.label}\n")
-    _, shipped_results = score(views[0], rows, best=False)
-    print(row_table(rows, results, shipped_results, shipped.usable_memory_gib))
+    print(
+        row_table(
+            rows,
+            results_of[calibrated.label],
+            results_of[views[0].label],
+            shipped.usable_memory_gib,
+        )
+    )
     print()
     print(
         f"## Stage memory imbalance, GPT-3 13B, t=1 p={FIGURE3_GPUS} d=1 mbs=1, no recompute, "

@@ -49,8 +49,9 @@ from executor.model import GPTShape, Stage, build_stage, init_full_weights, mode
 from executor.optimizer import make_optimizer
 from executor.reference import local_view, reference_gradients
 from executor.tensor_parallel import TensorParallel
-from executor.verify import TOLERANCE
+from executor.verify import TOLERANCE, on_rank_zero, relative_error
 from planner.launch import ExecutorConfig
+from planner.launch.torch_csv import torch_runner_problem
 
 __all__ = ["Body", "build", "check_config", "main", "run_step"]
 
@@ -76,23 +77,13 @@ class Body(nn.Module):
 def check_config(config: ExecutorConfig, world: int) -> None:
     """BadInput, saying what to change, for a config this runner cannot run as torch would."""
     par = config.parallel
-    if par.t != 1 or par.d != 1 or par.cp != 1:
-        raise BadInput(
-            f"the config has t = {par.t}, d = {par.d}, cp = {par.cp}: this runner runs one "
-            "pipeline (t = d = cp = 1); with tensor or data parallelism, torch runs the CSV on "
-            "the pipeline dimension of a device mesh you build (the candidate's placement note)"
-        )
+    problem = torch_runner_problem(par.t, par.d, par.cp, config.training.precision)
+    if problem is not None:
+        raise BadInput(problem)
     if config.ir.num_devices != world:
         raise BadInput(
             f"the schedule has {config.ir.num_devices} pipeline ranks, torchrun started "
             f"{world}: give --nproc-per-node={config.ir.num_devices}"
-        )
-    if config.training.precision != "fp32":
-        raise BadInput(
-            f"precision {config.training.precision}: torch.distributed.pipelining accumulates "
-            "gradients in the parameters' dtype and stagewright's reference in fp32, so only "
-            "an fp32 config is compared exactly; plan with precision fp32, or run this config "
-            "with python -m executor.worker"
         )
 
 
@@ -178,16 +169,14 @@ def build(
     return sched, bodies, at_step
 
 
-def run_step(
-    sched: Any, config: ExecutorConfig, rank: int, step: int, **step_kwargs: Any
-) -> list[Tensor]:
+def run_step(sched: Any, config: ExecutorConfig, rank: int, step: int) -> list[Tensor]:
     """One step of torch's schedule on the config's batch of ``step``; the per-micro-batch
     losses on the rank holding the last stage (empty elsewhere)."""
     stage_ids = config.ir.stages_of(rank)
     inputs, targets = global_batch(config, step)
     args = (inputs,) if 0 in stage_ids else ()
     losses: list[Tensor] = []
-    kwargs: dict[str, Any] = {"return_outputs": False, **step_kwargs}
+    kwargs: dict[str, Any] = {"return_outputs": False}
     if config.ir.num_stages - 1 in stage_ids:
         kwargs |= {"target": targets, "losses": losses}
     sched.step(*args, **kwargs)
@@ -200,21 +189,19 @@ def _verify(
     """(tensors compared, largest error relative to each tensor's scale) of this rank's
     first-step gradients and losses against the single-process reference."""
     initial = init_full_weights(GPTShape.of(config.model), config.seed)
-    ref_losses, ref_grads = reference_gradients(config, 0, dict(initial))
+    ref_losses, ref_grads = on_rank_zero(lambda: reference_gradients(config, 0, dict(initial)))
     worst, compared = 0.0, 0
     one = TensorParallel(1, 0, None, False)
     for s, body in zip(config.ir.stages_of(rank), bodies, strict=True):
         expected = local_view(config, ref_grads, s, one)
         for name, param in body.stage.named_parameters():
             want = expected[name]
-            got = torch.zeros_like(want) if param.grad is None else param.grad.float()
-            scale = max(float(want.abs().max()), 1e-12)
-            worst = max(worst, float((got - want).abs().max()) / scale)
+            got = torch.zeros_like(want) if param.grad is None else param.grad
+            worst = max(worst, relative_error(got, want))
             compared += 1
     if losses:
         got = torch.tensor([float(x.detach()) for x in losses])
-        want = torch.tensor(ref_losses)
-        worst = max(worst, float((got - want).abs().max()) / float(want.abs().max()))
+        worst = max(worst, relative_error(got, torch.tensor(ref_losses)))
         compared += 1
     return compared, worst
 

@@ -44,7 +44,14 @@ from executor.reference import local_view, reference_gradients, reference_weight
 from planner.launch import ExecutorConfig
 from planner.launch.report import Mismatch
 
-__all__ = ["ROUNDING_MARGIN", "TOLERANCE", "gradients_checked", "verify_rank"]
+__all__ = [
+    "ROUNDING_MARGIN",
+    "TOLERANCE",
+    "gradients_checked",
+    "on_rank_zero",
+    "relative_error",
+    "verify_rank",
+]
 
 TOLERANCE = {"fp32": 1e-5, "bf16": 8 * 2.0**-8, "fp16": 8 * 2.0**-11}
 # Tensor parallelism in bf16 or fp16: a gradient may differ from the reference by a few
@@ -54,12 +61,13 @@ _FLOOR = 1e-12
 T = TypeVar("T")
 
 
-def _error(run: Tensor, reference: Tensor) -> float:
+def relative_error(run: Tensor, reference: Tensor) -> float:
+    """max |run - reference| over the tensor, divided by the largest |reference| value."""
     scale = max(float(reference.abs().max()), _FLOOR) if reference.numel() else 1.0
     return float((run.float() - reference).abs().max()) / scale if run.numel() else 0.0
 
 
-def _on_rank_zero(compute: Callable[[], T]) -> T:
+def on_rank_zero(compute: Callable[[], T]) -> T:
     """The reference, computed once (by rank 0) and shared with every rank."""
     box = [compute() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
@@ -69,7 +77,7 @@ def _on_rank_zero(compute: Callable[[], T]) -> T:
 def _rounding_tolerance(tolerance: float, rounded: Tensor, expected: Tensor) -> float:
     """A tensor's tolerance when rounding alone moves it: ``rounded`` is the reference
     computed with other rounding; at least the precision's ``tolerance``."""
-    return max(tolerance, ROUNDING_MARGIN * _error(rounded, expected))
+    return max(tolerance, ROUNDING_MARGIN * relative_error(rounded, expected))
 
 
 def gradients_checked(config: ExecutorConfig) -> int:
@@ -154,7 +162,7 @@ def _compare_gradients(
             "a run verified from step 0 is not affected)"
         )
     steps = [first_step + b for b in range(batches)]
-    references = _on_rank_zero(lambda: _references(config, steps, prior))
+    references = on_rank_zero(lambda: _references(config, steps, prior))
     if references[0][2] is not None:
         compared += (
             f", each gradient within at least {ROUNDING_MARGIN:g}x what "
@@ -171,7 +179,8 @@ def _compare_gradients(
             unrounded = local_view(config, exact_all, s, tp) if exact_all is not None else None
             for name, grad in grads.items():
                 label = name if segments is None else f"{name} (batch {first_step + batch})"
-                out.errors.append((s, label, "gradient", _error(grad, expected[name]), version))
+                error = relative_error(grad, expected[name])
+                out.errors.append((s, label, "gradient", error, version))
                 if unrounded is not None:
                     out.tolerances[(s, label)] = _rounding_tolerance(
                         tolerance, unrounded[name], expected[name]

@@ -108,7 +108,7 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
         stats=PlanStats(evaluated=space.evaluated, feasible=len(feasible), search_ms=elapsed),
         by_schedule=by_schedule,
         landscape=landscape(request, feasible),
-        notes=unsearched(request) + [n for n in (order_note,) if n is not None],
+        notes=unsearched(request) + ([order_note] if order_note else []),
     )
 
 

@@ -33,6 +33,7 @@ from planner.specs import ModelSpec, Recompute, TimeSource, TrainingSpec
 __all__ = [
     "EndStageTimes",
     "LayerTimes",
+    "MEASURED_ORIGINS",
     "TimeOrigin",
     "end_stage_times",
     "layer_collective_seconds",
@@ -45,6 +46,8 @@ __all__ = [
 _NEAR = 2.0  # a point is "near" when the FLOP ratio is within this factor
 
 TimeOrigin = Literal["measured", "scaled measurement", "model"]
+# The origins that rest on a measurement (a point of the shape, or a neighbour's scaled).
+MEASURED_ORIGINS: frozenset[TimeOrigin] = frozenset({"measured", "scaled measurement"})
 
 
 @dataclass(frozen=True)

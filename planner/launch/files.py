@@ -24,6 +24,7 @@ import tarfile
 from dataclasses import dataclass
 
 from planner.launch.artefacts import materialize_launch, megatron_of
+from planner.launch.torch_csv import torch_runner_problem
 from planner.launch.torchrun import (
     EXECUTOR_CONFIG_FILE,
     launch_script,
@@ -127,8 +128,7 @@ def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> 
 def _torch_line(request: PlanRequest, candidate: Candidate) -> str:
     """What to do with a candidate's torch-pipelining.csv."""
     c = candidate.config
-    runnable = c.t == 1 and c.d == 1 and c.cp == 1 and request.training.precision == "fp32"
-    if not runnable:
+    if torch_runner_problem(c.t, c.d, c.cp, request.training.precision) is not None:
         return (
             "  torch-pipelining.csv: the schedule for torch.distributed.pipelining's "
             "_PipelineScheduleRuntime (_load_csv), row i on pipeline rank i of your stages"

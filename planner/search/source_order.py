@@ -20,15 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.costmodel.evaluate import PlanContext, Priced, estimate, price
+from planner.costmodel.timing import MEASURED_ORIGINS
 
 __all__ = ["source_order_note"]
 
-# Layer-time origins that rest on a measurement (planner.costmodel.timing.TimeOrigin).
-_MEASURED = frozenset({"measured", "scaled measurement"})
-
 
 def _measured(priced: Priced) -> bool:
-    return priced.estimate.costs.layer.origin in _MEASURED
+    return priced.estimate.costs.layer.origin in MEASURED_ORIGINS
 
 
 def source_order_note(ctx: PlanContext, ranked: Sequence[Priced]) -> str | None:
