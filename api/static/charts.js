@@ -91,16 +91,26 @@ function scatter(plan, capacity, onPick) {
     for (let i = 1; i < front.length; i++) d += ` H ${sx(front[i].x)} V ${sy(front[i].y)}`;
     svg.append(svgEl("path", { d, fill: "none", stroke: "#2f5fd0", "stroke-width": 1.5, id: "frontier" }));
   }
+  const pickable = [];
   for (const p of pts) {
     const x = sx(p.x), y = sy(p.y);
     const shape = p.fit
       ? svgEl("circle", { cx: x, cy: y, r: p.est ? 2.5 : 4, fill: p.est ? "#9db4e8" : "#2f5fd0", "fill-opacity": p.est ? 0.6 : 0.9, class: p.est ? "pt-fit pt-est" : "pt-fit pt-ranked" })
       : svgEl("path", { d: `M ${x - 3} ${y - 3} l 6 6 m 0 -6 l -6 6`, stroke: "#b42318", "stroke-opacity": 0.6, class: "pt-oom", "data-gib": p.x, "data-x": x.toFixed(2) });
-    const title = svgEl("title"); title.textContent = `${p.label}: ${fmt(p.y, 3)} samples/s, ${fmt(p.x, 1)} GiB${p.fit ? "" : " (does not fit)"}${p.pick ? " — click to inspect" : ""}`;
+    const rank = p.pick ? `${p.pick[0] === "candidates" ? "#" : "rejected #"}${p.pick[1]} ` : "";
+    const text = `${rank}${p.label}: ${fmt(p.y, 3)} samples/s, ${fmt(p.x, 1)} GiB${p.fit ? "" : " (does not fit)"}`;
+    const title = svgEl("title"); title.textContent = text + (p.pick ? " — click to inspect" : "");
     shape.append(title);
-    if (p.pick && onPick) { shape.style.cursor = "pointer"; shape.addEventListener("click", () => onPick(...p.pick)); }
+    if (p.pick && onPick) {
+      shape.style.cursor = "pointer";
+      shape.addEventListener("click", () => onPick(...p.pick));
+      for (const [k, v] of Object.entries({ role: "link", "aria-label": `${text}; opens its details`, "data-pick": p.pick.join("/"), tabindex: -1 })) shape.setAttribute(k, v);
+      shape.classList.add("pt-pick");
+      pickable.push({ shape, x, y, pick: p.pick });
+    }
     svg.append(shape);
   }
+  pointKeyboard(svg, pickable, onPick);
   const swatch = (draw) => { const s = svgEl("svg", { width: 22, height: 10, class: "swatch" }); s.append(draw); return s; };
   const legend = el("div", { class: "legend lines", id: "scatter-legend" },
     el("span", {}, swatch(svgEl("circle", { cx: 11, cy: 5, r: 4, fill: "#2f5fd0" })), "ranked candidates (simulated)"),
@@ -109,6 +119,32 @@ function scatter(plan, capacity, onPick) {
     front.length ? el("span", { "data-legend": "frontier" }, swatch(svgEl("line", { x1: 1, y1: 5, x2: 21, y2: 5, stroke: "#2f5fd0", "stroke-width": 1.5 })), "best throughput for its memory (frontier)") : "",
     cap ? el("span", {}, swatch(svgEl("line", { x1: 1, y1: 5, x2: 21, y2: 5, stroke: "#b42318", "stroke-dasharray": "4 3" })), "usable memory") : "");
   return el("div", { class: "card" }, svg, legend);
+}
+
+// The chart is one stop in the Tab order (the first ranked candidate, else the first point
+// that opens anything); the arrow keys move along the points as drawn, left to right (Home
+// and End to the ends), and Enter or Space opens the focused one, as clicking it does. A
+// stop per point would make a keyboard user tab through hundreds of rejected ones.
+function pointKeyboard(svg, pickable, onPick) {
+  if (!pickable.length) return;
+  svg.setAttribute("role", "group");
+  svg.setAttribute("aria-label", "Throughput against peak memory per device; arrow keys move between configurations, Enter opens one");
+  const order = pickable.slice().sort((a, b) => a.x - b.x || b.y - a.y);
+  const first = order.find((p) => p.pick[0] === "candidates" && p.pick[1] === 1) || order[0];
+  first.shape.setAttribute("tabindex", 0);
+  const moves = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 };
+  order.forEach((p, i) => p.shape.addEventListener("keydown", (e) => {
+    let next = null;
+    if (e.key in moves) next = order[Math.min(order.length - 1, Math.max(0, i + moves[e.key]))];
+    else if (e.key === "Home") next = order[0];
+    else if (e.key === "End") next = order[order.length - 1];
+    else if (e.key === "Enter" || e.key === " ") { e.preventDefault(); onPick(...p.pick); return; }
+    else return;
+    e.preventDefault();
+    p.shape.setAttribute("tabindex", -1);
+    next.shape.setAttribute("tabindex", 0);
+    next.shape.focus();
+  }));
 }
 
 function paretoFrontier(points) {

@@ -256,6 +256,59 @@ def test_every_candidate_and_rejected_row_opens_from_the_keyboard(server, page):
     assert page.get_attribute("#candidates th:has-text('peak GiB')", "aria-sort") == "ascending"
 
 
+def _focused_pick(page):  # type: ignore[no-untyped-def]
+    return page.evaluate("document.activeElement.getAttribute('data-pick')")
+
+
+def test_the_charts_points_open_from_the_keyboard_with_one_tab_stop(server, page):
+    plan = make_plan(server, TINY)
+    page.goto(f"{server}/#/plans/{plan['id']}")
+    page.wait_for_selector("#scatter .pt-pick")
+    # Every ranked candidate and every rejected one with a prediction is a point that opens.
+    drawn = page.eval_on_selector_all(
+        "#scatter .pt-pick",
+        "ns => ns.map(n => [n.dataset.pick, Number(n.getAttribute('cx') ?? n.dataset.x)])",
+    )
+    expected = {f"candidates/{i}" for i in range(1, len(plan["candidates"]) + 1)}
+    expected |= {f"rejected/{i}" for i, r in enumerate(plan["rejected"], 1) if r["predicted"]}
+    assert {pick for pick, _ in drawn} == expected and len(drawn) == len(expected) > 2
+    x_of = dict(drawn)
+    # One stop in the Tab order, on the first candidate.
+    assert page.eval_on_selector_all("#scatter [tabindex='0']", "ns => ns.length") == 1
+    for _ in range(200):
+        page.keyboard.press("Tab")
+        if page.evaluate("!!document.activeElement.closest('#scatter')"):
+            break
+    else:
+        raise AssertionError("Tab never reaches the chart")
+    assert _focused_pick(page) == "candidates/1"
+    # Home, then the right arrow visits every point once, left to right as drawn; at the
+    # end it stays.
+    page.keyboard.press("Home")
+    visited = [_focused_pick(page)]
+    for _ in range(len(drawn) - 1):
+        page.keyboard.press("ArrowRight")
+        visited.append(_focused_pick(page))
+    assert sorted(visited) == sorted(expected)
+    assert [x_of[v] for v in visited] == sorted(x_of[v] for v in visited)
+    page.keyboard.press("ArrowRight")
+    assert _focused_pick(page) == visited[-1]
+    # Tab leaves the chart from wherever the arrows left the focus.
+    page.keyboard.press("Tab")
+    assert not page.evaluate("!!document.activeElement.closest('#scatter')")
+    page.keyboard.press("Shift+Tab")
+    assert _focused_pick(page) == visited[-1]
+    # Enter opens the focused point's candidate, as a click does.
+    second = visited.index("candidates/2")
+    page.keyboard.press("End")
+    for _ in range(len(visited) - 1 - second):
+        page.keyboard.press("ArrowLeft")
+    assert _focused_pick(page) == "candidates/2"
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#detail-title:has-text('Candidate #2')")
+    assert page.url.endswith(f"#/plans/{plan['id']}/candidates/2")
+
+
 # Names every control that a screen reader would announce without one, and every text
 # below the WCAG AA contrast ratio against its background.
 A11Y = """() => {
