@@ -188,8 +188,12 @@ def _verify(
 ) -> tuple[int, float]:
     """(tensors compared, largest error relative to each tensor's scale) of this rank's
     first-step gradients and losses against the single-process reference."""
-    initial = init_full_weights(GPTShape.of(config.model), config.seed)
-    ref_losses, ref_grads = on_rank_zero(lambda: reference_gradients(config, 0, dict(initial)))
+    # Rank 0 alone draws the initial weights and runs the reference; the others receive it.
+    ref_losses, ref_grads = on_rank_zero(
+        lambda: reference_gradients(
+            config, 0, init_full_weights(GPTShape.of(config.model), config.seed)
+        )
+    )
     worst, compared = 0.0, 0
     one = TensorParallel(1, 0, None, False)
     for s, body in zip(config.ir.stages_of(rank), bodies, strict=True):

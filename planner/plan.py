@@ -88,15 +88,15 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
         if runtime_problem(request, pr.estimate.config, wanted, pr.estimate.costs.placement) is None
     ]
     pool.sort(key=lambda item: _rank_key(item[0]))
+    ranked = pool[: request.search.top_k]
     candidates = [
-        candidate(ctx, pr, info, limit_note(pr, feasible, pricing))
-        for pr, info in pool[: request.search.top_k]
+        candidate(ctx, pr, info, limit_note(pr, feasible, pricing)) for pr, info in ranked
     ]
     if candidates and refine_notes:
         candidates[0] = candidates[0].model_copy(
             update={"notes": candidates[0].notes + refine_notes}
         )
-    order_note = source_order_note(ctx, [pr for pr, _ in pool[: request.search.top_k]])
+    order_note = source_order_note(ctx, [pr for pr, _ in ranked])
     by_schedule = schedule_summaries(request, feasible, best_of, [pr for pr, _ in refined])
     elapsed = (time.perf_counter() - started) * 1e3
     return Plan(

@@ -94,18 +94,19 @@ function scatter(plan, capacity, onPick) {
   const pickable = [];
   for (const p of pts) {
     const x = sx(p.x), y = sy(p.y);
-    const shape = p.fit
-      ? svgEl("circle", { cx: x, cy: y, r: p.est ? 2.5 : 4, fill: p.est ? "#9db4e8" : "#2f5fd0", "fill-opacity": p.est ? 0.6 : 0.9, class: p.est ? "pt-fit pt-est" : "pt-fit pt-ranked" })
-      : svgEl("path", { d: `M ${x - 3} ${y - 3} l 6 6 m 0 -6 l -6 6`, stroke: "#b42318", "stroke-opacity": 0.6, class: "pt-oom", "data-gib": p.x, "data-x": x.toFixed(2) });
     const rank = p.pick ? `${p.pick[0] === "candidates" ? "#" : "rejected #"}${p.pick[1]} ` : "";
     const text = `${rank}${p.label}: ${fmt(p.y, 3)} samples/s, ${fmt(p.x, 1)} GiB${p.fit ? "" : " (does not fit)"}`;
+    const opens = p.pick && onPick;
+    const pick = opens ? { role: "link", "aria-label": `${text}; opens its details`, "data-pick": p.pick.join("/"), tabindex: -1 } : {};
+    const kind = (p.fit ? (p.est ? "pt-fit pt-est" : "pt-fit pt-ranked") : "pt-oom") + (opens ? " pt-pick" : "");
+    const shape = p.fit
+      ? svgEl("circle", { cx: x, cy: y, r: p.est ? 2.5 : 4, fill: p.est ? "#9db4e8" : "#2f5fd0", "fill-opacity": p.est ? 0.6 : 0.9, class: kind, ...pick })
+      : svgEl("path", { d: `M ${x - 3} ${y - 3} l 6 6 m 0 -6 l -6 6`, stroke: "#b42318", "stroke-opacity": 0.6, class: kind, "data-gib": p.x, "data-x": x.toFixed(2), ...pick });
     const title = svgEl("title"); title.textContent = text + (p.pick ? " — click to inspect" : "");
     shape.append(title);
-    if (p.pick && onPick) {
+    if (opens) {
       shape.style.cursor = "pointer";
       shape.addEventListener("click", () => onPick(...p.pick));
-      for (const [k, v] of Object.entries({ role: "link", "aria-label": `${text}; opens its details`, "data-pick": p.pick.join("/"), tabindex: -1 })) shape.setAttribute(k, v);
-      shape.classList.add("pt-pick");
       pickable.push({ shape, x, y, pick: p.pick });
     }
     svg.append(shape);

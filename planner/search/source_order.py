@@ -45,28 +45,26 @@ def source_order_note(ctx: PlanContext, ranked: Sequence[Priced]) -> str | None:
     if found is None:
         return None
     rank, other = found
-    measured_one = first if first_measured else other
+    # (rank, candidate) of the one priced from measured points and of the one priced by the
+    # model alone; the measured one is priced again without its points.
+    measured, modelled = (
+        ((1, first), (rank, other)) if first_measured else ((rank, other), (1, first))
+    )
     model_only = PlanContext(ctx.request, ctx.hardware, [], ctx.placements)
-    config = measured_one.estimate.config
+    config = measured[1].estimate.config
     alone = price(model_only, estimate(model_only, config)).iteration_time_s
-    if first_measured:
-        turns = alone > other.iteration_time_s
-        what = (
-            f"#1 ({first.estimate.config.label}) takes its layer times from measured points "
-            f"and #{rank} ({other.estimate.config.label}) from the model alone; priced by the "
-            f"model alone too, #1 would take {alone:.3f} s a step, more than #{rank}'s "
-            f"{other.iteration_time_s:.3f} s"
-        )
-    else:
-        turns = alone < first.iteration_time_s
-        what = (
-            f"#1 ({first.estimate.config.label}) takes its layer times from the model alone "
-            f"and #{rank} ({other.estimate.config.label}) from measured points; priced by the "
-            f"model alone too, #{rank} would take {alone:.3f} s a step, less than #1's "
-            f"{first.iteration_time_s:.3f} s"
-        )
-    if not turns:
+    modelled_time = modelled[1].iteration_time_s
+    # The order turns when the measured one, priced alike, lands on the other side.
+    if not (alone > modelled_time if first_measured else alone < modelled_time):
         return None
+    source = {True: "measured points", False: "the model alone"}
+    what = (
+        f"#1 ({first.estimate.config.label}) takes its layer times from "
+        f"{source[first_measured]} and #{rank} ({other.estimate.config.label}) from "
+        f"{source[not first_measured]}; priced by the model alone too, #{measured[0]} would "
+        f"take {alone:.3f} s a step, {'more' if first_measured else 'less'} than "
+        f"#{modelled[0]}'s {modelled_time:.3f} s"
+    )
     calibrated = ctx.hardware.calibration is not None
     remedy = (
         "the profile's calibration does not reconcile them: add measured runs of these "
