@@ -30,7 +30,14 @@ from planner.schedules._vadaptive import (
     smallest_v_limit,
     v_adaptive_choice,
 )
-from planner.schedules._vframe import VBlock, build_orders, finish_times, time_orders
+from planner.schedules._vframe import (
+    VBlock,
+    build_orders,
+    finish_times,
+    order_peaks,
+    repeated_ids,
+    time_orders,
+)
 from planner.simulate import Durations, simulate
 from planner.specs import PlanRequest
 from tests.unit.test_costmodel import context
@@ -132,6 +139,21 @@ def test_zb_1p_and_2p_keep_their_memory_and_2p_has_fewer_bubbles():
     plain = simulate(generate("1f1b", d, m), Durations(*times))
     assert max(one.peak_activation) <= 1.0 + 1e-9 < max(two.peak_activation) <= 2.0 + 1e-9
     assert two.bubble_fraction < one.bubble_fraction < plain.bubble_fraction / 1.5
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 5])
+def test_each_blocks_peak_is_the_peak_of_its_repeated_orders(d):
+    """The peaks the search screens by (worked out per cell residue from the lifespans,
+    bounded by m) are what a device of the repeated block holds at most, counted off its
+    orders: for every block of the space and every m from 1 (where m bounds every
+    lifespan's count) to past where it bounds none."""
+    space = _space(d)
+    for m in range(1, 3 * d + 3):
+        counted = [
+            max(order_peaks(repeated_ids(space.cells[i : i + 1], m)[0]))
+            for i in range(len(space.blocks))
+        ]
+        assert _peaks(d, m).tolist() == counted, m
 
 
 @pytest.mark.parametrize(
