@@ -1,10 +1,13 @@
-"""How fast the planner answers: the 1,024-GPU request over every schedule.
+"""How fast the planner answers: the 1,024-GPU request.
 
-    python benchmarks/planner_speed.py [--repeats N] [REQUEST.json]
+    python benchmarks/planner_speed.py [--repeats N] [--every-schedule] [REQUEST.json]
 
 Default request: examples/gpt3-175b-1024xa100.json (GPT-3 175B on 128 nodes x 8 A100,
-global batch 1536, all eight schedules, recompute none/selective/full, micro-batch sizes
-1, 2, 4, 8). Two figures:
+global batch 1536, the eight schedules it names, recompute none/selective/full,
+micro-batch sizes 1, 2, 4, 8). ``--every-schedule`` drops the request's ``schedules``, so
+the search covers what a request without them does: every synchronous schedule of the
+registry, 2BW where the request allows stale weights, and the two built for a memory limit.
+Three figures:
 
 - cold: a fresh Python process per run (imports excluded), so every schedule shape is built
   and counted from scratch, as for one `stagewright plan` call;
@@ -25,6 +28,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -100,15 +104,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("request", nargs="?", type=Path, default=DEFAULT_REQUEST)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--every-schedule",
+        action="store_true",
+        help="search every default schedule (the request's schedules list dropped)",
+    )
     args = parser.parse_args()
-    request = PlanRequest.model_validate_json(args.request.read_text())
-    cold, cold_cpu = cold_runs(args.request, args.repeats)
-    warm, warm_cpu, evaluated, feasible = warm_runs(request, args.repeats)
-    cli = cli_runs(args.request, args.repeats)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = args.request
+        if args.every_schedule:
+            body = json.loads(path.read_text())
+            body.get("search", {}).pop("schedules", None)
+            path = Path(scratch) / "every-schedule.json"
+            path.write_text(json.dumps(body))
+        request = PlanRequest.model_validate_json(path.read_text())
+        cold, cold_cpu = cold_runs(path, args.repeats)
+        warm, warm_cpu, evaluated, feasible = warm_runs(request, args.repeats)
+        cli = cli_runs(path, args.repeats)
     gpus = request.cluster.num_gpus
+    schedules = len(request.search.schedules)
     print(
-        f"{request.model.name} on {gpus} x {request.cluster.gpu}: {evaluated} candidates "
-        f"evaluated, {feasible} fit\n"
+        f"{request.model.name} on {gpus} x {request.cluster.gpu}, {schedules} schedules: "
+        f"{evaluated} candidates evaluated, {feasible} fit\n"
     )
     print("| run | n | p50 (s) | min (s) | max (s) |")
     print("|---|---|---|---|---|")
