@@ -56,6 +56,38 @@ def test_the_base_request_is_valid():
     assert request.model.ffn == 4 * 64
 
 
+# The schedules of the three papers and the usual ones, each with whether an update uses the
+# gradients of the weights it ran with (synchronous) or of older ones (PipeDream-2BW's
+# 1-stale rule): issue 12 makes every synchronous one the default search space.
+SYNCHRONOUS = {
+    "gpipe",
+    "1f1b",
+    "interleaved",
+    "bpipe",
+    "bpipe-interleaved",
+    "v-min",
+    "v-half",
+    "v-zb",
+    "v-adaptive",
+    "zb-adaptive",
+    "1f1b-v",
+}
+STALE = {"2bw"}
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_request_without_schedules_searches_every_synchronous_one(stale):
+    """Omitted, ``search.schedules`` is every synchronous schedule (not ``["1f1b"]``), and
+    2BW only when the request allows stale weights; a plan of it looks at all of them."""
+    data = copy.deepcopy(base_request())
+    del data["search"]["schedules"]
+    data["search"]["allow_stale_weights"] = stale
+    request = PlanRequest.model_validate(data)
+    assert set(request.search.schedules) == SYNCHRONOUS | (STALE if stale else set())
+    by_schedule = {entry.schedule for entry in plan(request).by_schedule}
+    assert by_schedule == set(request.search.schedules)
+
+
 def test_hidden_not_divisible_by_heads_names_both_numbers():
     message = errors_of(with_change("model", "hidden_size", 66))
     assert "hidden_size 66 is not divisible by num_attention_heads 4" in message
