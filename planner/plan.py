@@ -15,7 +15,9 @@ The request travels one way, each step a function of frozen inputs returning new
    bound until the bound cannot beat the best found); each candidate is simulated at most
    once, from its estimate;
 4. rank the simulated and refined candidates by simulated step time and assemble the best
-   ``top_k`` (:mod:`planner.assemble`): prediction, breakdown, notes, launch artefacts.
+   ``top_k`` (:mod:`planner.assemble`): prediction, breakdown, notes, launch artefacts; the
+   first says which others its profile's calibration error cannot tell from it
+   (:mod:`planner.search.ties`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from planner.schedules import schedule_family
 from planner.search.gains import limit_note
 from planner.search.grid import enumerate_space, runtime_problem, unsearched
 from planner.search.source_order import source_order_note
+from planner.search.ties import near_tie_note
 from planner.specs import Plan, PlanRequest, PlanStats, RefinementInfo
 
 __all__ = ["plan"]
@@ -92,9 +95,11 @@ def _plan(request: PlanRequest, store: ProfileStore | None) -> Plan:
     candidates = [
         candidate(ctx, pr, info, limit_note(pr, feasible, pricing)) for pr, info in ranked
     ]
-    if candidates and refine_notes:
+    tie_note = near_tie_note(candidates)
+    first_notes = refine_notes + ([tie_note] if tie_note else [])
+    if candidates and first_notes:
         candidates[0] = candidates[0].model_copy(
-            update={"notes": candidates[0].notes + refine_notes}
+            update={"notes": candidates[0].notes + first_notes}
         )
     order_note = source_order_note(ctx, [pr for pr, _ in ranked])
     by_schedule = schedule_summaries(request, feasible, best_of, [pr for pr, _ in refined])
