@@ -35,7 +35,10 @@ from planner.costmodel.parameters import ALLOCATOR_FRAGMENTATION, WORKSPACE_GIB 
 from planner.measurements import MeasuredRun  # noqa: E402
 from planner.plan import plan  # noqa: E402
 from planner.profiles import HardwareProfile, JsonProfileStore, LayerPoint  # noqa: E402
+from planner.search.ties import within_error  # noqa: E402
+from planner.specs import Candidate  # noqa: E402
 
+CALIBRATED_AT = "2026-11-26T00:00:00Z"  # the record's date: not read by any prediction
 PAPER_SEARCH_TOP_K = 60  # ranked candidates to look through for the paper's search space
 
 
@@ -81,7 +84,8 @@ def calibrated_view(
     from the fit), leaving out outliers as ``stagewright calibrate`` does unless not
     ``exclude_outliers``, and the memory allowance to the labels of ``checker_rows``."""
     result = fit(base, runs, [], exclude_outliers=exclude_outliers)
-    hardware = result.hardware
+    # With the record ``stagewright calibrate`` stores, so plans carry the fit's error.
+    hardware = result.hardware.with_parameters({}, result.record(CALIBRATED_AT))
     allowance = fit_allowance_on(hardware, points, checker_rows)
     hardware = hardware.with_parameters(
         {
@@ -92,8 +96,10 @@ def calibrated_view(
     models = sorted({model_of_run(r) for r in runs})
     left_out = sum(q.excluded for q in result.quantities)
     named = ", ".join(models) if len(models) <= 2 else f"{len(models)} models"
-    fitted_on = f"{len(runs)} runs of {named}" + (
-        f", {left_out} outlier(s) left out" if exclude_outliers else ", every quantity"
+    fitted_on = (
+        f"{len(runs)} runs of {named}"
+        + (f", {left_out} outlier(s) left out" if exclude_outliers else ", every quantity")
+        + f", fit error {result.rms_log_error:.3f}"
     )
     return View(label, hardware, points, fitted_on, allowance)
 
@@ -159,11 +165,35 @@ def best_match(view: View, rows: Sequence[Row], schedules: list[str]) -> tuple[b
         update={"search": request.search.model_copy(update={"top_k": PAPER_SEARCH_TOP_K})}
     )
     layers = paper["num_layers"]
-    for candidate in plan(request, store).candidates:
-        c = candidate.config
-        if layers % c.p == 0 and c.recompute in RECOMPUTE_ORDER:
-            picked = key_of_config(c)
-            t, p, d, mbs, recompute, schedule = picked
-            text = f"t{t} p{p} d{d} mb{mbs} {recompute} {schedule}"
-            return picked == key_of(paper), text
-    return False, "none in the paper's space"
+    space = [
+        c
+        for c in plan(request, store).candidates
+        if layers % c.config.p == 0 and c.config.recompute in RECOMPUTE_ORDER
+    ]
+    if not space:
+        return False, "none in the paper's space"
+    picked = key_of_config(space[0].config)
+    t, p, d, mbs, recompute, schedule = picked
+    text = f"t{t} p{p} d{d} mb{mbs} {recompute} {schedule}"
+    if picked != key_of(paper):
+        text += "; " + _paper_best_text(space, key_of(paper))
+    return picked == key_of(paper), text
+
+
+def _paper_best_text(space: Sequence[Candidate], paper_key: tuple[Any, ...]) -> str:
+    """Where the paper's best row stands behind a wrong pick: its rank among the planner's
+    candidates of the paper's space, how much slower it is predicted, and whether that is
+    within the prediction error of the pick (``planner.search.ties``, the plan's own note)."""
+    rank, found = next(
+        ((i, c) for i, c in enumerate(space, start=1) if key_of_config(c.config) == paper_key),
+        (None, None),
+    )
+    if found is None:
+        return f"the paper's best is not among the first {PAPER_SEARCH_TOP_K}"
+    first = space[0].predicted
+    gap = found.predicted.iteration_time_s / first.iteration_time_s - 1
+    if first.calibration_error is None and found.predicted.calibration_error is None:
+        inside = "no fit error known"
+    else:
+        inside = ("within" if within_error(first, found.predicted) else "beyond") + " the fit error"
+    return f"the paper's best is #{rank}, {gap:+.1%}, {inside}"
