@@ -3,9 +3,7 @@
 A calibrated profile knows how far its predictions were off on the runs it was fitted to:
 each candidate's ``calibration_error`` is the root mean square of ln(predicted / measured)
 step time of its time source. Two candidates whose predicted step times differ by less
-than that are ordered by the model's noise as much as by the configurations. On BPipe's
-Table 7, for one, the calibrated model's picks that are not the paper's best are of this
-kind (``benchmarks/paper_reproduction.py``).
+than that are ordered by the model's noise as much as by the configurations.
 
 So the plan names the listed candidates predicted within the larger of the two errors of
 the first, and says what settles the order: measuring them. It does not re-rank them. Where
@@ -29,17 +27,17 @@ NAMED = 5  # candidates the note names; the rest it counts
 def within_error(first: Predicted, other: Predicted) -> bool:
     """Whether ``other``'s predicted step time is within the prediction error of ``first``'s:
     |ln(other / first)| below the larger of their sources' calibration errors (False when
-    neither is known)."""
+    neither is known, or when a step time is not positive: nothing to compare)."""
     errors = [e for e in (first.calibration_error, other.calibration_error) if e is not None]
-    if not errors:
+    if not errors or first.iteration_time_s <= 0 or other.iteration_time_s <= 0:
         return False
     gap = abs(math.log(other.iteration_time_s / first.iteration_time_s))
     return gap < max(errors)
 
 
 def near_ties(candidates: Sequence[Candidate]) -> list[int]:
-    """Indices (into ``candidates``, from 1) of those the model cannot tell apart from
-    ``candidates[0]`` (:func:`within_error`)."""
+    """Positions in ``candidates`` (0-based list indices; 0, the first, is never among
+    them) of those the model cannot tell apart from ``candidates[0]`` (:func:`within_error`)."""
     if not candidates:
         return []
     first = candidates[0].predicted
@@ -59,7 +57,8 @@ def near_tie_note(candidates: Sequence[Candidate]) -> str | None:
     first = candidates[0].predicted
     listed = [
         f"#{i + 1} ({candidates[i].config.label}, "
-        f"{candidates[i].predicted.iteration_time_s / first.iteration_time_s - 1:+.1%})"
+        # Ranked candidates are never faster than the first beyond rounding: no "-0.0%".
+        f"{max(0.0, candidates[i].predicted.iteration_time_s / first.iteration_time_s - 1):+.1%})"
         for i in tied[:NAMED]
     ]
     if len(tied) > NAMED:
@@ -77,10 +76,10 @@ def near_tie_note(candidates: Sequence[Candidate]) -> str | None:
     return (
         f"{_joined(listed)} {which} predicted within the cost model's error of this one "
         f"(rms of ln(predicted / measured) {largest:.3f} on the runs its profile was "
-        f"calibrated with, about {math.expm1(largest):.1%}): the model cannot order them "
-        "reliably. Measure them before choosing on the prediction alone (stagewright plan "
-        "--emit writes each one's launch files; stagewright measurements add stores the "
-        "measured runs, and the next stagewright calibrate learns from them)."
+        "calibrated with): the model cannot order them reliably. Measure them before "
+        "choosing on the prediction alone (stagewright plan --emit writes each one's launch "
+        "files; stagewright measurements add stores the measured runs, and the next "
+        "stagewright calibrate learns from them)."
     )
 
 

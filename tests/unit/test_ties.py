@@ -44,9 +44,17 @@ def test_within_error_compares_the_log_ratio_with_the_larger_error():
     assert not within_error(first, _predicted(10.25, 0.02))
     # The other's larger error (0.03) decides: 0.0247 < 0.03.
     assert within_error(first, _predicted(10.25, 0.03))
-    # One error unknown: the known one decides; both unknown: nothing is claimed.
+    # One error unknown (a measured point's): the known one decides, on either side.
     assert within_error(first, _predicted(10.15, None))
+    assert within_error(_predicted(10.0, None), _predicted(10.25, 0.03))
+    assert not within_error(_predicted(10.0, None), _predicted(10.25, 0.02))
+    # Both unknown: nothing is claimed.
     assert not within_error(_predicted(10.0, None), _predicted(10.001, None))
+    # The gap counts either way (ln(9.85 / 10) = -0.0151), and the error bounds it.
+    assert within_error(first, _predicted(9.85, 0.02))
+    assert not within_error(first, _predicted(9.75, 0.02))
+    assert within_error(first, _predicted(10.0 * math.exp(0.0199), 0.02))
+    assert not within_error(first, _predicted(10.0 * math.exp(0.0201), 0.02))
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +95,11 @@ def test_the_first_candidate_names_those_within_the_calibration_error(request_13
     times = [c.predicted.iteration_time_s for c in calibrated.candidates]
     assert times == [c.predicted.iteration_time_s for c in uncalibrated.candidates]
     assert _tie_notes(uncalibrated) == []  # no error known, nothing claimed
-    # Candidates priced from measured points carry no error of their own; the first's
-    # (or the other's) calibrated error decides.
-    errors = [c.predicted.calibration_error for c in calibrated.candidates]
+    # Every candidate here is priced by the calibrated model (this request has no measured
+    # point), so each carries the profile's error.
+    assert {c.predicted.calibration_error for c in calibrated.candidates} == {ERROR}
     expected = [
-        rank
-        for rank in range(2, len(times) + 1)
-        if any(e is not None for e in (errors[0], errors[rank - 1]))
-        and math.log(times[rank - 1] / times[0]) < ERROR
+        rank for rank in range(2, len(times) + 1) if math.log(times[rank - 1] / times[0]) < ERROR
     ]
     assert expected, "the request should have near ties under a 5% error"
     (note,) = _tie_notes(calibrated)
@@ -116,7 +121,11 @@ def _with_error(candidates, error):
         c.model_copy(
             update={
                 "predicted": c.predicted.model_copy(
-                    update={"calibration_error": error if c.predicted.calibration_error else None}
+                    update={
+                        "calibration_error": error
+                        if c.predicted.calibration_error is not None
+                        else None
+                    }
                 )
             }
         )
@@ -145,3 +154,9 @@ def test_the_note_follows_the_size_of_the_error(request_13b):
     assert [int(n) for n in re.findall(r"#(\d+) \(", wide)] == named
     assert len(slower) > 6, "the request should have more ties than the note names"
     assert f"and {len(slower) - 6} more of the listed candidates are predicted" in wide
+    # Between the first two gaps: only the second candidate, named alone.
+    one = near_tie_note(_with_error(slower, (gaps[0] + gaps[1]) / 2))
+    assert gaps[0] < gaps[1], "the request's first two slower candidates should differ"
+    assert one is not None
+    assert one.startswith(f"#2 ({slower[1].config.label}, ")
+    assert " is predicted within" in one and "#3" not in one
