@@ -28,13 +28,16 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.bundled import bundled_dir
 from planner.errors import StagewrightError, validation_problems
 from planner.json_input import loads
+
+if TYPE_CHECKING:
+    from planner.hardware_spec import LinkSpec
 
 __all__ = [
     "BUNDLED_PROFILES",
@@ -367,32 +370,45 @@ def _naming_the_file(path: Path) -> Iterator[None]:
 
 
 def hardware_from_dict(entry: dict[str, object]) -> HardwareProfile:
-    def link(value: object) -> Link:
-        if not isinstance(value, dict):
-            raise ValueError(
-                "intra_node and inter_node must be objects (kind, bandwidth_gbps, latency_us)"
-            )
-        return Link(str(value["kind"]), float(value["bandwidth_gbps"]), float(value["latency_us"]))
+    """A hardware profile from one entry of a ``hardware.json`` file (or a stored row):
+    its fields are checked against the same model ``POST /v1/hardware`` takes
+    (:class:`planner.hardware_spec.HardwareIn`: a lower-case name, positive memory and
+    bandwidths, usable memory within the memory, known parameters within their bounds, no
+    unknown field), plus the ``calibration`` record a fitted profile carries.
+    StagewrightError naming the profile and every invalid field otherwise."""
+    # Imported here: planner.specs, which the model reads its precisions from, loads the
+    # schedule registry, which a profile file's reader does not otherwise need.
+    from planner.hardware_spec import HardwareIn
 
-    peaks = entry["peak_flops"]
-    if not isinstance(peaks, dict):
-        raise ValueError("peak_flops must be an object: FLOP/s per precision")
+    if not isinstance(entry, dict):
+        raise StagewrightError("a hardware entry must be an object, one per GPU")
+    fields = {key: value for key, value in entry.items() if key != "calibration"}
+    try:
+        spec = HardwareIn.model_validate(fields)
+    except ValidationError as exc:
+        name = entry.get("name")
+        which = f"hardware profile {name!r}" if isinstance(name, str) else "a hardware entry"
+        raise StagewrightError(f"{which}: {validation_problems(exc, 'entry')}") from None
+    calibration = entry.get("calibration")
     return HardwareProfile(
-        name=str(entry["name"]),
-        description=str(entry.get("description", "")),
-        peak_flops={str(k): float(v) for k, v in peaks.items()},
-        memory_gib=float(entry["memory_gib"]),  # type: ignore[arg-type]
-        usable_memory_gib=float(entry["usable_memory_gib"]),  # type: ignore[arg-type]
-        memory_bandwidth_gbps=float(entry["memory_bandwidth_gbps"]),  # type: ignore[arg-type]
-        intra_node=link(entry["intra_node"]),
-        inter_node=link(entry["inter_node"]),
-        source=str(entry.get("source", "")),
-        parameters=dict(entry.get("parameters") or {}),  # type: ignore[call-overload]
-        calibration=None
-        if entry.get("calibration") is None
-        else CalibrationRecord.from_dict(entry["calibration"]),
-        compute=compute_from_dict(entry.get("compute")),
+        name=spec.name,
+        description=spec.description,
+        peak_flops={str(key): value for key, value in spec.peak_flops.items()},
+        memory_gib=spec.memory_gib,
+        usable_memory_gib=spec.usable_memory_gib,
+        memory_bandwidth_gbps=spec.memory_bandwidth_gbps,
+        intra_node=_link(spec.intra_node),
+        inter_node=_link(spec.inter_node),
+        source=spec.source,
+        parameters=dict(spec.parameters),
+        calibration=None if calibration is None else CalibrationRecord.from_dict(calibration),
+        compute=None if spec.compute is None else compute_from_dict(spec.compute.model_dump()),
     )
+
+
+def _link(spec: LinkSpec) -> Link:
+    """A checked link (:class:`planner.hardware_spec.LinkSpec`) as the profile keeps it."""
+    return Link(spec.kind, spec.bandwidth_gbps, spec.latency_us)
 
 
 def hardware_to_dict(profile: HardwareProfile) -> dict[str, object]:

@@ -10,7 +10,6 @@ from sqlalchemy.orm import Session
 from api import problems
 from api.schemas import (
     HARDWARE_NAME_PATTERN,
-    ComputeSpec,
     HardwareIn,
     HardwarePublic,
     LinkSpec,
@@ -24,6 +23,7 @@ from api.store.profiles import (
     list_hardware,
     upsert_hardware,
 )
+from planner.hardware_spec import ComputeSpec
 from planner.profiles import ComputeUnits, HardwareProfile, Link
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ from planner.costmodel.parameters import (
     get_parameter,
     register,
 )
+from planner.errors import StagewrightError
 from planner.profiles import (
     BUNDLED_PROFILES,
     CalibrationRecord,
@@ -89,9 +90,12 @@ def test_a_profile_json_may_override_parameters_and_say_how_they_were_fitted():
     assert hw.parameter("workspace_gib") == 2.62  # not named: the default
     assert hw.parameter_values()["allocator_fragmentation"] == 0.0
     assert hw.calibration == CalibrationRecord(**record)  # type: ignore[arg-type]
-    with pytest.raises(ParameterError, match="hardware profile 'a100-sxm-80g'.*'gemm'"):
+    # A file's entry is checked as POST /v1/hardware checks a body: the profile and the field.
+    with pytest.raises(
+        StagewrightError, match="hardware profile 'a100-sxm-80g': parameters: .*'gemm'"
+    ):
         hardware_from_dict(_a100_entry(parameters={"gemm": 0.5}))
-    with pytest.raises(ParameterError, match="workspace_gib = -1 is outside"):
+    with pytest.raises(StagewrightError, match="workspace_gib = -1.0 is outside"):
         hardware_from_dict(_a100_entry(parameters={"workspace_gib": -1}))
     with pytest.raises(ValueError, match="calibration record is not valid: num_runs"):
         hardware_from_dict(_a100_entry(calibration={**record, "num_runs": -1}))

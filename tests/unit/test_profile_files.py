@@ -20,12 +20,17 @@ REPO = Path(__file__).resolve().parents[2]
     ("name", "text", "message"),
     [
         ("hardware.json", '{"hardware": [{"name": "x",}]}', "Expecting property name"),
-        ("hardware.json", '{"hardware": [{"name": "x"}]}', "lacks the field 'peak_flops'"),
+        (
+            "hardware.json",
+            '{"hardware": [{"name": "x"}]}',
+            "cannot be used: hardware profile 'x': peak_flops: Field required; memory_gib: "
+            "Field required",
+        ),
         ("hardware.json", '{"hardware": {"name": "x"}}', "'hardware' must be a list of objects"),
         (
             "hardware.json",
             '{"hardware": [{"name": "x", "peak_flops": "fast"}]}',
-            "peak_flops must be an object",
+            "hardware profile 'x': peak_flops: Input should be a valid dictionary",
         ),
         ("layers/a.json", '{"points": [{"gpu": "cpu"}]}', "lacks the field 'hidden_size'"),
         ("layers/a.json", '{"points": 5}', "'points' must be a list of objects"),
@@ -53,11 +58,11 @@ def test_plan_with_a_broken_profile_folder_is_one_line(tmp_path, monkeypatch, ca
     code = main(["plan", str(REPO / "examples" / "tiny-cpu.json")])
     out, err = capsys.readouterr()
     assert (code, out) == (2, "")
-    assert err == (
-        f"stagewright plan: error: the profile file {tmp_path / 'hardware.json'} lacks the "
-        "field 'peak_flops'; add it (see the bundled profiles/ for the fields each entry "
-        "takes)\n"
+    assert err.startswith(
+        f"stagewright plan: error: the profile file {tmp_path / 'hardware.json'} cannot be "
+        "used: hardware profile 'x': peak_flops: Field required; memory_gib: Field required;"
     )
+    assert err.count("\n") == 1 and err.endswith("\n")
 
 
 def test_saving_a_point_into_a_broken_file_names_it_and_keeps_it(tmp_path):
@@ -74,3 +79,70 @@ def test_saving_a_point_into_a_broken_file_names_it_and_keeps_it(tmp_path):
     path.write_text(json.dumps({"points": []}))  # a readable one takes the point
     assert save_point(point, tmp_path) == path
     assert JsonProfileStore.load(tmp_path).layer_points("a100-sxm-80g") == [point]
+
+
+def _a100_entry(**changes: object) -> dict[str, object]:
+    """The bundled A100 entry of hardware.json, renamed and changed as given."""
+    entries = json.loads((BUNDLED_PROFILES / "hardware.json").read_text())["hardware"]
+    (entry,) = [e for e in entries if e["name"] == "a100-sxm-80g"]
+    return {**entry, "name": "my-gpu", **changes}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"memory_gib": -5}, "memory_gib: Input should be greater than 0"),
+        (
+            {"usable_memory_gib": 200},
+            "usable_memory_gib 200.0 is more than memory_gib 80.0; usable memory is what is "
+            "left of it",
+        ),
+        ({"name": "My GPU"}, "name: String should match pattern"),
+        ({"paramters": {}}, "paramters: Extra inputs are not permitted"),
+        ({"memory_bandwidth_gbps": 0}, "memory_bandwidth_gbps: Input should be greater than 0"),
+        ({"peak_flops": {}}, "peak_flops: Dictionary should have at least 1 item"),
+        ({"peak_flops": {"int8": 1e15}}, "peak_flops.int8.[key]: Input should be 'bf16'"),
+        (
+            {"intra_node": {"kind": "nvlink", "bandwidth_gbps": -1, "latency_us": 1}},
+            "intra_node.bandwidth_gbps",
+        ),
+    ],
+)
+def test_a_folders_hardware_is_checked_as_the_service_checks_it(tmp_path, changes, message):
+    """What POST /v1/hardware refuses a profile folder's hardware.json refuses too, naming
+    the file, the profile and the field (a zero bandwidth used to load and then fail the
+    first plan with a division by zero; a misspelt key was ignored)."""
+    (tmp_path / "hardware.json").write_text(json.dumps({"hardware": [_a100_entry(**changes)]}))
+    with pytest.raises(StagewrightError) as refused:
+        JsonProfileStore.load(tmp_path)
+    text = str(refused.value)
+    assert text.startswith(f"the profile file {tmp_path / 'hardware.json'} cannot be used: ")
+    assert message in text
+
+
+def test_a_folders_valid_hardware_loads_as_written(tmp_path):
+    entry = _a100_entry(usable_memory_gib=70.0, parameters={"gemm_efficiency": 0.7})
+    (tmp_path / "hardware.json").write_text(json.dumps({"hardware": [entry]}))
+    loaded = JsonProfileStore.load(tmp_path).hardware("my-gpu")
+    assert loaded.usable_memory_gib == 70.0
+    assert loaded.parameter("gemm_efficiency") == 0.7
+    assert loaded.memory_bandwidth_gbps == entry["memory_bandwidth_gbps"]
+    assert loaded.compute is not None and loaded.compute.sm_count == entry["compute"]["sm_count"]  # type: ignore[index]
+
+
+def test_profiles_load_refuses_a_bad_folder_and_stores_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "hardware.json").write_text(
+        json.dumps({"hardware": [_a100_entry(memory_bandwidth_gbps=0)]})
+    )
+    assert main(["profiles", "load", str(folder), "--database-url", url]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "hardware profile 'my-gpu': memory_bandwidth_gbps: Input should be greater than 0" in err
+    # Nothing of the folder was stored: fixed, its profile is created, not updated.
+    (folder / "hardware.json").write_text(json.dumps({"hardware": [_a100_entry()]}))
+    assert main(["profiles", "load", str(folder), "--database-url", url]) == 0
+    out, _ = capsys.readouterr()
+    assert f"your profiles ({folder}): 1 created, 0 updated, 0 unchanged" in out
