@@ -55,7 +55,9 @@ def calibrate(
     (only those of ``models`` and whose source contains ``source``, when given), leaving
     out measurements it misses far more than the rest unless not ``exclude_outliers``
     (:func:`planner.calibrate.fit`), and unless ``dry_run`` store the fitted profile as a
-    new revision."""
+    new revision. StagewrightError, storing nothing, when no run is chosen or when the fit
+    moves no parameter (every one asked for is uninformed: the revision would change
+    nothing)."""
     row = require_hardware(session=session, name=hardware)
     profile = hardware_profile(row, session)
     base_revision = row.revision
@@ -78,6 +80,8 @@ def calibrate(
     )
     held = evaluate([run for _, run in held_out], profile, result.hardware, [])
     stored = None
+    if not dry_run and not result.moved:
+        raise StagewrightError(_nothing_moved(result, hardware, base_revision, len(chosen)))
     if not dry_run:
         stored = store_calibration(
             session=session,
@@ -87,6 +91,22 @@ def calibrate(
             fitted_at=utcnow(),
         )
     return CalibrationOutcome(result, base_revision, chosen, held_out, held, stored, withdrawn)
+
+
+def _nothing_moved(result: CalibrationResult, hardware: str, base_revision: int, runs: int) -> str:
+    """Why nothing is stored when the fit moved no parameter: a new revision would be the
+    base revision again under another number, and the record would claim a calibration
+    that changed nothing."""
+    # Every parameter asked for that did not move is uninformed (a fitted one moves).
+    asked = [p.parameter.name for p in result.parameters if p.status != "held"]
+    which = f"{asked[0]} is" if len(asked) == 1 else f"{', '.join(asked)} are"
+    return (
+        f"nothing stored: the fit to {runs} measured run(s) of {hardware!r} moved no "
+        f"parameter ({which} uninformed: no run's prediction depends on it), so a new "
+        f"revision would equal revision {base_revision}. Fit parameters these runs inform "
+        "(leave out --parameter to fit every one), or add runs that measure what the "
+        "parameter sets; --dry-run shows the fit without storing anything"
+    )
 
 
 # How many stored values a message lists, and how much of each source it shows (a source

@@ -430,6 +430,40 @@ def test_calibrate_stores_a_new_revision_that_plans_use(database_url, capsys):
     assert ours.best.predicted.iteration_time_s != bundled.best.predicted.iteration_time_s
 
 
+def test_calibrate_stores_nothing_when_no_parameter_moves(database_url, capsys):
+    """QA found `--parameter workspace_gib` (which no step time depends on) stored revision
+    after revision, each equal to the last, each recorded as a calibration."""
+    reset(database_url)
+    url = ["--database-url", database_url]
+    code, out, err = cli(
+        capsys, "calibrate", "--hardware", "a100-sxm-80g", "--parameter", "workspace_gib", *url
+    )
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1
+    assert (
+        f"nothing stored: the fit to {BUNDLED_RUNS} measured run(s) of 'a100-sxm-80g' moved "
+        "no parameter (workspace_gib is uninformed: no run's prediction depends on it), so a "
+        "new revision would equal revision 1."
+    ) in err
+    with stored_profiles(database_url) as store:
+        unchanged = store.hardware("a100-sxm-80g")
+    assert unchanged.calibration is None  # still the loaded revision, not a calibrated one
+    # A dry run still shows the fit, and a fit that moves a parameter still stores.
+    code, out, _ = cli(
+        capsys,
+        "calibrate",
+        "--hardware",
+        "a100-sxm-80g",
+        "--parameter",
+        "workspace_gib",
+        "--dry-run",
+        *url,
+    )
+    assert code == 0 and "uninformed: no run depends on it; kept" in out
+    code, out, _ = cli(capsys, "calibrate", *FIT, "--json", *url)
+    assert code == 0 and json.loads(out)["stored"]["revision"] == 2
+
+
 def test_calibrate_reports_held_out_runs_and_errors(database_url, capsys):
     reset(database_url)
     url = ["--database-url", database_url]
