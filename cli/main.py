@@ -600,6 +600,15 @@ def _profiles_load(args: argparse.Namespace) -> int:
             f"your profiles ({', '.join(map(str, args.folders))}): {own.created} created, "
             f"{own.updated} updated, {own.unchanged} unchanged\n"
         )
+        for name, revision in own.uncalibrated:
+            # The folder's entry replaces the profile as written; say what that drops.
+            sys.stderr.write(
+                f"warning: {name}: your folder's profile replaced revision {revision}, which "
+                "was calibrated; plans now use the folder's parameters, not the fitted ones "
+                f"(the fit is kept in the store's calibrations). Run `stagewright calibrate "
+                f"--hardware {name}` to fit the new profile, or copy the fitted values into "
+                "the folder's hardware.json 'parameters'\n"
+            )
     return 0
 
 

@@ -101,6 +101,9 @@ class WriteReport:
     runs_withdrawn: int = 0
     # Hardware whose revision this write already raised: one write is one revision.
     bumped: set[str] = field(default_factory=set)
+    # Calibrated profiles this write replaced without their fit, as (name, the calibrated
+    # revision): the fit stays in the calibrations table, but plans no longer use it.
+    uncalibrated: list[tuple[str, int]] = field(default_factory=list)
 
     def add(self, outcome: str) -> None:
         setattr(self, outcome, getattr(self, outcome) + 1)
@@ -382,6 +385,8 @@ def upsert_hardware(
     else:
         if keep_api_rows and row.calibration is not None:
             del values["parameters"], values["calibration"]
+        elif row.calibration is not None and values["calibration"] != row.calibration:
+            report.uncalibrated.append((profile.name, row.revision))
         changed = _assign(row, values)
         row.origin = origin  # who wrote it last; not a change of the profile
         session.flush()

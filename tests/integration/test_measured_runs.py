@@ -464,6 +464,35 @@ def test_calibrate_stores_nothing_when_no_parameter_moves(database_url, capsys):
     assert code == 0 and json.loads(out)["stored"]["revision"] == 2
 
 
+def test_loading_a_folder_over_a_calibrated_profile_says_the_fit_is_dropped(
+    database_url, tmp_path, capsys
+):
+    """QA loaded its own a100-sxm-80g into a calibrated store: the revision it replaced
+    was calibrated and the new one is not, without a word."""
+    reset(database_url)
+    url = ["--database-url", database_url]
+    code, out, _ = cli(capsys, "calibrate", *FIT, "--json", *url)
+    assert code == 0 and json.loads(out)["stored"]["revision"] == 2
+    entries = json.loads((BUNDLED_PROFILES / "hardware.json").read_text())["hardware"]
+    (a100,) = [e for e in entries if e["name"] == "a100-sxm-80g"]
+    (tmp_path / "hardware.json").write_text(
+        json.dumps({"hardware": [{**a100, "usable_memory_gib": 40.0}]})
+    )
+    code, out, err = cli(capsys, "profiles", "load", str(tmp_path), *url)
+    assert code == 0, err
+    assert f"your profiles ({tmp_path}): 0 created, 1 updated, 0 unchanged" in out
+    assert (
+        "warning: a100-sxm-80g: your folder's profile replaced revision 2, which was "
+        "calibrated; plans now use the folder's parameters, not the fitted ones"
+    ) in err
+    with stored_profiles(database_url) as store:
+        replaced = store.hardware("a100-sxm-80g")
+    assert replaced.usable_memory_gib == 40.0 and replaced.calibration is None
+    # Loaded again, nothing calibrated is replaced: no warning.
+    code, _, err = cli(capsys, "profiles", "load", str(tmp_path), *url)
+    assert code == 0 and "warning" not in err
+
+
 def test_calibrate_reports_held_out_runs_and_errors(database_url, capsys):
     reset(database_url)
     url = ["--database-url", database_url]
