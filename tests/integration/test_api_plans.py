@@ -414,9 +414,12 @@ HARDWARE_IN = (
 
 
 def profiles_with(hardware: dict) -> JsonProfileStore:  # noqa: N802
-    """The bundled profiles, with the cpu hardware as ``hardware`` says."""
+    """The bundled profiles, with the cpu hardware as ``hardware`` (a GET /v1/hardware
+    answer) says: its stored profile, without what the store adds to it (a hardware.json
+    entry has no revision, origin or update time)."""
     store = JsonProfileStore.load()
-    store.add_hardware(hardware_from_dict(hardware))
+    added = ("revision", "origin", "updated_at")
+    store.add_hardware(hardware_from_dict({k: v for k, v in hardware.items() if k not in added}))
     return store
 
 
