@@ -6,15 +6,22 @@ memory. ``regress`` re-plans every scenario and fails (exit status 1) when, for 
 
 - predicted throughput dropped by more than the tolerance (per scenario, else the file's,
   else ``--tolerance``),
+- the best configuration is the recorded one and its predicted peak memory rose by more
+  than the same tolerance (a configuration that needs more memory than it did, as a slower
+  one, is a change of the cost model a team should see; a baseline recorded without
+  ``peak_memory_gib`` has no memory to hold it to),
 - nothing fits any more (the scenario became infeasible), or
 - the best configuration changed, unless the scenario allows it (``allow_config_change``),
 - or a scenario has no recorded answer yet: it would pass unchecked on every run (as a
   snapshot test's missing snapshot fails under CI), so the change that adds it must also
   record its answer with ``--update``.
 
-Throughput that rises, or a changed configuration that a scenario allows, is reported but
-passes. ``--update`` rewrites the baseline with today's answers (keeping names, tolerances
-and allowances), which is how a team accepts an intended change.
+Throughput that rises, peak memory that falls, or a changed configuration that a scenario
+allows, is reported but passes; an allowed other configuration's peak memory is reported,
+not held to the recorded one's (another configuration needs other memory: the scenario lets
+the planner trade memory for speed). ``--update`` rewrites the baseline with today's
+answers (keeping names, tolerances and allowances), which is how a team accepts an intended
+change.
 """
 
 from __future__ import annotations
@@ -41,10 +48,14 @@ BASELINE_FORMAT = "stagewright.baseline/1"
 
 @dataclass(frozen=True)
 class Outcome:
-    """One scenario's comparison."""
+    """One scenario's comparison. ``status`` names the first reason it failed, in the order
+    "infeasible", "new", "slower", "more memory", "config changed" (``message`` says every
+    one), else "improved" (throughput rose or the same configuration's peak memory fell by
+    more than the tolerance) or "ok". The changes are in percent of the baseline's value,
+    None where either side is missing."""
 
     name: str
-    status: str  # "ok", "improved", "slower", "infeasible", "config changed", "new"
+    status: str  # "ok", "improved", "slower", "more memory", "infeasible", "config changed", "new"
     failed: bool
     baseline_samples_per_s: float | None
     samples_per_s: float | None
@@ -55,6 +66,7 @@ class Outcome:
     peak_gib: float | None
     tolerance_pct: float
     message: str
+    peak_change_pct: float | None = None
 
 
 class _Part(BaseModel):
@@ -91,7 +103,8 @@ class _Expected(_Part):
 
     config: _Config
     samples_per_s: float = Field(gt=0)
-    peak_memory_gib: float | None = Field(default=None, ge=0)
+    # Positive, as every peak the planner predicts: a rise is measured against it.
+    peak_memory_gib: float | None = Field(default=None, gt=0)
 
 
 _Tolerance = Annotated[float, Field(ge=0, lt=100)]
@@ -230,6 +243,9 @@ def _compare(
     now: dict[str, Any] | None,
     tolerance: float,
 ) -> Outcome:
+    """The scenario's outcome (``Outcome`` lists the statuses) from what the baseline
+    recorded (``expected``, None: nothing) and today's best answer (``now``, None: nothing
+    fits), within ``tolerance`` percent."""
     name = scenario["name"]
     base_rate = expected["samples_per_s"] if expected else None
     base_config = expected["config"] if expected else None
@@ -251,7 +267,7 @@ def _compare(
             if expected
             else "no configuration fits (every candidate rejected)",
         )
-    rate, config = now["samples_per_s"], now["config"]
+    rate, config, peak = now["samples_per_s"], now["config"], now["peak_memory_gib"]
     if expected is None:
         return Outcome(
             name,
@@ -263,31 +279,27 @@ def _compare(
             None,
             config,
             None,
-            now["peak_memory_gib"],
+            peak,
             tolerance,
             "no recorded answer to compare with: record it with --update and commit the baseline",
         )
+    assert base_rate is not None and base_config is not None  # ``expected`` is present
     change = (rate / base_rate - 1.0) * 100.0
-    common = (
-        base_rate,
-        rate,
-        change,
-        base_config,
-        config,
-        base_peak,
-        now["peak_memory_gib"],
-        tolerance,
-    )
+    peak_change = (peak / base_peak - 1.0) * 100.0 if base_peak is not None else None
+    same_config = config == base_config
+    failures: list[tuple[str, str]] = []  # (status, why), in the order of ``Outcome``'s
     if change < -tolerance:
-        return Outcome(
-            name,
-            "slower",
-            True,
-            *common,
-            f"predicted throughput fell {-change:.2f}% (tolerance {tolerance:g}%)",
+        failures.append(
+            ("slower", f"predicted throughput fell {-change:.2f}% (tolerance {tolerance:g}%)")
         )
-    if config != base_config and not scenario.get("allow_config_change", False):
-        assert base_config is not None  # ``expected`` is present here
+    if same_config and peak_change is not None and peak_change > tolerance:
+        failures.append(
+            (
+                "more memory",
+                f"predicted peak memory rose {peak_change:.2f}% (tolerance {tolerance:g}%)",
+            )
+        )
+    if not same_config and not scenario.get("allow_config_change", False):
         # A key only one side has is at its default on the other (see ``_summary``).
         keys = [*config, *(k for k in base_config if k not in config)]
         changed = ", ".join(
@@ -295,16 +307,43 @@ def _compare(
             for k in keys
             if base_config.get(k) != config.get(k)
         )
+        failures.append(
+            (
+                "config changed",
+                f"the best configuration changed ({changed}); allow it with "
+                f'"allow_config_change": true or accept it with --update',
+            )
+        )
+
+    def outcome(status: str, failed: bool, message: str) -> Outcome:
         return Outcome(
             name,
-            "config changed",
-            True,
-            *common,
-            f"the best configuration changed ({changed}); allow it with "
-            f'"allow_config_change": true or accept it with --update',
+            status,
+            failed,
+            base_rate,
+            rate,
+            change,
+            base_config,
+            config,
+            base_peak,
+            peak,
+            tolerance,
+            message,
+            peak_change,
         )
-    status = "improved" if change > tolerance else "ok"
-    return Outcome(name, status, False, *common, f"throughput {change:+.2f}%")
+
+    if failures:
+        return outcome(failures[0][0], True, "; ".join(why for _, why in failures))
+    if peak_change is None:
+        memory = "peak memory not recorded (--update records it)"
+    elif same_config:
+        memory = f"peak memory {peak_change:+.2f}%"
+    else:
+        memory = f"peak memory {peak_change:+.2f}%, not checked: another configuration, as allowed"
+    improved = change > tolerance or (
+        same_config and peak_change is not None and peak_change < -tolerance
+    )
+    return outcome("improved" if improved else "ok", False, f"throughput {change:+.2f}%, {memory}")
 
 
 def update_baseline(data: dict[str, Any], store: ProfileStore | None = None) -> dict[str, Any]:

@@ -27,9 +27,10 @@ def add_regress_command(commands: Any) -> None:
         help="CI cost-regression check: re-plan the baseline's scenarios",
         description=(
             "Re-plan every scenario recorded in BASELINE.json and exit 1 when predicted "
-            "throughput drops beyond the tolerance, a scenario becomes infeasible, or the "
-            "best configuration changes (unless the scenario allows it). --update rewrites "
-            "the baseline with today's answers."
+            "throughput drops beyond the tolerance, the same best configuration's predicted "
+            "peak memory rises beyond it, a scenario becomes infeasible, or the best "
+            "configuration changes (unless the scenario allows it). --update rewrites the "
+            "baseline with today's answers."
         ),
     )
     regress.add_argument(
@@ -40,7 +41,7 @@ def add_regress_command(commands: Any) -> None:
         type=float,
         default=None,
         metavar="PCT",
-        help="allowed throughput drop in percent, for every scenario "
+        help="allowed throughput drop and peak-memory rise in percent, for every scenario "
         "(default: the baseline's own, else 1)",
     )
     regress.add_argument(
@@ -112,7 +113,7 @@ def _compare_or_update(
         "status",
         "samples/s (baseline -> now)",
         "change",
-        "peak GiB",
+        "peak GiB (baseline -> now)",
         "best config (t/p/d/mb/recompute/schedule)",
         "note",
     ):
@@ -138,7 +139,9 @@ def _compare_or_update(
             if o.config == o.baseline_config
             else (f"{cfg(o.baseline_config)} -> {cfg(o.config)}")
         )
-        peak = f"{o.peak_gib:.1f}" if o.peak_gib is not None else "-"
+        peak = (f"{o.baseline_peak_gib:.2f}" if o.baseline_peak_gib is not None else "-") + (
+            f" -> {o.peak_gib:.2f}" if o.peak_gib is not None else " -> -"
+        )
         change = f"{o.change_pct:+.2f}%" if o.change_pct is not None else "-"
         style = "red" if o.failed else "green"
         table.add_row(o.name, f"[{style}]{o.status}[/]", rates, change, peak, configs, o.message)

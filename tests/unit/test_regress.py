@@ -69,6 +69,109 @@ def test_a_throughput_drop_beyond_the_tolerance_fails(capsys, tmp_path):
     assert code == 0
 
 
+def test_a_peak_memory_rise_beyond_the_tolerance_fails(capsys, tmp_path):
+    """A baseline whose peak memory was far below today's passed as "within tolerance"
+    (peak memory was recorded and shown, never compared)."""
+    path = _baseline(tmp_path)
+    today = json.loads(path.read_text())["scenarios"][0]["expected"]["peak_memory_gib"]
+    # Pretend the same configuration needed 5% less memory when the baseline was written.
+    _edit(path, lambda s: s["expected"].update(peak_memory_gib=today / 1.05))
+    code, out, _ = run(capsys, "regress", str(path), "--json")
+    answer = json.loads(out)
+    (outcome,) = answer["scenarios"]
+    assert code == 1 and answer["failed"] == 1
+    assert outcome["status"] == "more memory", outcome
+    assert outcome["peak_change_pct"] == pytest.approx(5.0)
+    assert outcome["message"] == "predicted peak memory rose 5.00% (tolerance 1%)"
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 1 and "1 of 1 scenarios regressed" in out
+    # ...and a 6% tolerance lets it through.
+    code, out, _ = run(capsys, "regress", str(path), "--json", "--tolerance", "6")
+    assert code == 0 and json.loads(out)["scenarios"][0]["status"] == "ok"
+
+
+def test_a_peak_memory_fall_beyond_the_tolerance_is_an_improvement(capsys, tmp_path):
+    path = _baseline(tmp_path)
+    today = json.loads(path.read_text())["scenarios"][0]["expected"]["peak_memory_gib"]
+    _edit(path, lambda s: s["expected"].update(peak_memory_gib=today * 1.25))  # 1/1.25: -20%
+    code, out, _ = run(capsys, "regress", str(path), "--json")
+    (outcome,) = json.loads(out)["scenarios"]
+    assert code == 0 and outcome["status"] == "improved", outcome
+    assert outcome["peak_change_pct"] == pytest.approx(-20.0)
+    assert outcome["message"] == "throughput +0.00%, peak memory -20.00%"
+
+
+def test_a_slower_answer_that_needs_more_memory_says_both(capsys, tmp_path):
+    path = _baseline(tmp_path)
+    _edit(
+        path,
+        lambda s: s["expected"].update(
+            samples_per_s=s["expected"]["samples_per_s"] * 1.25,  # today: 1/1.25, -20%
+            peak_memory_gib=s["expected"]["peak_memory_gib"] / 2,  # today: +100%
+        ),
+    )
+    code, out, _ = run(capsys, "regress", str(path), "--json")
+    (outcome,) = json.loads(out)["scenarios"]
+    assert code == 1 and outcome["status"] == "slower"
+    assert outcome["message"] == (
+        "predicted throughput fell 20.00% (tolerance 1%); "
+        "predicted peak memory rose 100.00% (tolerance 1%)"
+    )
+
+
+def test_an_allowed_other_configuration_is_not_held_to_the_recorded_memory(capsys, tmp_path):
+    """A scenario that lets the best configuration change lets the planner trade memory
+    for speed: another configuration's peak is reported, not compared."""
+    path = _baseline(tmp_path, allow_config_change=True)
+    _edit(
+        path,
+        lambda s: s["expected"].update(
+            peak_memory_gib=s["expected"]["peak_memory_gib"] / 2,
+            config={**s["expected"]["config"], "schedule": "gpipe"},
+        ),
+    )
+    code, out, _ = run(capsys, "regress", str(path), "--json")
+    (outcome,) = json.loads(out)["scenarios"]
+    assert code == 0 and outcome["status"] == "ok", outcome
+    assert outcome["peak_change_pct"] == pytest.approx(100.0)
+    assert outcome["message"] == (
+        "throughput +0.00%, peak memory +100.00%, not checked: another configuration, as allowed"
+    )
+
+
+def test_a_baseline_without_a_recorded_peak_memory_still_passes(capsys, tmp_path):
+    """peak_memory_gib is optional: a baseline written without it is checked as before and
+    told how to record it."""
+    path = _baseline(tmp_path)
+    _edit(path, lambda s: s["expected"].pop("peak_memory_gib"))
+    code, out, _ = run(capsys, "regress", str(path), "--json")
+    (outcome,) = json.loads(out)["scenarios"]
+    assert code == 0 and outcome["status"] == "ok"
+    assert outcome["baseline_peak_gib"] is None and outcome["peak_change_pct"] is None
+    assert outcome["message"] == "throughput +0.00%, peak memory not recorded (--update records it)"
+
+
+def test_the_table_shows_the_peak_memory_baseline_to_now(capsys, tmp_path, monkeypatch):
+    """The QA case: the 13B scenario of the sample baseline recorded at 10 GiB, where the
+    planner predicts (and the sample baseline records) 63.329 GiB."""
+    data = json.loads((ROOT / "baselines" / "examples.json").read_text())
+    scenario = data["scenarios"][0]
+    assert scenario["name"] == "gpt3-13b on 8 A100"
+    assert scenario["expected"]["peak_memory_gib"] == 63.329
+    scenario["expected"]["peak_memory_gib"] = 10.0
+    path = tmp_path / "examples.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 1 and "1 of 4 scenarios regressed" in out
+    row = next(line for line in out.splitlines() if "gpt3-13b on 8 A100" in line)
+    assert "more memory" in row and "10.00 -> 63.33" in row
+    code, out, _ = run(capsys, "regress", str(path), "--json")
+    outcome = json.loads(out)["scenarios"][0]
+    assert outcome["peak_change_pct"] == pytest.approx(533.29)  # 63.329 / 10 - 1
+    assert outcome["message"] == "predicted peak memory rose 533.29% (tolerance 1%)"
+
+
 def _shrink(scenario):  # the same model on far too little memory: nothing fits
     scenario["request"]["model"].update(
         hidden_size=8192, num_attention_heads=64, num_layers=64, vocab_size=50000
@@ -172,6 +275,7 @@ def test_a_bad_baseline_is_a_one_line_error(capsys, tmp_path, content, message):
         (lambda s: s.update(expected="x"), "expected: Input should be a valid dictionary"),
         (lambda s: s["expected"].pop("samples_per_s"), "expected.samples_per_s: Field required"),
         (lambda s: s["expected"].update(samples_per_s=0), "samples_per_s: Input should be greater"),
+        (lambda s: s["expected"].update(peak_memory_gib=0), "peak_memory_gib: Input should be gre"),
         (lambda s: s["expected"].update(config=None), "expected.config: Input should be a valid"),
         (lambda s: s["expected"]["config"].pop("t"), "expected.config.t: Field required"),
         # Each was silently wrong: a NaN or negative tolerance, a NaN rate and "no" passed or
