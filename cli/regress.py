@@ -26,6 +26,7 @@ change.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,10 +130,52 @@ class _Baseline(_Part):
     scenarios: list[_Scenario]
 
 
-def load_baseline(path: Path) -> dict[str, Any]:
-    """Read and check a baseline file; errors say what to fix."""
+def _skeleton(name: str) -> str:
+    """A baseline of one scenario called ``name`` whose plan request is left as ``{...}``."""
+    return (
+        f'{{"format": "{BASELINE_FORMAT}", "scenarios": [{{"name": {json.dumps(name)}, '
+        '"request": {...}}]}'
+    )
+
+
+# Where a new user finds a whole baseline to copy (it is not in the wheel, hence "repository").
+_TEMPLATE = "baselines/examples.json in stagewright's repository is one to copy"
+
+
+def _start(where: str) -> str:
+    """How a baseline at ``where`` starts, said where a file is missing or is other JSON."""
+    return (
+        f"write {_skeleton('NAME')} to {where} with a plan request (what stagewright plan "
+        f"reads) for {{...}} ({_TEMPLATE})"
+    )
+
+
+def load_baseline(path: Path, *, updating: bool = False) -> dict[str, Any]:
+    """Read and check a baseline file; every error says what to change. A file that is not
+    a baseline (a missing one, a plan request, other JSON) is told how a baseline starts:
+    its skeleton, the sample to copy, and ``--update`` to record the answers; ``updating``
+    (the command was given ``--update``) says why that cannot start from nothing."""
     try:
         data = loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if updating:
+            raise StagewrightError(
+                f"cannot read {path}: no such file; --update records the answers of the "
+                f"scenarios a baseline names, so a new baseline starts with them: "
+                f"{_start('it')}, then run this again"
+            ) from None
+        raise StagewrightError(
+            f"cannot read {path}: no such file; check the path, or start a baseline there: "
+            f"{_start('it')}, then record its answers with stagewright regress {path} --update"
+        ) from None
+    except IsADirectoryError:
+        raise StagewrightError(
+            f"cannot read {path}: it is a folder; name the baseline file in it"
+        ) from None
+    except PermissionError:
+        raise StagewrightError(
+            f"cannot read {path}: permission denied; make the file readable"
+        ) from None
     except OSError as exc:
         raise StagewrightError(f"cannot read {path}: {exc.strerror}") from exc
     except StagewrightError as exc:  # a key given twice, or nested too deep
@@ -140,9 +183,7 @@ def load_baseline(path: Path) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise StagewrightError(f"{path} is not JSON: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
-        raise StagewrightError(
-            f'{path} is not a stagewright baseline (expected "format": "{BASELINE_FORMAT}")'
-        )
+        raise StagewrightError(_not_a_baseline(path, data))
     scenarios = data.get("scenarios")
     if not isinstance(scenarios, list) or not scenarios:
         raise StagewrightError(f"{path} has no scenarios; add at least one")
@@ -167,6 +208,30 @@ def load_baseline(path: Path) -> dict[str, Any]:
                 f"{path}: scenario {scenario['name']!r}: request.{where}: {first['msg']}"
             ) from None
     return data
+
+
+def _not_a_baseline(path: Path, data: Any) -> str:
+    """What to change when ``data``, read from ``path``, is JSON but not a baseline."""
+    record = "record its answers with stagewright regress NEW.json --update"
+    if isinstance(data, dict) and "format" not in data and {"model", "cluster"} & set(data):
+        return (
+            f"{path} is a plan request, not a baseline; to check its answer in CI, make it a "
+            f"scenario of one: write {_skeleton(path.stem)} to NEW.json with the contents of "
+            f"{path.name} for {{...}} ({_TEMPLATE}; more scenarios go in the same list), then "
+            f"{record}"
+        )
+    if isinstance(data, dict) and "format" not in data and "scenarios" in data:
+        return f'{path} has no "format"; add "format": "{BASELINE_FORMAT}" at its top level'
+    if isinstance(data, dict) and "format" in data:
+        return (
+            f'{path} is not a stagewright baseline: its "format" is '
+            f'{json.dumps(data["format"])}, not "{BASELINE_FORMAT}"; name a baseline file '
+            f"(a baseline of a newer format needs the stagewright that wrote it)"
+        )
+    return (
+        f"{path} is not a stagewright baseline; name a baseline file, or start one: "
+        f"{_start('NEW.json')}, then {record}"
+    )
 
 
 def _baseline_problems(exc: ValidationError, scenarios: list[Any]) -> str:

@@ -71,7 +71,7 @@ def _regress(args: argparse.Namespace) -> int:
             f"--update rewrites the baseline and compares nothing, so {ignored} would be "
             f"ignored; leave out {ignored}{hint}"
         )
-    data = load_baseline(args.baseline)
+    data = load_baseline(args.baseline, updating=args.update)
     if args.database_url is None:
         return _compare_or_update(args, data, None)
     with needs_extra("service", "regress --database-url"):

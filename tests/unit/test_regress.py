@@ -252,6 +252,9 @@ def test_update_records_todays_answers(capsys, tmp_path):
     [
         ("{", "is not JSON"),
         ('{"format": "x"}', "is not a stagewright baseline"),
+        ('{"format": "x"}', 'its "format" is "x", not "stagewright.baseline/1"; name a baseline'),
+        ('{"scenarios": []}', 'has no "format"; add "format": "stagewright.baseline/1" at its'),
+        ("[1]", "is not a stagewright baseline; name a baseline file, or start one: write {"),
         ('{"format": "stagewright.baseline/1", "scenarios": []}', "has no scenarios"),
         (
             '{"format": "stagewright.baseline/1", "scenarios": [{"name": "a"}]}',
@@ -264,6 +267,78 @@ def test_a_bad_baseline_is_a_one_line_error(capsys, tmp_path, content, message):
     path.write_text(content)
     code, out, err = run(capsys, "regress", str(path))
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+SKELETON = '{"format": "stagewright.baseline/1", "scenarios": [{"name": "NAME", "request": {...}}]}'
+
+
+def _follow(message: str, name: str, request: dict) -> str:
+    """The baseline a message's skeleton describes, with ``request`` for its ``{...}``."""
+    skeleton = message[message.index('{"format"') :].split("]}", 1)[0] + "]}"
+    return skeleton.replace('"NAME"', json.dumps(name)).replace("{...}", json.dumps(request))
+
+
+def test_a_missing_baseline_says_how_to_start_one(capsys, tmp_path):
+    """It said only "cannot read ...: No such file or directory"."""
+    path = tmp_path / "ours.json"
+    code, out, err = run(capsys, "regress", str(path))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"cannot read {path}: no such file; check the path, or start a baseline there: " in err
+    assert f"write {SKELETON} to it with a plan request (what stagewright plan reads)" in err
+    assert "baselines/examples.json in stagewright's repository is one to copy" in err
+    assert err.endswith(f"then record its answers with stagewright regress {path} --update\n")
+    # Doing what it says gives a baseline that checks.
+    path.write_text(_follow(err, "tiny", TINY))
+    assert run(capsys, "regress", str(path), "--update")[0] == 0
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 0 and "all 1 scenarios within tolerance" in out
+
+
+def test_update_of_a_missing_baseline_says_it_needs_the_scenarios(capsys, tmp_path):
+    """--update cannot make a baseline up: it records the answers of the scenarios the
+    file names, so it says how to write them and creates nothing."""
+    path = tmp_path / "ours.json"
+    code, out, err = run(capsys, "regress", str(path), "--update")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert (
+        f"cannot read {path}: no such file; --update records the answers of the scenarios a "
+        f"baseline names, so a new baseline starts with them: write {SKELETON} to it" in err
+    )
+    assert err.endswith("then run this again\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plan_request_given_for_a_baseline_says_how_to_make_it_a_scenario(capsys, tmp_path):
+    """It said the request "is not a stagewright baseline (expected "format": ...)"."""
+    request = ROOT / "examples" / "tiny-cpu.json"
+    code, out, err = run(capsys, "regress", str(request))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"{request} is a plan request, not a baseline; to check its answer in CI" in err
+    skeleton = SKELETON.replace('"NAME"', '"tiny-cpu"')
+    assert f"write {skeleton} to NEW.json with the contents of tiny-cpu.json for {{...}}" in err
+    assert "baselines/examples.json in stagewright's repository is one to copy" in err
+    assert err.endswith("then record its answers with stagewright regress NEW.json --update\n")
+    path = tmp_path / "NEW.json"
+    path.write_text(_follow(err, "tiny-cpu", TINY))
+    assert run(capsys, "regress", str(path), "--update")[0] == 0
+    assert run(capsys, "regress", str(path))[0] == 0
+
+
+def test_a_folder_or_an_unreadable_baseline_says_what_to_change(capsys, tmp_path, monkeypatch):
+    code, _, err = run(capsys, "regress", str(tmp_path))
+    assert code == 2 and err.endswith(
+        f"cannot read {tmp_path}: it is a folder; name the baseline file in it\n"
+    )
+    path = _baseline(tmp_path)
+
+    def refuse(self, encoding=None):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    code, _, err = run(capsys, "regress", str(path))
+    assert code == 2 and err.endswith(
+        f"cannot read {path}: permission denied; make the file readable\n"
+    )
 
 
 @pytest.mark.parametrize(
