@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from cli.extras import needs_extra
-from cli.regress import check_baseline, load_baseline, update_baseline
+from cli.regress import Outcome, check_baseline, load_baseline, update_baseline
+from cli.tables import Cell, Column, print_fitted
 from planner.errors import StagewrightError
 from planner.profiles import ProfileStore
 
@@ -107,45 +108,8 @@ def _compare_or_update(
             + "\n"
         )
         return 1 if failed else 0
-    table = Table(title=f"cost regression check: {args.baseline.name}")
-    for header in (
-        "scenario",
-        "status",
-        "samples/s (baseline -> now)",
-        "change",
-        "peak GiB (baseline -> now)",
-        "best config (t/p/d/mb/recompute/schedule)",
-        "note",
-    ):
-        table.add_column(header, overflow="fold")  # at 80 columns: wrapped, never cut
-    for o in outcomes:
-
-        def cfg(c: dict[str, Any] | None) -> str:
-            if not c:
-                return "-"
-            return (
-                "/".join(
-                    str(c[k]) for k in ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
-                )
-                + (f" cp {c['cp']}" if c.get("cp", 1) > 1 else "")
-                + (f" v {c['num_chunks']}" if "num_chunks" in c else "")
-            )
-
-        rates = (f"{o.baseline_samples_per_s:.3f}" if o.baseline_samples_per_s else "-") + (
-            f" -> {o.samples_per_s:.3f}" if o.samples_per_s else " -> -"
-        )
-        configs = (
-            cfg(o.baseline_config)
-            if o.config == o.baseline_config
-            else (f"{cfg(o.baseline_config)} -> {cfg(o.config)}")
-        )
-        peak = (f"{o.baseline_peak_gib:.2f}" if o.baseline_peak_gib is not None else "-") + (
-            f" -> {o.peak_gib:.2f}" if o.peak_gib is not None else " -> -"
-        )
-        change = f"{o.change_pct:+.2f}%" if o.change_pct is not None else "-"
-        style = "red" if o.failed else "green"
-        table.add_row(o.name, f"[{style}]{o.status}[/]", rates, change, peak, configs, o.message)
-    Console().print(table)  # the terminal's width (COLUMNS when not a terminal), as plan
+    title = f"cost regression check: {args.baseline.name} (baseline -> now)"
+    _print_table(Console(), title, outcomes)
     unrecorded = sum(o.status == "new" for o in outcomes)
     # Nothing fits and nothing was recorded: no regression, and --update cannot record one.
     never_fit = sum(o.status == "infeasible" and o.baseline_samples_per_s is None for o in outcomes)
@@ -160,6 +124,71 @@ def _compare_or_update(
     verdict = "; ".join(parts) or f"all {len(outcomes)} scenarios within tolerance"
     sys.stdout.write(verdict + "\n")
     return 1 if failed else 0
+
+
+# The table's columns (samples/s, peak GiB and a changed configuration as baseline -> now;
+# throughput as the change in percent), and those left out (first to last) when the whole
+# values do not fit the terminal: the change that samples/s shows, then the note (printed
+# under the table where it says more than the numbers), then the configuration.
+_COLUMNS = (
+    Column("scenario", "left", wraps=True),
+    Column("status", "left"),
+    Column("samples/s"),
+    Column("throughput"),
+    Column("peak GiB"),
+    Column("best config (t/p/d/mb/recompute/schedule)", "left"),
+    Column("note", "left", wraps=True),
+)
+_DROP_ORDER = ("throughput", "note", "best config (t/p/d/mb/recompute/schedule)")
+
+
+def _print_table(console: Console, title: str, outcomes: list[Outcome]) -> None:
+    """Every outcome as a row of whole values within the console's width (the terminal's,
+    COLUMNS when not a terminal): columns that do not fit are left out, as in plan's
+    tables, and said. A note left out is printed under the table for every scenario that
+    failed, improved or changed its configuration, so a failure's reason (and an allowed
+    change) is never lost."""
+    rows: list[list[Cell]] = []
+    for o in outcomes:
+        configs = (
+            _config_text(o.baseline_config)
+            if o.config == o.baseline_config
+            else f"{_config_text(o.baseline_config)} -> {_config_text(o.config)}"
+        )
+        rows.append(
+            [
+                Text(o.name),  # Text: a name or note is shown as written, never as markup
+                Text(o.status, style="red" if o.failed else "green"),
+                f"{_number(o.baseline_samples_per_s, 3)} -> {_number(o.samples_per_s, 3)}",
+                f"{o.change_pct:+.2f}%" if o.change_pct is not None else "-",
+                f"{_number(o.baseline_peak_gib, 2)} -> {_number(o.peak_gib, 2)}",
+                configs,
+                Text(o.message),
+            ]
+        )
+    dropped = print_fitted(console, title, _COLUMNS, rows, _DROP_ORDER)
+    if "note" in dropped:
+        for o in outcomes:
+            if o.status != "ok" or o.config != o.baseline_config:
+                console.print(
+                    f"  {o.name}: {o.message}", highlight=False, markup=False, soft_wrap=True
+                )
+
+
+def _number(value: float | None, decimals: int) -> str:
+    return "-" if value is None else f"{value:.{decimals}f}"
+
+
+def _config_text(c: dict[str, Any] | None) -> str:
+    """A recorded configuration as t/p/d/mb/recompute/schedule, then cp and chunks per
+    device where the record has them; "-" for none."""
+    if not c:
+        return "-"
+    return (
+        "/".join(str(c[k]) for k in ("t", "p", "d", "micro_batch_size", "recompute", "schedule"))
+        + (f" cp {c['cp']}" if c.get("cp", 1) > 1 else "")
+        + (f" v {c['num_chunks']}" if "num_chunks" in c else "")
+    )
 
 
 def _replace(path: Path, text: str) -> None:

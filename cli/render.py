@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from cli.render_timeline import reason_summary
-from cli.tables import Column, fitted_table
+from cli.tables import Column, print_fitted
 from planner.assemble import no_fit_summary
 from planner.specs import DEFAULT_NUM_CHUNKS, CandidateConfig, Plan, Predicted, Rejected
 
@@ -146,7 +146,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
                 f"{pr.peak_memory_gib:.1f}",
             ]
         )
-    _print_fitted(
+    print_fitted(
         console,
         "ranked candidates (time from the simulated schedule)",
         [Column(h, "left" if h in _TEXT_COLUMNS else "right") for h in ranked_headers],
@@ -173,7 +173,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
             ]
             for row, total in zip(best.breakdown, best.predicted.memory_gib_per_device, strict=True)
         ]
-        _print_fitted(
+        print_fitted(
             console,
             "best candidate: per pipeline device",
             [Column(header) for header, _ in DEVICE_COLUMNS],
@@ -225,7 +225,7 @@ def render_plan(console: Console, plan: Plan, show_rejected: bool = False) -> No
                     f"{entry.speedup_vs_1f1b:.2f}x" if entry.speedup_vs_1f1b else "-",
                 ]
             )
-        _print_fitted(
+        print_fitted(
             console,
             "does a schedule pay off here? best of each (simulated)",
             [Column(h, "left") for h in summary_headers],
@@ -240,7 +240,7 @@ def _print_rejected(console: Console, rejected: Sequence[Rejected], chunks: bool
     """The rejections counted by reason, then every one (nothing when there are none)."""
     if not rejected:
         return
-    _print_fitted(
+    print_fitted(
         console,
         f"rejected ({len(rejected):,}) by reason",
         [Column("configurations"), Column("reason (numbers as n)", "left", wraps=True)],
@@ -253,7 +253,7 @@ def _print_rejected(console: Console, rejected: Sequence[Rejected], chunks: bool
     for reject in rejected:
         peak = f"{reject.predicted.peak_memory_gib:.1f}" if reject.predicted else "-"
         rows.append([*_config_text(reject.config, rejected_cp, chunks), peak, reject.reason])
-    _print_fitted(
+    print_fitted(
         console,
         f"every rejected configuration ({len(rejected):,})",
         [Column(h, "left", wraps=h == "reason") for h in headers],
@@ -277,25 +277,6 @@ _DEVICE_DROP_ORDER = (
     "bubble s",
 )
 _TEXT_COLUMNS = ("recompute", "schedule")
-
-
-def _print_fitted(
-    console: Console,
-    title: str,
-    columns: list[Column],
-    rows: list[list[str]],
-    drop_order: tuple[str, ...] = (),
-) -> None:
-    """Print the table within the console's width, saying which columns were left out."""
-    table, dropped = fitted_table(title, columns, rows, console.width, drop_order)
-    console.print(table)
-    if dropped:
-        console.print(
-            f"  ({', '.join(dropped)} left out to fit {console.width} columns: a wider "
-            "terminal, COLUMNS=200 or --json shows them)",
-            highlight=False,
-            soft_wrap=True,
-        )
 
 
 def trust_text(predicted: Predicted) -> str:

@@ -3,7 +3,7 @@
 A table squeezed into a narrow terminal by rich ellipsizes every cell ("bpi…", "29.…"), the
 answer included. Here a value is never cut: each column is as wide as its longest value
 (a header may wrap at its spaces), and when the columns do not fit, the least important
-ones are left out, and the caller says which.
+ones are left out, and the caller says which (``print_fitted`` does both).
 """
 
 from __future__ import annotations
@@ -12,9 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-__all__ = ["Column", "fitted_table"]
+__all__ = ["Cell", "Column", "fitted_table", "print_fitted"]
+
+# A value: plain text, or a rich Text carrying its style (measured by its plain text).
+Cell = str | Text
 
 WRAPPED_MIN = 24  # a column of long text (a reason) keeps at least this much, wrapping
 _PADDING = 2  # rich's default: one space either side of a cell
@@ -32,7 +37,7 @@ class Column:
     wraps: bool = False
 
 
-def _needed(column: Column, values: Sequence[str], whole_header: bool) -> int:
+def _needed(column: Column, values: Sequence[Cell], whole_header: bool) -> int:
     words = [column.header] if whole_header else column.header.split()
     header = max((len(word) for word in words), default=0)
     longest = max((len(v) for v in values), default=0)
@@ -44,11 +49,11 @@ def _needed(column: Column, values: Sequence[str], whole_header: bool) -> int:
 def fitted_table(
     title: str,
     columns: Sequence[Column],
-    rows: Sequence[Sequence[str]],
+    rows: Sequence[Sequence[Cell]],
     width: int,
     drop_order: Sequence[str] = (),
 ) -> tuple[Table, list[str]]:
-    """A table of ``rows`` (one string per column) within ``width`` characters in which no
+    """A table of ``rows`` (one value per column) within ``width`` characters in which no
     value is cut short: headers on one line if that fits, else a word a line; when the
     whole values still do not fit, the columns named in ``drop_order`` are left out, first
     to last, until they do (or none is left to drop: rich then wraps). Returns the table
@@ -86,3 +91,24 @@ def fitted_table(
     for row in rows:
         table.add_row(*(row[i] for i in kept))
     return table, dropped
+
+
+def print_fitted(
+    console: Console,
+    title: str,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[Cell]],
+    drop_order: Sequence[str] = (),
+) -> list[str]:
+    """Print ``fitted_table`` within the console's width and say which columns were left
+    out (and how to see them); returns their headers, in ``drop_order``'s order."""
+    table, dropped = fitted_table(title, columns, rows, console.width, drop_order)
+    console.print(table)
+    if dropped:
+        console.print(
+            f"  ({', '.join(dropped)} left out to fit {console.width} columns: a wider "
+            "terminal, COLUMNS=200 or --json shows them)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return dropped

@@ -44,18 +44,129 @@ def test_unchanged_scenarios_pass(capsys, tmp_path):
     assert "all 1 scenarios within tolerance" in out
 
 
-def test_the_table_fits_the_terminal_and_loses_nothing(capsys, tmp_path, monkeypatch):
-    """COLUMNS=80 (no terminal): the table is 80 wide, as plan's is, and the best
-    configuration is wrapped, not cut to an ellipsis."""
+EXAMPLES = ROOT / "baselines" / "examples.json"
+CONFIG_HEADER = "best config (t/p/d/mb/recompute/schedule)"
+
+
+def _table(out: str) -> list[list[str]]:
+    """The body rows of the (first) table in ``out``, each a list of stripped cells."""
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if "│" in line]
+
+
+def _expected_rows(path: Path) -> list[list[str]]:
+    """Each scenario of an unchanged baseline as the table shows it, every column, written
+    from the recorded answers: the same numbers before and after the arrow."""
+    rows = []
+    for scenario in json.loads(path.read_text())["scenarios"]:
+        e, c = scenario["expected"], scenario["expected"]["config"]
+        config = "/".join(
+            str(c[k]) for k in ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
+        )
+        rate, peak = f"{e['samples_per_s']:.3f}", f"{e['peak_memory_gib']:.2f}"
+        note = "throughput +0.00%, peak memory +0.00%"
+        rows.append(
+            [
+                scenario["name"],
+                "ok",
+                f"{rate} -> {rate}",
+                "+0.00%",
+                f"{peak} -> {peak}",
+                config,
+                note,
+            ]
+        )
+    return rows
+
+
+# The columns left out at each width, worked out by hand from the widths of the whole
+# values (scenario 22, status 6, samples/s 16, throughput 6, peak 14, config 23, note at
+# least 24), the headers (one line: config 41, throughput 10; a word a line: config 29) and
+# 3 characters per column of padding and rule, plus one: all seven fit whole headers in
+# 155, a word a line 143, without the change 130, without the note too 103, then 71.
+_LEFT_OUT = {
+    60: ["throughput", "note", CONFIG_HEADER],
+    80: ["throughput", "note", CONFIG_HEADER],
+    100: ["throughput", "note", CONFIG_HEADER],
+    120: ["throughput", "note"],
+    160: [],
+    200: [],
+}
+
+
+@pytest.mark.parametrize("width", sorted(_LEFT_OUT))
+def test_the_table_fits_the_terminal_and_cuts_no_value(capsys, monkeypatch, width):
+    """At 80 columns the configuration was broken mid-word ("2/2/2/1/n | one/v-zb",
+    "s | elective/"). As plan's tables, the table keeps every value whole, leaves out the
+    columns that do not fit (the throughput change first, then the note, then the
+    configuration) and says which; only a scenario's name and a note wrap, at spaces."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, _ = run(capsys, "regress", str(EXAMPLES))
+    assert code == 0 and "…" not in out
+    table = [line for line in out.splitlines() if line[:1] in "┏┃┡│└"]
+    assert max(len(line) for line in table) <= width
+    headers = ["scenario", "status", "samples/s", "throughput", "peak GiB", CONFIG_HEADER, "note"]
+    shown = [i for i, h in enumerate(headers) if h not in _LEFT_OUT[width]]
+    expected = [[row[i] for i in shown] for row in _expected_rows(EXAMPLES)]
+    rows = _table(out)
+    wrapping = [j for j, i in enumerate(shown) if headers[i] in ("scenario", "note")]
+    # Every other cell is whole on its row's first line (empty on the lines a wrap adds)...
+    first_lines = [r for r in rows if any(c for j, c in enumerate(r) if j not in wrapping)]
+    assert [[c for j, c in enumerate(r) if j not in wrapping] for r in first_lines] == [
+        [c for j, c in enumerate(r) if j not in wrapping] for r in expected
+    ]
+    # ...and a wrapped one is its value's words, in order.
+    for j in wrapping:
+        assert " ".join(c for r in rows if (c := r[j])) == " ".join(r[j] for r in expected)
+    if _LEFT_OUT[width]:
+        left_out = ", ".join(_LEFT_OUT[width])
+        assert f"  ({left_out} left out to fit {width} columns: a wider terminal" in out
+    else:
+        assert "left out" not in out
+
+
+def test_at_80_columns_a_failures_note_is_printed_under_the_table(capsys, tmp_path, monkeypatch):
+    """The note column is left out at 80 columns (a CI log's width when it is no terminal),
+    so the reason a scenario failed is said under the table, one line a scenario."""
+    data = json.loads(EXAMPLES.read_text())
+    data["scenarios"][0]["expected"]["peak_memory_gib"] = 10.0  # recorded: 63.329
+    path = tmp_path / "examples.json"
+    path.write_text(json.dumps(data))
     monkeypatch.setenv("COLUMNS", "80")
-    code, out, _ = run(capsys, "regress", str(_baseline(tmp_path)))
-    assert code == 0
-    assert max(len(line) for line in out.splitlines()) <= 80
-    assert "…" not in out
-    recorded = json.loads(_baseline(tmp_path).read_text())["scenarios"][0]["expected"]["config"]
-    cells = "".join(line.split("│")[6].strip() for line in out.splitlines() if line.count("│") == 8)
-    assert cells.startswith(f"{recorded['t']}/{recorded['p']}/{recorded['d']}/")
-    assert cells.endswith(recorded["schedule"])
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 1
+    lines = out.splitlines()
+    left_out = next(i for i, line in enumerate(lines) if "left out to fit 80 columns" in line)
+    assert lines[left_out + 1 :] == [
+        "  gpt3-13b on 8 A100: predicted peak memory rose 533.29% (tolerance 1%)",
+        "1 of 4 scenarios regressed",
+    ]
+    assert _table(out)[0] == [
+        "gpt3-13b on 8 A100",
+        "more memory",
+        "8.621 -> 8.621",
+        "10.00 -> 63.33",
+    ]
+
+
+def test_a_changed_configuration_is_shown_whole_or_left_out(capsys, tmp_path, monkeypatch):
+    path = _baseline(tmp_path, allow_config_change=True)
+    recorded = json.loads(path.read_text())["scenarios"][0]["expected"]["config"]
+    _edit(path, lambda s: s["expected"]["config"].update(schedule="gpipe", t=4))
+    now = "/".join(
+        str(recorded[k]) for k in ("t", "p", "d", "micro_batch_size", "recompute", "schedule")
+    )
+    before = now.split("/")
+    before[0], before[5] = "4", "gpipe"
+    change = f"{'/'.join(before)} -> {now}"
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 0 and _table(out)[0][5] == change
+    # At 80 columns it is left out, and the allowed change is said under the table.
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run(capsys, "regress", str(path))
+    assert code == 0 and change not in out and len(_table(out)[0]) == 4
+    assert "  tiny: throughput +0.00%, peak memory " in out
+    assert "not checked: another configuration, as allowed" in out
 
 
 def test_a_throughput_drop_beyond_the_tolerance_fails(capsys, tmp_path):
