@@ -66,12 +66,13 @@ def source_order_note(ctx: PlanContext, ranked: Sequence[Priced]) -> str | None:
         f"#{modelled[0]}'s {modelled_time:.3f} s"
     )
     calibrated = ctx.hardware.calibration is not None
+    # Each remedy completes "before trusting it, ...": what to do first, then why.
     remedy = (
-        "the profile's calibration does not reconcile them: add measured runs of these "
-        "configurations (stagewright measurements add) and calibrate again"
+        "add measured runs of these configurations (stagewright measurements add) and "
+        "calibrate again: the profile's calibration does not reconcile them"
         if calibrated
-        else "calibrate the profile to measured runs first (stagewright calibrate "
-        f"--hardware {ctx.hardware.name})"
+        else "calibrate the profile to measured runs (stagewright calibrate "
+        f"--hardware {ctx.hardware.name}): it has not been calibrated"
     )
     return (
         f"{what}. Their order rests on where the model and the measurements disagree, not on "

@@ -10,13 +10,14 @@ candidates it moves, and by how much, is known in advance.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from planner.costmodel.timing import modelled_layer_times
 from planner.plan import plan
-from planner.profiles import JsonProfileStore, LayerPoint, default_store
+from planner.profiles import CalibrationRecord, JsonProfileStore, LayerPoint, default_store
 from planner.specs import CandidateConfig, Plan, PlanRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +123,32 @@ def test_a_slow_measurement_under_the_first_candidate_is_named(
         f"alone too, #{rank} would take {alone:.3f} s a step, less than #1's "
         f"{first.predicted.iteration_time_s:.3f} s."
     )
-    assert "stagewright calibrate --hardware a100-sxm-80g" in note
+    # The bundled profile is not calibrated: calibrating it comes first, and the sentence
+    # reads as one.
+    assert note.endswith(
+        "; before trusting it, calibrate the profile to measured runs (stagewright calibrate "
+        "--hardware a100-sxm-80g): it has not been calibrated."
+    )
+
+
+def test_with_a_calibrated_profile_the_note_asks_for_runs_of_these_configurations(
+    request_13b: PlanRequest, model_only: Plan
+) -> None:
+    """The same slow measurement under a calibrated profile: calibrating again with what is
+    stored would not help, so the note asks for measured runs of the two configurations."""
+    a = model_only.candidates[0].config
+    store = _store([_point(request_13b, a, 1.06)])
+    fitted = CalibrationRecord(
+        fitted_at="2026-01-05T00:00:00Z", num_runs=3, rms_log_error=0.0, rms_log_error_before=0.1
+    )
+    store.add_hardware(replace(default_store().hardware(GPU), calibration=fitted))
+    (note,) = _order_notes(plan(request_13b, store))
+    assert note.endswith(
+        "; before trusting it, add measured runs of these configurations (stagewright "
+        "measurements add) and calibrate again: the profile's calibration does not reconcile "
+        "them."
+    )
+    assert "stagewright calibrate --hardware" not in note
 
 
 def test_a_fast_measurement_that_lifts_a_candidate_to_first_is_named(
