@@ -412,7 +412,9 @@ class SimulateRequest(_ApiModel):
     comm: Seconds = Field(default=0.0, description="Time added to every edge between devices.")
     transfer: Seconds = Field(default=0.0, description="Time of one BPipe EVICT or LOAD.")
     overlap_transfers: bool = Field(
-        default=True, description="BPipe transfers overlap compute (false: they block)."
+        default=True,
+        description="BPipe transfers overlap compute (false: they block, which needs a "
+        "transfer above 0).",
     )
     num_chunks: int = Field(default=2, ge=1, le=16, description="Chunks per device (interleaved).")
     num_batches: int = Field(
@@ -438,7 +440,11 @@ class SimulateRequest(_ApiModel):
             )
             if changed
         ]
-        problem = schedule_family(self.schedule).transfer_problem(given)
+        family = schedule_family(self.schedule)
+        problem = family.transfer_problem(given)
+        if problem is None:  # a transfer of no time blocks nothing
+            blocking = None if self.overlap_transfers else "overlap_transfers false"
+            problem = family.blocking_problem(blocking, "transfer", self.transfer)
         if problem is not None:
             raise ValueError(problem)
         return self

@@ -159,7 +159,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--no-overlap",
         action="store_true",
-        help="BPipe transfers block the device instead of overlapping compute",
+        help="BPipe transfers block the device instead of overlapping compute (needs "
+        "--transfer above 0)",
     )
     sim.add_argument(
         "--chunks",
@@ -323,6 +324,9 @@ def _simulate(args: argparse.Namespace) -> int:
     # --transfer 0 is the default and changes nothing; any other value would be ignored.
     moving = {"transfer": bool(args.transfer), "no_overlap": args.no_overlap}
     problem = family.transfer_problem([_flag(flag) for flag, given in moving.items() if given])
+    if problem is None:  # a transfer of no time blocks nothing: --no-overlap needs one
+        blocking = _flag("no_overlap") if args.no_overlap else None
+        problem = family.blocking_problem(blocking, _flag("transfer"), args.transfer or 0.0)
     if problem is not None:
         raise StagewrightError(problem)
     no_w = args.w is None

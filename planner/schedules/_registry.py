@@ -230,6 +230,22 @@ class ScheduleFamily:
             f"({moving}); leave {'it' if one else 'them'} out"
         )
 
+    def blocking_problem(self, blocking: str | None, time: str, transfer: float) -> str | None:
+        """Why blocking transfers (``blocking``: the caller's name of the setting that makes
+        them block, None when it is not set) with a ``transfer`` time of 0 (the setting the
+        caller names ``time``) are refused, or None: a transfer blocks its device for the
+        time it takes, so with no time it blocks nothing and the setting would change
+        nothing. Only for a family with transfers (:meth:`transfer_problem` refuses both
+        settings elsewhere); the command line and /v1/simulate say it alike."""
+        if blocking is None or transfer != 0 or not self.transfers:
+            return None
+        return (
+            f"{blocking} needs {time} above 0: it makes {self.name}'s EVICT/LOAD transfers "
+            f"block the device for the time they take, and at {time} 0 (the default) they "
+            f"take none, so it would change nothing; give {time} (the time of one EVICT or "
+            f"LOAD) too, or leave {blocking} out"
+        )
+
     def resolve(self, given: Mapping[str, float]) -> dict[str, float]:
         """The family's parameters with defaults filled. A parameter the family does not
         take, or a missing required one, is an error naming what it takes."""

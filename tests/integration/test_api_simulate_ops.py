@@ -84,6 +84,18 @@ def test_simulate_per_stage_times_and_schedule_options(client):
             "devices have EVICT/LOAD transfers (bpipe, bpipe-interleaved); leave it out",
         ),
         ({"schedule": "v-zb", "overlap_transfers": False}, "overlap_transfers does not apply"),
+        # Blocking transfers of no time block nothing: once accepted and without effect.
+        (
+            {"schedule": "bpipe", "overlap_transfers": False},
+            "overlap_transfers false needs transfer above 0: it makes bpipe's EVICT/LOAD "
+            "transfers block the device for the time they take, and at transfer 0 (the "
+            "default) they take none, so it would change nothing; give transfer (the time of "
+            "one EVICT or LOAD) too, or leave overlap_transfers false out",
+        ),
+        (
+            {"schedule": "bpipe-interleaved", "transfer": 0.0, "overlap_transfers": False},
+            "overlap_transfers false needs transfer above 0",
+        ),
     ],
 )
 def test_simulate_errors(client, change, needle):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import _build_parser, main
-from planner.schedules import SCHEDULE_NAMES, schedule_family
+from planner.schedules import SCHEDULE_NAMES, generate, schedule_family
+from planner.simulate import Durations, simulate
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -116,6 +117,22 @@ def test_per_stage_times_are_accepted(capsys):
     assert json.loads(out)["devices"][1]["busy"] == pytest.approx(12)
 
 
+def test_no_overlap_with_a_transfer_time_blocks_the_device(capsys):
+    """With --transfer above 0, --no-overlap is taken and does what the simulator does with
+    blocking transfers (its own Durations, not the command line)."""
+    args = ["simulate", "--schedule", "bpipe", "--devices", "4", "--microbatches", "8"]
+    args += ["--f", "1", "--b", "2", "--transfer", "0.5", "--json"]
+    code, overlapping, err = run(capsys, *args)
+    assert code == 0, err
+    code, blocking, err = run(capsys, *args, "--no-overlap")
+    assert code == 0 and err == ""
+    expected = simulate(
+        generate("bpipe", 4, 8), Durations(1.0, 2.0, transfer=0.5, overlap_transfers=False)
+    )
+    assert json.loads(blocking) == expected.to_contract()
+    assert json.loads(blocking)["makespan"] > json.loads(overlapping)["makespan"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -187,6 +204,20 @@ def test_per_stage_times_are_accepted(capsys):
         (
             ["--schedule", "v-zb", "--devices", "4", "--microbatches", "8", "--no-overlap"],
             "--no-overlap does not apply to v-zb",
+        ),
+        # Blocking transfers of no time block nothing: once accepted, and the same timeline
+        # as without --no-overlap.
+        (
+            ["--schedule", "bpipe", "--devices", "4", "--microbatches", "8", "--no-overlap"],
+            "--no-overlap needs --transfer above 0: it makes bpipe's EVICT/LOAD transfers "
+            "block the device for the time they take, and at --transfer 0 (the default) they "
+            "take none, so it would change nothing; give --transfer (the time of one EVICT or "
+            "LOAD) too, or leave --no-overlap out",
+        ),
+        (
+            ["--schedule", "bpipe-interleaved", "--devices", "4", "--microbatches", "8"]
+            + ["--no-overlap", "--transfer", "0"],
+            "--no-overlap needs --transfer above 0: it makes bpipe-interleaved's",
         ),
     ],
 )
