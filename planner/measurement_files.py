@@ -82,6 +82,14 @@ def _columns() -> tuple[list[str], list[str]]:
 
 CSV_COLUMNS, REQUIRED_CSV_COLUMNS = _columns()
 
+# What a file needs, said of an empty one.
+_CSV_NEEDS = (
+    "a measurements CSV needs a header line of column names (field paths; these "
+    f"{len(REQUIRED_CSV_COLUMNS)} are required: {', '.join(REQUIRED_CSV_COLUMNS)}) and then "
+    "one line per run; `stagewright measurements list --csv` writes a file of this form"
+)
+_JSON_NEEDS = 'a measurements file holds a JSON list of runs or {"runs": [...]}, or is a .csv file'
+
 
 class MeasurementFileError(StagewrightError):
     """A measurements file that cannot be stored; the message lists every problem."""
@@ -104,11 +112,15 @@ class ParsedRun:
 
 def parse_runs(text: str, name: str) -> list[ParsedRun]:
     """Every run of a file called ``name`` (.csv is CSV, anything else JSON), or
-    MeasurementFileError naming each bad row and column."""
+    MeasurementFileError naming each bad row and column; an empty file (nothing but
+    white space) is refused as such, saying what the file needs."""
     # A byte-order mark (Excel's "CSV UTF-8", Windows editors) is not content: in a CSV it
     # made the first column an unknown one and a required one missing at once.
     text = text.removeprefix("\ufeff")
-    if name.lower().endswith(".csv"):
+    is_csv = name.lower().endswith(".csv")
+    if not text.strip():  # said as such: the header check would list every column missing
+        raise MeasurementFileError(f"{name} is empty; {_CSV_NEEDS if is_csv else _JSON_NEEDS}")
+    if is_csv:
         return _validated(_csv_rows(text, name), name, "column")
     try:
         data = loads(text)

@@ -385,6 +385,23 @@ def test_cli_names_missing_and_unknown_columns(tmp_path, capsys):
     assert "unknown column(s) config.tee" in err
 
 
+def test_cli_calls_an_empty_file_empty(tmp_path, capsys):
+    """An empty CSV said 'header: missing column(s) ...' with all 18 required columns."""
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    code, out, err = cli(capsys, "measurements", "add", str(path), "--database-url", "sqlite://")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(
+        f"stagewright measurements: error: {path} is empty; a measurements CSV needs a header "
+        "line of column names (field paths; these 18 are required: model.name, "
+    )
+    assert "missing column" not in err
+    assert err.endswith(
+        ", source) and then one line per run; `stagewright measurements list --csv` writes a "
+        "file of this form\n"
+    )
+
+
 # Two parameters keep the fits quick: one the runs inform, one they cannot (no run measured
 # memory).
 FIT = [

@@ -73,6 +73,27 @@ def test_malformed_json_files(text, needle):
     assert needle in str(caught.value)
 
 
+@pytest.mark.parametrize("text", ["", "\n\n", " \r\n", "\ufeff"])
+def test_an_empty_file_is_called_empty_and_told_what_it_needs(text):
+    """An empty CSV was 'header: missing column(s) ...' listing all 18 required columns, as
+    if a header were there and wrong."""
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(text, "new.csv")
+    message = str(caught.value)
+    assert message.startswith(
+        "new.csv is empty; a measurements CSV needs a header line of column names (field "
+        f"paths; these {len(REQUIRED_CSV_COLUMNS)} are required: model.name, "
+    )
+    assert all(column in message for column in REQUIRED_CSV_COLUMNS)
+    assert "header:" not in message and "missing column" not in message
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(text, "new.json")
+    assert str(caught.value) == (
+        'new.json is empty; a measurements file holds a JSON list of runs or {"runs": '
+        "[...]}, or is a .csv file"
+    )
+
+
 def test_csv_cells_rows_and_header():
     lines = shipped_csv().splitlines()
     header, first = lines[0], lines[1]
