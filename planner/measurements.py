@@ -31,6 +31,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    TypeAdapter,
     ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
@@ -59,12 +60,14 @@ from planner.specs import (
 )
 
 __all__ = [
+    "MEASURED_ON_LEEWAY",
     "MeasuredRun",
     "PassMeasurement",
     "RunConfig",
     "StepMeasurement",
     "candidate_config",
     "fingerprint",
+    "measured_on_problem",
     "measured_step_time_s",
     "plan_request",
     "run_from_layer_point",
@@ -219,6 +222,22 @@ def _number(value: Any) -> float | None:
 
 Measured = Annotated[StepMeasurement | PassMeasurement, Field(discriminator="kind")]
 
+_DATES = TypeAdapter(dt.date)
+
+
+def _unreadable(value: Any) -> str:
+    """Why ``value`` is not a date, as ' (reason)' where the parser says something of the
+    text itself ('month value is outside expected range of 1-12'), else ''; a number or a
+    time of day is read as a date and time, whose complaint says nothing of a date."""
+    try:
+        _DATES.validate_python(value)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        reason = (err.get("ctx") or {}).get("error")
+        if err["type"] == "date_from_datetime_parsing" and reason:
+            return f" ({reason})"
+    return ""
+
 
 class MeasuredRun(_Spec):
     """One measured run: what ran, what was measured, and where the numbers come from."""
@@ -234,7 +253,32 @@ class MeasuredRun(_Spec):
         pattern=r"^[^\x00]*$",
         description="Where the numbers come from (paper and table, or who ran it where).",
     )
-    measured_on: dt.date | None = Field(default=None, description="When it was measured.")
+    measured_on: dt.date | None = Field(
+        default=None,
+        description="When it was measured, as YYYY-MM-DD. Storing refuses a date after today "
+        "(UTC's date, or the day after it, for time zones ahead of UTC).",
+    )
+
+    @field_validator("measured_on", mode="wrap")
+    @classmethod
+    def _a_date_as_written(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """A date that cannot be read says how to write one, not only what broke (pydantic's
+        'invalid character in year')."""
+        try:
+            return handler(value)
+        except ValidationError:
+            pass
+        if isinstance(value, str):
+            # Strict validation of JSON (the service's request bodies) hands this validator
+            # the text as a Python str, which strict mode refuses as not a date: read it as
+            # strict JSON text is read (YYYY-MM-DD).
+            try:
+                return _DATES.validate_strings(value, strict=True)
+            except ValidationError:
+                pass
+        raise ValueError(
+            f"{value!r} is not a date{_unreadable(value)}; write it as YYYY-MM-DD, e.g. 2026-01-05"
+        )
 
     @model_validator(mode="after")
     def _configuration_fits(self) -> MeasuredRun:
@@ -294,6 +338,30 @@ class MeasuredRun(_Spec):
                 f"{self.model.num_layers} layers"
             )
         return self
+
+
+# How far past UTC's date a run's measured_on may be: in the time zones ahead of UTC (as far
+# as UTC+14), for part of each day, today's date is UTC's tomorrow.
+MEASURED_ON_LEEWAY = dt.timedelta(days=1)
+
+
+def measured_on_problem(run: MeasuredRun, now: dt.datetime) -> str | None:
+    """Why ``run`` cannot be stored at ``now`` (timezone-aware) for its ``measured_on``, or
+    None: a measurement cannot postdate the day it is stored. The latest date taken is UTC's
+    date at ``now`` plus :data:`MEASURED_ON_LEEWAY` (today somewhere east of UTC); no date
+    (None) is no problem."""
+    if run.measured_on is None:
+        return None
+    today = now.astimezone(dt.UTC).date()
+    latest = today + MEASURED_ON_LEEWAY
+    if run.measured_on <= latest:
+        return None
+    return (
+        f"{run.measured_on.isoformat()} is after today: a measurement cannot postdate the day "
+        f"it is stored (the latest date taken is {latest.isoformat()}, UTC's today "
+        f"{today.isoformat()} and a day for time zones ahead of UTC); give the date it was "
+        "measured, as YYYY-MM-DD"
+    )
 
 
 def candidate_config(run: MeasuredRun) -> CandidateConfig:

@@ -1,9 +1,10 @@
 """Measured runs and calibrations in SQL.
 
-Adding runs is all or nothing: :func:`add_runs` checks every run (its GPU has a profile, the
-cost model can price its configuration, no measured number is 100 times above or below its
-prediction: a slip of unit) and writes them in the caller's transaction only
-if all pass; an identical run already stored (same fingerprint) is counted, not copied.
+Adding runs is all or nothing: :func:`add_runs` checks every run (it is not dated after
+today, its GPU has a profile, the cost model can price its configuration, no measured
+number is 100 times above or below its prediction: a slip of unit) and writes them in the
+caller's transaction only if all pass; an identical run already stored (same fingerprint)
+is counted, not copied.
 :func:`store_calibration` writes a fitted profile as the hardware's next revision.
 
 A run is never deleted: :func:`withdraw_run` marks it withdrawn (when, why), and lists
@@ -39,7 +40,13 @@ from planner.measurement_files import (
     describe_problems,
     parse_runs,
 )
-from planner.measurements import MeasuredRun, PassMeasurement, StepMeasurement, fingerprint
+from planner.measurements import (
+    MeasuredRun,
+    PassMeasurement,
+    StepMeasurement,
+    fingerprint,
+    measured_on_problem,
+)
 from planner.profiles import (
     BUNDLED_PROFILES,
     CalibrationRecord,
@@ -104,11 +111,18 @@ def add_runs(
     *, session: Session, runs: Sequence[ParsedRun], origin: RunOrigin, name: str
 ) -> AddReport:
     """Check every run, then store the new ones (flushes; the caller commits, so a failure
-    stores nothing). RunsRefusedError lists every run that cannot be stored, by row."""
+    stores nothing). RunsRefusedError lists every run that cannot be stored, by row: one
+    dated after today (:func:`~planner.measurements.measured_on_problem`), of a GPU without
+    a profile, of a configuration the planner cannot price, or measuring a number 100
+    times off its prediction."""
     profiles: dict[str, HardwareProfile | None] = {}
     problems: list[str] = []
     unknown: dict[str, list[ParsedRun]] = {}
+    now = utcnow()
     for parsed in runs:
+        dated = measured_on_problem(parsed.run, now)
+        if dated is not None:
+            problems.append(parsed.problem("measured_on", dated))
         gpu = parsed.run.cluster.gpu
         if gpu not in profiles:
             row = session.get(Hardware, gpu)
@@ -130,7 +144,6 @@ def add_runs(
     if problems:
         raise RunsRefusedError(name, problems)
     report = AddReport()
-    now = utcnow()
     for parsed in runs:
         key = fingerprint(parsed.run)
         found = _stored(session, key)

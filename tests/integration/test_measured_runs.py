@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import datetime as dt
 import fcntl
 import io
 import json
@@ -148,6 +149,40 @@ def test_bad_runs_are_refused_whole_naming_the_run_and_field(client):
     assert client.get("/v1/measurements").json()["total"] == before  # nothing stored
 
 
+def _utc_today() -> dt.date:
+    return dt.datetime.now(dt.UTC).date()
+
+
+def test_a_run_dated_after_today_is_refused_and_tomorrow_is_taken(client):
+    """A run measured in 2030 was stored. A date after today is refused, naming the run and
+    field, and one that cannot be read says the form to write; UTC's tomorrow is taken (it
+    is today east of UTC)."""
+    before = client.get("/v1/measurements").json()["total"]
+    later = _utc_today() + dt.timedelta(days=400)
+    future = with_(RUN, measured_on=later.isoformat(), **{"measured.step_time_s": 0.61})
+    assert_problem(
+        client.post("/v1/measurements", json={"runs": [RUN, future]}),
+        422,
+        f"runs[1]: field measured_on: {later} is after today: a measurement cannot postdate "
+        "the day it is stored",
+        "give the date it was measured, as YYYY-MM-DD",
+    )
+    garbled = with_(RUN, measured_on="05/01/2026")
+    body = assert_problem(client.post("/v1/measurements", json={"runs": [garbled]}), 422)
+    assert body["errors"][0]["loc"] == ["body", "runs", 0, "measured_on"]
+    assert body["errors"][0]["msg"] == (
+        "'05/01/2026' is not a date (invalid character in year); write it as YYYY-MM-DD, e.g. "
+        "2026-01-05"
+    )
+    assert client.get("/v1/measurements").json()["total"] == before  # nothing stored
+    tomorrow = _utc_today() + dt.timedelta(days=1)
+    taken = with_(RUN, measured_on=tomorrow.isoformat(), **{"measured.step_time_s": 0.62})
+    created = client.post("/v1/measurements", json={"runs": [taken]})
+    assert created.status_code == 201, created.text
+    (run_id,) = created.json()["ids"]
+    assert client.get(f"/v1/measurements/{run_id}").json()["measured_on"] == tomorrow.isoformat()
+
+
 def test_a_plan_measurement_is_also_a_measured_run(client):
     request = example("tiny-cpu")
     plan = wait_done(client, client.post("/v1/plans", json=request).json()["id"])
@@ -216,6 +251,10 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
         writer.writerow(flat)
     path.write_text(buffer.getvalue())
     return path
+
+
+# A date after today whatever the day the tests run (the rule's edge is a unit test's).
+FAR_AHEAD = (dt.datetime.now(dt.UTC).date() + dt.timedelta(days=400)).isoformat()
 
 
 def count(capsys, url: str) -> int:
@@ -360,6 +399,17 @@ def test_cli_list_into_a_pipe_closed_after_the_first_line_ends_quietly(tmp_path)
             "row 2 (line 3): column measured.forward_ms: 0.002 ms is 1/1876 of the cost "
             "model's prediction for this configuration on cpu (3.752 ms); if it is in "
             "seconds, give 2",
+        ),
+        # Dates: one after today was stored, one unreadable said 'invalid character in year'.
+        (
+            {"measured_on": FAR_AHEAD},
+            f"row 2 (line 3): column measured_on: {FAR_AHEAD} is after today: a measurement "
+            "cannot postdate the day it is stored (the latest date taken is ",
+        ),
+        (
+            {"measured_on": "01/05/2026"},
+            "row 2 (line 3): column measured_on: '01/05/2026' is not a date (invalid character "
+            "in year); write it as YYYY-MM-DD, e.g. 2026-01-05",
         ),
     ],
 )

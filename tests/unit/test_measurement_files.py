@@ -4,6 +4,7 @@ nothing taken from a file with any problem."""
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 
@@ -16,6 +17,7 @@ from planner.measurement_files import (
     parse_runs,
     run_to_csv_row,
 )
+from planner.measurements import MeasuredRun, measured_on_problem
 from planner.profiles import BUNDLED_PROFILES
 
 SHIPPED = BUNDLED_PROFILES / "measurements" / "a100-sxm-80g-public.json"
@@ -252,3 +254,79 @@ def test_a_model_given_by_name_says_to_give_its_shape():
     assert "row 1: field model: give an object, not 'gpt3-13b'" in message
     assert "a model's name alone is not looked up" in message
     assert "num_layers, hidden_size, num_attention_heads, seq_length, vocab_size" in message
+
+
+@pytest.mark.parametrize(
+    ("cell", "needle"),
+    [
+        # Pydantic's own words were all a person got: 'invalid character in year'.
+        (
+            "05.01.2026",
+            "'05.01.2026' is not a date (invalid character in year); write it as YYYY-MM-DD, "
+            "e.g. 2026-01-05",
+        ),
+        (
+            "2026/01/05",
+            "'2026/01/05' is not a date (invalid date separator, expected `-`); write it as "
+            "YYYY-MM-DD",
+        ),
+        (
+            "2026-13-05",
+            "'2026-13-05' is not a date (month value is outside expected range of 1-12); "
+            "write it as YYYY-MM-DD",
+        ),
+        # Read as Unix time, whose complaint ('should have zero time') says nothing of it.
+        ("20260105", "'20260105' is not a date; write it as YYYY-MM-DD, e.g. 2026-01-05"),
+    ],
+)
+def test_a_date_that_cannot_be_read_says_how_to_write_one(cell, needle):
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(_one_row(measured_on=cell), "sheet.csv")
+    assert f"row 1 (line 2): column measured_on: {needle}" in str(caught.value)
+    runs = json.loads(SHIPPED.read_text())["runs"][:2]
+    runs[1]["measured_on"] = cell
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(json.dumps(runs), "f.json")
+    assert f"row 2: field measured_on: {needle}" in str(caught.value)
+
+
+def test_what_the_date_parser_takes_is_what_the_message_says():
+    """YYYY-MM-DD is read as that day; so is the same day at midnight with a time."""
+    for written in ("2026-01-05", "2026-01-05T00:00:00Z"):
+        (parsed,) = parse_runs(_one_row(measured_on=written), "sheet.csv")
+        assert parsed.run.measured_on == dt.date(2026, 1, 5)
+
+
+def _dated(day: dt.date | None) -> MeasuredRun:
+    run = parse_runs(SHIPPED.read_text(), SHIPPED.name)[0].run
+    return run.model_copy(update={"measured_on": day})
+
+
+@pytest.mark.parametrize(
+    ("now", "latest"),
+    [
+        # UTC's date, and one day more: today in the time zones ahead of UTC.
+        (dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC), dt.date(2026, 3, 2)),
+        # Late on 1 March in UTC-10 is 2 March in UTC, so 3 March is today in UTC+14.
+        (
+            dt.datetime(2026, 3, 1, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-10))),
+            dt.date(2026, 3, 3),
+        ),
+        # Early on 2 March in UTC+14 is still 1 March in UTC: 2 March, its today, is taken.
+        (
+            dt.datetime(2026, 3, 2, 1, 0, tzinfo=dt.timezone(dt.timedelta(hours=14))),
+            dt.date(2026, 3, 2),
+        ),
+    ],
+)
+def test_a_measurement_may_be_dated_up_to_today_anywhere(now, latest):
+    assert measured_on_problem(_dated(None), now) is None
+    assert measured_on_problem(_dated(dt.date(2020, 1, 1)), now) is None
+    assert measured_on_problem(_dated(latest), now) is None
+    today = now.astimezone(dt.UTC).date()
+    assert today + dt.timedelta(days=1) == latest
+    assert measured_on_problem(_dated(latest + dt.timedelta(days=1)), now) == (
+        f"{latest + dt.timedelta(days=1)} is after today: a measurement cannot postdate the "
+        f"day it is stored (the latest date taken is {latest}, UTC's today {today} and a day "
+        "for time zones ahead of UTC); give the date it was measured, as YYYY-MM-DD"
+    )
