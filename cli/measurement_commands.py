@@ -39,11 +39,12 @@ def add_measurement_commands(commands: Any) -> None:
     actions = measurements.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = actions.add_parser(
         "add",
-        help="store the runs of a CSV or JSON file (all of a file or none of it)",
+        help="store the runs of CSV or JSON files (all of them or none)",
         description="Store every run of each FILE (.csv: one run per row, columns named by "
         "field path such as config.t or measured.step_time_s; otherwise JSON: a list of runs "
-        'or {"runs": [...]}). A file with any bad row stores nothing, and the error names '
-        "every bad row and column. Identical runs are stored once.",
+        'or {"runs": [...]}). The files are stored together or not at all: a file with any '
+        "bad row stores nothing, nor do the files given with it, and the error names every "
+        "bad file, row and column. Identical runs are stored once.",
     )
     add.add_argument(
         "files", metavar="FILE", nargs="+", type=Path, help="a .csv or JSON file of runs"
@@ -161,37 +162,83 @@ def _session(database_url: str | None) -> Iterator[tuple[Session, str]]:
 
 
 def _add(args: argparse.Namespace) -> int:
+    """Store the runs of every file in one transaction: all of them, or, if any file cannot
+    be read or has a problem, none, the error naming every such file (and its rows and
+    columns) and the files not stored with them."""
     with needs_extra("service", "the SQL store"):
-        from api.store.measured_runs import add_runs
-    from planner.measurement_files import parse_runs
+        from api.store.measured_runs import RunsRefusedError, add_runs
+    from planner.measurement_files import ParsedRun, parse_runs
 
-    parsed = []
-    for path in args.files:
+    parsed: list[tuple[Path, list[ParsedRun]]] = []
+    refused: dict[Path, StagewrightError] = {}
+    for path in args.files:  # every file read before the store is opened
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise StagewrightError(f"cannot read {path}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise StagewrightError(f"{path} is not UTF-8 text (byte {exc.start})") from None
-        parsed.append((path, parse_runs(text, str(path))))
+            parsed.append((path, parse_runs(_read(path), str(path))))
+        except StagewrightError as exc:
+            refused[path] = exc
+    if refused:
+        raise StagewrightError(_none_stored(args.files, refused))
     with _session(args.database_url) as (session, where):
+        reports = []
         for path, runs in parsed:
-            report = add_runs(session=session, runs=runs, origin="cli", name=str(path))
-            session.commit()  # one file, one transaction
-            # A run the file gives twice has its id twice: its second copy was not in the
-            # store before the file, it is the same run.
-            repeated = len(report.ids) - len(set(report.ids))
-            again = f", {repeated} repeated in the file (stored once)" if repeated else ""
-            restored = (
-                f", {report.restored} restored (withdrawn before, in use again)"
-                if report.restored
-                else ""
-            )
-            sys.stdout.write(
-                f"{path}: {report.created} run(s) stored, {report.unchanged - repeated} already "
-                f"stored{restored}{again} (in {where})\n"
-            )
+            try:
+                reports.append(add_runs(session=session, runs=runs, origin="cli", name=str(path)))
+            except RunsRefusedError as exc:  # nothing of it written; the others are checked
+                refused[path] = exc
+        if refused:
+            session.rollback()
+            raise StagewrightError(_none_stored(args.files, refused))
+        session.commit()  # all the files, one transaction
+    for (path, _), report in zip(parsed, reports, strict=True):
+        # A run the file gives twice has its id twice: its second copy was not in the
+        # store before the file, it is the same run.
+        repeated = len(report.ids) - len(set(report.ids))
+        again = f", {repeated} repeated in the file (stored once)" if repeated else ""
+        restored = (
+            f", {report.restored} restored (withdrawn before, in use again)"
+            if report.restored
+            else ""
+        )
+        sys.stdout.write(
+            f"{path}: {report.created} run(s) stored, {report.unchanged - repeated} already "
+            f"stored{restored}{again} (in {where})\n"
+        )
     return 0
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StagewrightError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise StagewrightError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def _none_stored(files: list[Path], refused: dict[Path, StagewrightError]) -> str:
+    """Why nothing was stored: the problems of each refused file, and, when other files
+    were given with them, that those were not stored either."""
+    from planner.measurement_files import MeasurementFileError, list_problems
+
+    if len(files) == 1:
+        (problem,) = refused.values()
+        return str(problem)  # '<file>: nothing stored, ...' or a problem of the whole file
+    parts = [
+        f"{path}: {list_problems(exc.problems)}"
+        if isinstance(exc, MeasurementFileError) and exc.problems
+        else str(exc)
+        for path, exc in refused.items()
+    ]
+    others = list(dict.fromkeys(str(path) for path in files if path not in refused))
+    either = (
+        f"; {', '.join(others)} {'was' if len(others) == 1 else 'were'} not stored either"
+        if others
+        else ""
+    )
+    return (
+        "no file was stored (the files of one `measurements add` are stored together or not "
+        f"at all{either}): " + "; ".join(parts)
+    )
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ import difflib
 import io
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ __all__ = [
     "MeasurementFileError",
     "ParsedRun",
     "describe_problems",
+    "list_problems",
     "parse_runs",
     "run_to_csv_row",
 ]
@@ -92,7 +93,14 @@ _JSON_NEEDS = 'a measurements file holds a JSON list of runs or {"runs": [...]},
 
 
 class MeasurementFileError(StagewrightError):
-    """A measurements file that cannot be stored; the message lists every problem."""
+    """A measurements file that cannot be stored; the message lists every problem.
+    ``problems`` are those of its runs one by one, each naming its row and field, when it
+    has such problems (empty for a problem of the whole file: not JSON, a bad header,
+    empty)."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 @dataclass(frozen=True)
@@ -245,19 +253,24 @@ def _validated(rows: Iterable[tuple[str, Any]], name: str, field_word: str) -> l
         except ValidationError as exc:
             problems.extend(f"{where}: {problem}" for problem in _problems(exc, field_word))
     if problems:
-        raise MeasurementFileError(describe_problems(name, problems))
+        raise MeasurementFileError(describe_problems(name, problems), problems)
     if not runs:
         raise MeasurementFileError(f"{name} has no runs")
     return runs
 
 
-def describe_problems(name: str, problems: list[str]) -> str:
-    """One message for many problems: the first few listed, the rest counted; nothing of
-    the file is stored."""
+def describe_problems(name: str, problems: Sequence[str]) -> str:
+    """One message for the problems of ``name`` (a file, a request), of which nothing is
+    stored: '``name``: nothing stored, ' and :func:`list_problems`."""
+    return f"{name}: nothing stored, {list_problems(problems)}"
+
+
+def list_problems(problems: Sequence[str]) -> str:
+    """Many problems in one line: how many, the first few listed, the rest counted."""
     shown = problems[:_MAX_LISTED]
     more = len(problems) - len(shown)
     tail = f"; and {more} more problem(s)" if more else ""
-    return f"{name}: nothing stored, {len(problems)} problem(s): " + "; ".join(shown) + tail
+    return f"{len(problems)} problem(s): " + "; ".join(shown) + tail
 
 
 def _problems(exc: ValidationError, field_word: str) -> list[str]:

@@ -103,8 +103,7 @@ class RunsRefusedError(MeasurementFileError):
     problem; ``problems`` are those lines, each naming its run and field."""
 
     def __init__(self, name: str, problems: Sequence[str]) -> None:
-        super().__init__(describe_problems(name, list(problems)))
-        self.problems = tuple(problems)
+        super().__init__(describe_problems(name, problems), problems)
 
 
 def add_runs(

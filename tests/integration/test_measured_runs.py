@@ -426,6 +426,61 @@ def test_cli_refuses_a_bad_file_whole_naming_row_and_column(
     assert count(capsys, database_url) == before  # the good first row was not stored either
 
 
+def test_cli_stores_the_files_it_is_given_together_or_not_at_all(database_url, tmp_path, capsys):
+    """`measurements add good.json typo.json` said only 'typo.json: nothing stored ...',
+    as if good.json had been stored; and when the second file's problem was found by the
+    store (an unknown GPU), the first one had been. Now no file is stored and the error
+    says so, naming the files stored with it."""
+    reset(database_url)
+    url = ["--database-url", database_url]
+    before = count(capsys, database_url)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([RUN]))
+    more = tmp_path / "more.json"
+    more.write_text(json.dumps([with_(RUN, **{"measured.step_time_s": 0.6})]))
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps([with_(RUN, **{"config.recompute": "some"})]))
+    code, out, err = cli(capsys, "measurements", "add", str(good), str(typo), *url)
+    assert code == 2 and out == ""
+    assert err == (
+        "stagewright measurements: error: no file was stored (the files of one `measurements "
+        f"add` are stored together or not at all; {good} was not stored either): {typo}: 1 "
+        "problem(s): row 1: field config.recompute: Input should be 'none', 'selective' or "
+        "'full'\n"
+    )
+    assert count(capsys, database_url) == before
+    # Found by the store, after the first file was checked and written in the transaction.
+    tpu = tmp_path / "tpu.json"
+    tpu.write_text(json.dumps([with_(RUN, **{"cluster.gpu": "tpu-v9"})]))
+    code, out, err = cli(capsys, "measurements", "add", str(good), str(tpu), str(more), *url)
+    assert code == 2 and out == ""
+    assert err.startswith(
+        "stagewright measurements: error: no file was stored (the files of one `measurements "
+        f"add` are stored together or not at all; {good}, {more} were not stored either): "
+        f"{tpu}: 1 problem(s): row 1: field cluster.gpu: unknown GPU 'tpu-v9'; known hardware "
+    )
+    assert count(capsys, database_url) == before
+    # Every refused file is named, each with its own problems.
+    missing = tmp_path / "missing.csv"
+    code, _, err = cli(
+        capsys, "measurements", "add", str(typo), str(good), str(missing), str(tpu), *url
+    )
+    assert code == 2
+    assert err.startswith(
+        "stagewright measurements: error: no file was stored (the files of one `measurements "
+        f"add` are stored together or not at all; {good}, {tpu} were not stored either): "
+        f"{typo}: 1 problem(s): row 1: field config.recompute: "
+    )
+    assert err.endswith(f"; cannot read {missing}: No such file or directory\n")
+    assert count(capsys, database_url) == before
+    # Without the bad file the others go in, each file reported.
+    code, out, err = cli(capsys, "measurements", "add", str(good), str(more), *url)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(f"{good}: 1 run(s) stored, 0 already stored")
+    assert out.splitlines()[1].startswith(f"{more}: 1 run(s) stored, 0 already stored")
+    assert count(capsys, database_url) == before + 2
+
+
 def test_cli_names_missing_and_unknown_columns(tmp_path, capsys):
     path = tmp_path / "few.csv"
     path.write_text("model.name,config.tee\nx,1\n")
