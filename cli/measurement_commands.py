@@ -243,7 +243,7 @@ def _none_stored(files: list[Path], refused: dict[Path, StagewrightError]) -> st
 
 def _list(args: argparse.Namespace) -> int:
     with needs_extra("service", "the SQL store"):
-        from api.store.measured_runs import count_runs, list_runs
+        from api.store.measured_runs import count_runs, list_runs, stored_gpus
     from planner.measurement_files import CSV_COLUMNS, run_to_csv_row
     from planner.measurements import MeasuredRun
 
@@ -256,6 +256,15 @@ def _list(args: argparse.Namespace) -> int:
     with _session(args.database_url) as (session, _):
         rows = list_runs(session=session, **filters, **state, limit=limit, offset=offset)
         total = count_runs(session=session, **filters, **state)
+        gpus = stored_gpus(session=session, **state) if total == 0 and args.gpu else []
+        # A --gpu naming hardware without runs (a typo, a profile name never measured) lists
+        # nothing; say which hardware has runs (and where this one's went, if withdrawn).
+        if total == 0 and args.gpu and args.gpu not in gpus:
+            withdrawn = not args.withdrawn and args.gpu in stored_gpus(
+                session=session, withdrawn=True
+            )
+            note = _no_runs_of(args.gpu, gpus, args.withdrawn, withdrawn)
+            sys.stderr.write(f"stagewright measurements list: note: {note}\n")
     left_out = total - len(rows)
     if (args.json or args.csv) and left_out > 0 and rows:
         # The text listing says so in its first line; an export must not look complete.
@@ -280,6 +289,21 @@ def _list(args: argparse.Namespace) -> int:
         lines += _lines(r, source_chars=60)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _no_runs_of(gpu: str, gpus: list[str], listing_withdrawn: bool, withdrawn: bool) -> str:
+    """That no run (in use, or withdrawn when ``listing_withdrawn``) is of ``gpu``, which
+    hardware (``gpus``) has such runs, or that none has, and, when ``withdrawn``, that
+    ``gpu``'s runs are withdrawn."""
+    run, runs = ("withdrawn run", "withdrawn runs") if listing_withdrawn else ("run", "runs")
+    use = "" if listing_withdrawn else " in use"
+    others = (
+        f"the {runs}{use} are of {', '.join(repr(name) for name in gpus)}"
+        if gpus
+        else f"there are no {runs}{use} at all"
+    )
+    tail = f"; {gpu!r} has withdrawn runs, which --withdrawn lists" if withdrawn else ""
+    return f"no {run}{use} is of --gpu {gpu!r}; {others}{tail}"
 
 
 def _show(args: argparse.Namespace) -> int:

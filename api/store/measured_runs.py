@@ -325,9 +325,10 @@ def withdrawn_ids(*, session: Session, gpu: str) -> list[int]:
     return list(session.scalars(stmt.order_by(MeasuredRunRecord.id)))
 
 
-def stored_gpus(*, session: Session) -> list[str]:
-    """The hardware profiles that have runs in use, by name."""
-    stmt = _filtered(select(MeasuredRunRecord.gpu), None, None, None)
+def stored_gpus(*, session: Session, withdrawn: bool = False) -> list[str]:
+    """The hardware profiles that have runs in use (``withdrawn``: withdrawn runs), by
+    name."""
+    stmt = _filtered(select(MeasuredRunRecord.gpu), None, None, None, withdrawn)
     return list(session.scalars(stmt.distinct().order_by(MeasuredRunRecord.gpu)))
 
 

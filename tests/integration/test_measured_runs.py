@@ -330,6 +330,55 @@ def test_cli_list_export_that_leaves_runs_out_says_so(database_url, capsys):
     assert code == 0 and err == "" and len(out.splitlines()) == total + 1
 
 
+def test_cli_list_of_hardware_without_runs_names_the_hardware_with_runs(
+    database_url, tmp_path, capsys
+):
+    """`measurements list --gpu nosuchgpu` printed '0 run(s)' and nothing else: a typo
+    looked like hardware without runs. A note (stderr: the listing and exports are kept
+    as they are) names the hardware that has runs, or says that none has."""
+    reset(database_url)  # the bundled runs: all of a100-sxm-80g, none withdrawn
+    url = ["--database-url", database_url]
+    code, out, err = cli(capsys, "measurements", "list", "--gpu", "nosuchgpu", *url)
+    assert code == 0 and out == "0 run(s); showing 0 from 0\n"
+    assert err == (
+        "stagewright measurements list: note: no run in use is of --gpu 'nosuchgpu'; the runs "
+        "in use are of 'a100-sxm-80g'\n"
+    )
+    code, out, err = cli(capsys, "measurements", "list", "--gpu", "A100", "--json", *url)
+    assert code == 0 and json.loads(out) == {"total": 0, "runs": []}
+    assert "no run in use is of --gpu 'A100'; the runs in use are of 'a100-sxm-80g'" in err
+    code, out, err = cli(
+        capsys, "measurements", "list", "--gpu", "a100-sxm-80g", "--withdrawn", *url
+    )
+    assert code == 0 and out.startswith("0 withdrawn run(s)")
+    assert err == (
+        "stagewright measurements list: note: no withdrawn run is of --gpu 'a100-sxm-80g'; "
+        "there are no withdrawn runs at all\n"
+    )
+    # A run of cpu, withdrawn: cpu now has withdrawn runs and none in use.
+    added = tmp_path / "cpu.json"
+    added.write_text(json.dumps([RUN]))
+    assert cli(capsys, "measurements", "add", str(added), *url)[0] == 0
+    code, out, _ = cli(capsys, "measurements", "list", "--gpu", "cpu", "--json", *url)
+    (run_id,) = [item["id"] for item in json.loads(out)["runs"]]
+    assert cli(capsys, "measurements", "withdraw", str(run_id), *url)[0] == 0
+    code, out, err = cli(capsys, "measurements", "list", "--gpu", "cpu", *url)
+    assert code == 0 and out.startswith("0 run(s)")
+    assert err == (
+        "stagewright measurements list: note: no run in use is of --gpu 'cpu'; the runs in "
+        "use are of 'a100-sxm-80g'; 'cpu' has withdrawn runs, which --withdrawn lists\n"
+    )
+    code, out, err = cli(capsys, "measurements", "list", "--gpu", "nosuchgpu", "--withdrawn", *url)
+    assert err.endswith(
+        "no withdrawn run is of --gpu 'nosuchgpu'; the withdrawn runs are of 'cpu'\n"
+    )
+    # Hardware with runs that other filters leave out: nothing to say of the hardware.
+    code, out, err = cli(
+        capsys, "measurements", "list", "--gpu", "a100-sxm-80g", "--model", "nosuch", *url
+    )
+    assert code == 0 and out.startswith("0 run(s)") and err == ""
+
+
 def test_cli_list_takes_any_limit_and_offset(database_url, capsys):
     """A --limit or --offset beyond SQL's 64-bit integers was an OverflowError traceback."""
     reset(database_url)
