@@ -37,7 +37,7 @@ from planner.errors import StagewrightError, validation_problems
 from planner.json_input import loads
 
 if TYPE_CHECKING:
-    from planner.hardware_spec import LinkSpec
+    from planner.hardware_spec import HardwareIn
 
 __all__ = [
     "BUNDLED_PROFILES",
@@ -53,6 +53,7 @@ __all__ = [
     "default_store",
     "extra_profile_dirs",
     "hardware_from_dict",
+    "profile_from_spec",
     "hardware_to_dict",
     "point_to_dict",
     "save_point",
@@ -390,6 +391,15 @@ def hardware_from_dict(entry: dict[str, object]) -> HardwareProfile:
         which = f"hardware profile {name!r}" if isinstance(name, str) else "a hardware entry"
         raise StagewrightError(f"{which}: {validation_problems(exc, 'entry')}") from None
     calibration = entry.get("calibration")
+    record = None if calibration is None else CalibrationRecord.from_dict(calibration)
+    return profile_from_spec(spec, record)
+
+
+def profile_from_spec(
+    spec: HardwareIn, calibration: CalibrationRecord | None = None
+) -> HardwareProfile:
+    """The profile a checked hardware model (a ``POST /v1/hardware`` body, or a
+    ``hardware.json`` entry read by :func:`hardware_from_dict`) describes."""
     return HardwareProfile(
         name=spec.name,
         description=spec.description,
@@ -397,18 +407,24 @@ def hardware_from_dict(entry: dict[str, object]) -> HardwareProfile:
         memory_gib=spec.memory_gib,
         usable_memory_gib=spec.usable_memory_gib,
         memory_bandwidth_gbps=spec.memory_bandwidth_gbps,
-        intra_node=_link(spec.intra_node),
-        inter_node=_link(spec.inter_node),
+        intra_node=Link(
+            spec.intra_node.kind, spec.intra_node.bandwidth_gbps, spec.intra_node.latency_us
+        ),
+        inter_node=Link(
+            spec.inter_node.kind, spec.inter_node.bandwidth_gbps, spec.inter_node.latency_us
+        ),
         source=spec.source,
         parameters=dict(spec.parameters),
-        calibration=None if calibration is None else CalibrationRecord.from_dict(calibration),
-        compute=None if spec.compute is None else compute_from_dict(spec.compute.model_dump()),
+        calibration=calibration,
+        compute=None
+        if spec.compute is None
+        else ComputeUnits(
+            sm_count=spec.compute.sm_count,
+            l2_bandwidth_gbps=spec.compute.l2_bandwidth_gbps,
+            gemm_tiles=tuple((m, n) for m, n in spec.compute.gemm_tiles),
+            source=spec.compute.source,
+        ),
     )
-
-
-def _link(spec: LinkSpec) -> Link:
-    """A checked link (:class:`planner.hardware_spec.LinkSpec`) as the profile keeps it."""
-    return Link(spec.kind, spec.bandwidth_gbps, spec.latency_us)
 
 
 def hardware_to_dict(profile: HardwareProfile) -> dict[str, object]:

@@ -24,7 +24,7 @@ from api.store.profiles import (
     upsert_hardware,
 )
 from planner.hardware_spec import ComputeSpec
-from planner.profiles import ComputeUnits, HardwareProfile, Link
+from planner.profiles import Link, profile_from_spec
 
 if TYPE_CHECKING:
     from api.state import AppState
@@ -88,30 +88,7 @@ def _valid(name: str) -> bool:
 def write_hardware(state: AppState, body: HardwareIn) -> tuple[HardwarePublic, bool]:
     """Create or replace a profile; returns it as stored and whether it was created. Twenty
     clients writing at once get one 'created' and twenty revisions, never an error."""
-    profile = HardwareProfile(
-        name=body.name,
-        description=body.description,
-        peak_flops={str(k): v for k, v in body.peak_flops.items()},
-        memory_gib=body.memory_gib,
-        usable_memory_gib=body.usable_memory_gib,
-        memory_bandwidth_gbps=body.memory_bandwidth_gbps,
-        intra_node=Link(
-            body.intra_node.kind, body.intra_node.bandwidth_gbps, body.intra_node.latency_us
-        ),
-        inter_node=Link(
-            body.inter_node.kind, body.inter_node.bandwidth_gbps, body.inter_node.latency_us
-        ),
-        source=body.source,
-        compute=None
-        if body.compute is None
-        else ComputeUnits(
-            sm_count=body.compute.sm_count,
-            l2_bandwidth_gbps=body.compute.l2_bandwidth_gbps,
-            gemm_tiles=tuple(body.compute.gemm_tiles),
-            source=body.compute.source,
-        ),
-        parameters=body.parameters,
-    )
+    profile = profile_from_spec(body)
     with state.database.session(write=True) as session:
         outcome = upsert_hardware(
             session=session, profile=profile, origin="api", report=WriteReport()
