@@ -256,15 +256,16 @@ def _list(args: argparse.Namespace) -> int:
     with _session(args.database_url) as (session, _):
         rows = list_runs(session=session, **filters, **state, limit=limit, offset=offset)
         total = count_runs(session=session, **filters, **state)
-        gpus = stored_gpus(session=session, **state) if total == 0 and args.gpu else []
         # A --gpu naming hardware without runs (a typo, a profile name never measured) lists
         # nothing; say which hardware has runs (and where this one's went, if withdrawn).
-        if total == 0 and args.gpu and args.gpu not in gpus:
-            withdrawn = not args.withdrawn and args.gpu in stored_gpus(
-                session=session, withdrawn=True
-            )
-            note = _no_runs_of(args.gpu, gpus, args.withdrawn, withdrawn)
-            sys.stderr.write(f"stagewright measurements list: note: {note}\n")
+        if total == 0 and args.gpu:
+            gpus = stored_gpus(session=session, **state)
+            if args.gpu not in gpus:
+                withdrawn = not args.withdrawn and args.gpu in stored_gpus(
+                    session=session, withdrawn=True
+                )
+                note = _no_runs_of(args.gpu, gpus, args.withdrawn, withdrawn)
+                sys.stderr.write(f"stagewright measurements list: note: {note}\n")
     left_out = total - len(rows)
     if (args.json or args.csv) and left_out > 0 and rows:
         # The text listing says so in its first line; an export must not look complete.
