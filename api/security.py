@@ -4,7 +4,9 @@ The operator configures tokens, each with a name, scopes and a secret
 (``STAGEWRIGHT_API_TOKENS='ci:write:s3cret; ops:admin:t0p'``). Scopes:
 
 - ``read``: GET and HEAD. Reads are open to anyone unless some token lists ``read``;
-  ``GET /healthz``, the readiness probe, is open always.
+  ``GET /healthz``, the readiness probe, is open always, and so are the pages that hold no
+  data: the dashboard's page and assets, and the API documentation with its schema (the
+  dashboard sends the token a person enters on it with every request it makes).
 - ``write``: POST (plans, measurements, profiles, simulate), DELETE of the plans this
   token created and of any measured run (a withdrawal, which adding the run again
   undoes); a write token may also read.
@@ -54,6 +56,12 @@ _READS = ("GET", "HEAD", "OPTIONS")
 # (``request.state.probe_only``) and told only the status, not the backend, the version or
 # the job counts, which a reader is.
 _PROBES = frozenset({"/healthz"})
+# Read without a token even when reads need one: the dashboard's page and assets and the API
+# documentation pages with their schema. They hold no data (what they show is read through
+# the API, with the token the person enters on the page), and a browser cannot add a header
+# to loading a page.
+_SHELLS = frozenset({"/", "/docs", "/redoc", "/openapi.json"})
+_SHELL_FOLDERS = ("/static/", "/docs-assets/")
 
 # Only documents the scheme in OpenAPI (and lets /docs send a token); the middleware below
 # does the checking.
@@ -168,6 +176,10 @@ class AuthMiddleware:
             state["probe_only"] = not reader
             await self.app(scope, receive, send)
             return
+        if needed == "read" and _is_shell(str(scope.get("path", ""))):
+            state["principal"] = principal if principal is not None else ANONYMOUS_READER
+            await self.app(scope, receive, send)
+            return
         if principal is not None and principal.can(needed):
             state["principal"] = principal
             await self.app(scope, receive, send)
@@ -212,6 +224,10 @@ class AuthMiddleware:
             if hmac.compare_digest(given, token.secret):
                 found = token
         return None if found is None else Principal(found.name, found.scopes)
+
+
+def _is_shell(path: str) -> bool:
+    return path in _SHELLS or path.startswith(_SHELL_FOLDERS)
 
 
 def _authorization(scope: Scope) -> bytes:

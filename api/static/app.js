@@ -53,10 +53,23 @@ const stepDecimals = (step) => Math.max(0, -Math.floor(Math.log10(step) + 1e-9))
 // Every request of the dashboard. It always answers {status, headers, body}: a service that
 // cannot be reached is status 0, and an answer that is not JSON (a proxy's error page) is a
 // sentence about it, never the page's HTML source.
+// The token a person entered in the page's Token field (kept for the tab only) goes with
+// every request; a server without tokens ignores it.
+const TOKEN_KEY = "stagewright-token";
+function apiToken() {
+  try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch { return ""; }
+}
+function setApiToken(token) {
+  try {
+    if (token) sessionStorage.setItem(TOKEN_KEY, token); else sessionStorage.removeItem(TOKEN_KEY);
+  } catch { /* storage off: the token cannot be kept */ }
+}
 async function api(path, options = {}) {
   let response, text;
+  const token = apiToken();
+  const auth = token ? { "Authorization": `Bearer ${token}` } : {};
   try {
-    response = await fetch(path, { ...options, headers: { "Accept": "application/json", ...(options.headers || {}) } });
+    response = await fetch(path, { ...options, headers: { "Accept": "application/json", ...auth, ...(options.headers || {}) } });
     text = await response.text();
   } catch (error) {
     return { status: 0, headers: new Headers(), body: { detail: `Could not reach the stagewright service (${error.message}). Check that it is running and that this browser can reach it, then reload the page.` } };
@@ -67,7 +80,38 @@ async function api(path, options = {}) {
     const what = `${response.status} ${response.statusText || ""}`.trim();
     body = { detail: `The server answered ${what} with a page that is not stagewright's (a proxy in front of it, or the service restarting). Try again in a moment; if it persists, look at the service's log.` };
   }
+  if ((response.status === 401 || response.status === 403) && body && typeof body === "object") {
+    // The server's words name a header a browser user does not write: say where the token goes.
+    const what = response.status === 401
+      ? (token ? "The token in the Token field at the top of the page is not one this server knows." : "This server needs a token for this: enter one in the Token field at the top of the page.")
+      : "The token in the Token field at the top of the page may not do this: ask the operator for one with the scope it needs.";
+    body = { ...body, detail: `${what} (The server said: ${body.detail || body.title || response.status})` };
+  }
   return { status: response.status, headers: response.headers, body };
+}
+// A link to a file of the API: a plain link cannot send the token, so where one is entered
+// the file is fetched with it and handed to the browser as a download; a refusal is said
+// beside the link. Returns the link.
+function tokenLink(link, filename) {
+  link.addEventListener("click", async (ev) => {
+    const token = apiToken();
+    if (!token) return; // no token entered: the plain link does it
+    ev.preventDefault();
+    link.parentNode.querySelector(`[data-refusal="${link.id}"]`)?.remove();
+    let response;
+    try { response = await fetch(link.href, { headers: { "Authorization": `Bearer ${token}` } }); }
+    catch (error) { response = null; }
+    if (!response || !response.ok) {
+      const said = response ? (await api(link.getAttribute("href"))).body : null;
+      link.after(el("span", { class: "bad", "data-refusal": link.id }, ` (${problemText(said)})`));
+      return;
+    }
+    const url = URL.createObjectURL(await response.blob());
+    const save = el("a", { href: url, download: filename });
+    document.body.append(save); save.click(); save.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  });
+  return link;
 }
 // What a person typed on a page, kept for the tab (sessionStorage) so that the back button or
 // a reload does not throw it away; where storage is off nothing is kept, and null is read.
@@ -132,6 +176,12 @@ async function route() {
 }
 window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", route);
+window.addEventListener("DOMContentLoaded", () => {
+  const field = document.getElementById("api-token");
+  field.value = apiToken();
+  // The page shown is read again with the new token (a draft on the form is kept).
+  field.addEventListener("change", () => { setApiToken(field.value.trim()); route(); });
+});
 
 // ------------------------------------------------------------------ plan list
 async function showPlans() {

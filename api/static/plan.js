@@ -320,10 +320,10 @@ function launchBlock(id, c, rank) {
     ["executor config (stagewright run CONFIG.json)", JSON.stringify(c.launch.executor_config, null, 1)],
   ];
   const download = el("p", {},
-    el("a", { id: "launch-archive", href: `/v1/plans/${id}/launch.tar.gz`, download: `stagewright-plan-${id}.tar.gz` },
-      "Download every candidate's launch files (.tar.gz)"),
+    tokenLink(el("a", { id: "launch-archive", href: `/v1/plans/${id}/launch.tar.gz`, download: `stagewright-plan-${id}.tar.gz` },
+      "Download every candidate's launch files (.tar.gz)"), `stagewright-plan-${id}.tar.gz`),
     ` — this one is in candidate-${rank}/: the executor config, a torchrun script per node, Megatron-LM arguments and the torch CSV, as stagewright plan --emit writes them. `,
-    el("a", { id: "launch-json", href: `/v1/plans/${id}/candidates/${rank - 1}/launch` }, "This candidate's complete launch JSON."),
+    tokenLink(el("a", { id: "launch-json", href: `/v1/plans/${id}/candidates/${rank - 1}/launch` }, "This candidate's complete launch JSON."), `stagewright-plan-${id}-candidate-${rank}-launch.json`),
     el("br"), `Runs as planned on: ${(c.runtimes || []).join(", ") || "none"}` + (limits.length ? ` (not on ${limits.join("; ")})` : ""));
   return el("div", { id: "launch" }, download, items.map(([title, text], i) => el("div", { class: "artefact card" },
     el("b", {}, title),

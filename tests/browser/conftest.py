@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -38,12 +39,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("dashboard")
+@contextlib.contextmanager
+def serving(folder: Path, **environment: str) -> Iterator[str]:
+    """``stagewright serve`` on a free port with a SQLite store in ``folder`` and these
+    environment variables on top of the test run's (no STAGEWRIGHT_API_TOKEN of its own):
+    its URL once /healthz answers."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if k != "STAGEWRIGHT_API_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k != "STAGEWRIGHT_API_TOKEN"} | environment
     process = subprocess.Popen(
         [
             sys.executable,
@@ -73,6 +76,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serving(tmp_path_factory.mktemp("dashboard")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

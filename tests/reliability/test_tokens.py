@@ -123,3 +123,18 @@ def test_the_health_probe_needs_no_token_when_reads_do(make_client):
     assert_problem(client.get("/metrics"), 401, "requires a token for reads")
     assert_problem(client.get("/v1/plans"), 401, "requires a token for reads")
     assert_problem(client.post("/healthz"), 401, "requires a token for writes")
+
+
+def test_the_dashboard_and_documentation_pages_need_no_token_when_reads_do(make_client):
+    """A browser cannot add a header to loading a page: with read tokens the dashboard and
+    /docs answered 401 and could not be used at all. The pages hold no data; what they show
+    is read through the API, which still needs the token."""
+    client = make_client(api_tokens=TOKENS)
+    for path in ("/", "/static/app.js", "/docs", "/redoc", "/openapi.json"):
+        assert client.get(path).status_code == 200, path
+    assert client.head("/static/style.css").status_code == 200
+    assert_problem(client.get("/v1/plans"), 401, "requires a token for reads")
+    assert_problem(client.get("/v1/hardware"), 401, "requires a token for reads")
+    assert_problem(client.get("/static-nope"), 401, "requires a token for reads")
+    # Writes to those paths still need a write token.
+    assert_problem(client.post("/openapi.json"), 401, "requires a token for writes")
