@@ -10,7 +10,6 @@ removes the leftovers. The folder must be shared by all nodes (as DCP requires):
 
 from __future__ import annotations
 
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from executor.inputs import latest_step
 from executor.interpreter import RankRunner
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "save_checkpoint",
 ]
 
-_STEP = re.compile(r"^step_(\d+)$")
 _INCOMPLETE = ".incomplete"
 
 
@@ -79,16 +78,6 @@ def remove_incomplete(folder: Path) -> None:
         for child in folder.iterdir():
             if child.name.endswith(_INCOMPLETE):
                 shutil.rmtree(child, ignore_errors=True)
-
-
-def latest_step(folder: Path) -> int | None:
-    """The newest step with a complete checkpoint."""
-    if not folder.is_dir():
-        return None
-    steps = [
-        int(match.group(1)) for child in folder.iterdir() if (match := _STEP.match(child.name))
-    ]
-    return max(steps, default=None)
 
 
 def load_checkpoint(runner: RankRunner, folder: Path, step: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -15,7 +16,9 @@ from planner.launch import ExecutorConfig
 from planner.launch.config import is_plan_request, run_a_request
 from planner.launch.runtimes import executor_problem
 
-__all__ = ["BadInput", "check_writable", "read_config"]
+__all__ = ["BadInput", "check_steps_left", "check_writable", "latest_step", "read_config"]
+
+_STEP = re.compile(r"^step_(\d+)$")
 
 
 class BadInput(StagewrightError):
@@ -78,3 +81,26 @@ def check_writable(folder: Path) -> None:
         raise BadInput(
             f"cannot write to {folder} ({exc.strerror or exc}); choose a folder you can write"
         ) from exc
+
+
+def latest_step(folder: Path) -> int | None:
+    """The newest step with a complete checkpoint in ``folder`` (a ``step_N`` folder; one
+    still being written is ``step_N.incomplete``). Torch-free, so that ``stagewright run``
+    can ask before it starts any rank."""
+    if not folder.is_dir():
+        return None
+    steps = [
+        int(match.group(1)) for child in folder.iterdir() if (match := _STEP.match(child.name))
+    ]
+    return max(steps, default=None)
+
+
+def check_steps_left(folder: Path, steps: int) -> None:
+    """Refuse a run that would resume from ``folder`` with no step left to take: the ranks
+    would load the checkpoint, run nothing and have no step time to report."""
+    found = latest_step(folder)
+    if found is not None and found + 1 >= steps:
+        raise BadInput(
+            f"nothing to do: the checkpoint in {folder} is already at step {found + 1} (asked "
+            f"for --steps {steps}); give more --steps or another --checkpoint-dir"
+        )

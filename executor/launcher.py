@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.inputs import check_writable, read_config
+from executor.inputs import check_steps_left, check_writable, read_config
 from executor.reporting import REPORT_FILE
 from planner.errors import StagewrightError
 from planner.launch import RunReport
@@ -123,6 +123,9 @@ def run(
     check_writable(out)
     if checkpoint_dir is not None:
         check_writable(checkpoint_dir)
+        # Before any rank starts: resumed at its last step, the run would take no step, and
+        # its report would have none to time.
+        check_steps_left(checkpoint_dir, steps)
     (out / REPORT_FILE).unlink(missing_ok=True)
     command = torchrun_command(
         world,

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401, E402
 
 from executor.comm import Comm
-from executor.inputs import BadInput, check_writable, read_config
+from executor.inputs import BadInput, check_steps_left, check_writable, read_config
 from executor.interpreter import RankRunner
 from executor.reporting import build_report, describe, write_report
 from executor.verify import gradients_checked, verify_rank
@@ -137,6 +137,8 @@ def _check_inputs(
         for folder in (out, checkpoints):
             if folder is not None:
                 check_writable(folder)
+        if checkpoints is not None:
+            check_steps_left(checkpoints, args.steps)
     return [(config, *where) for (_, config), where in zip(configs, folders, strict=True)]
 
 
@@ -323,6 +325,9 @@ def _run(
         if rank == 0:
             remove_incomplete(folder)
         dist.barrier()
+        # Again, now that every rank sees the same folder: with no step left the run would
+        # take none, and its report would have no step time.
+        check_steps_left(folder, args.steps)
         found = latest_step(folder)
         if found is not None:
             load_checkpoint(runner, folder, found)

@@ -384,3 +384,29 @@ def test_record_on_cpu_needs_a_core_per_rank(capsys, job, monkeypatch):
     err = capsys.readouterr().err
     assert "--record on CPU needs a core per rank: this run's 2 ranks would share 1 CPU(s)" in err
     assert "at most 1 device(s)" in err
+
+
+def test_a_checkpoint_already_at_the_last_step_is_refused_with_nothing_to_do(capsys, job, tmp_path):
+    """Run again with a checkpoint folder that holds the last step: the ranks resumed, took
+    no step and failed on an empty list of step times (StatisticsError), leaving a report of
+    0 steps. Now it is refused before any rank starts (stagewright run), or before any rank
+    joins (the worker, as the emitted run-node scripts start it), and no report is written."""
+    folder = tmp_path / "ck"
+    first = run(job, steps=2, checkpoint_dir=folder, checkpoint_every=1, out_dir=tmp_path / "a")
+    assert first.report.num_steps == 2
+    capsys.readouterr()
+    again = tmp_path / "b"
+    argv = ["run", str(job), "--steps", "2", "--checkpoint-dir", str(folder), "--out", str(again)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"stagewright run: error: nothing to do: the checkpoint in {folder} is already at step "
+        "2 (asked for --steps 2); give more --steps or another --checkpoint-dir\n"
+    )
+    assert not (again / REPORT_FILE).exists()
+    done = torchrun([job], 2, again, "--steps", "1", "--checkpoint-dir", str(folder), timeout=120)
+    assert done.returncode != 0
+    assert "executor.worker: error: nothing to do" in done.stderr
+    assert "asked for --steps 1" in done.stderr
+    assert "StatisticsError" not in done.stderr and "rank 0: stopped" not in done.stderr
+    assert not (again / REPORT_FILE).exists()
