@@ -396,8 +396,13 @@ def _problems(config: ExecutorConfig, trusted: bool) -> list[str]:
     else:
         try:
             schedule = validate(config.ir)
+            # The name is data the run is priced, extended and reported by: it must be the
+            # family whose generator could have built these actions.
+            mismatch = schedule_family(schedule.name).actions_problem(schedule)
         except StagewrightError as exc:
             return [f"schedule: {exc}"]
+        if mismatch is not None:
+            return [mismatch]
         devices, microbatches = schedule.num_devices, schedule.num_microbatches
         stages = schedule.num_stages
     if devices != p:

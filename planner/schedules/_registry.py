@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from planner.errors import ScheduleConfigError
 from planner.schedules._inflight import InflightProfile
-from planner.schedules._ir import Schedule, looped_placement, v_placement
+from planner.schedules._ir import ActionKind, Schedule, looped_placement, v_placement
 
 __all__ = [
     "BASELINE_SCHEDULE",
@@ -297,6 +297,54 @@ class ScheduleFamily:
         if self.microbatches_at_least_devices and m < p:
             return f"{self.name} needs at least p = {p} micro-batches per batch, got {m}"
         return None
+
+    def actions_problem(self, schedule: Schedule) -> str | None:
+        """Why ``schedule``'s actions cannot be this family's, or None: its stages placed
+        otherwise than the family places them, a split backward (B and W) where the family
+        has none or the reverse, EVICT/LOAD in a family without transfers, weight versions
+        or batches without a flush in a family that keeps one copy and flushes each batch.
+        A document that names one family over another's actions would be run, priced and
+        reported as the named one."""
+        p, stages = schedule.num_devices, schedule.num_stages
+        named = f"schedule.name is {self.name!r}, but its actions"
+        expected: tuple[int, ...] | None = None
+        if stages % p == 0:
+            chunks = {NUM_CHUNKS.name: float(stages // p)}
+            try:
+                expected = self.stage_devices(p, chunks if self.has_parameter("num_chunks") else {})
+            except ScheduleConfigError:  # a number of chunks the family does not take
+                expected = None
+        if expected != schedule.stage_devices:
+            wanted = expected or self.stage_devices(p)
+            return (
+                f"{named} place {stages} stages on {p} devices as "
+                f"{list(schedule.stage_devices)}, where {self.name} places "
+                f"{len(wanted)} as {list(wanted)}; name the schedule that built the actions"
+            )
+        if schedule.split_backward != self.split_backward:
+            has = "split" if schedule.split_backward else "do not split"
+            return (
+                f"{named} {has} the backward into B and W, which {self.name} "
+                f"{'does' if self.split_backward else 'does not'}; name the schedule that "
+                "built the actions"
+            )
+        if not self.transfers and schedule.count(ActionKind.EVICT, ActionKind.LOAD):
+            return (
+                f"{named} move activations (EVICT/LOAD), which {self.name} does not; name the "
+                "schedule that built the actions"
+            )
+        versioned = any(a.version is not None for _, _, a in schedule.iter_actions())
+        if self.weight_versions == 1 and versioned:
+            return (
+                f"{named} use weight versions, but {self.name} keeps one copy of the weights; "
+                "name the schedule that built the actions"
+            )
+        if self.flush_per_batch and schedule.num_batches != 1:
+            return (
+                f"{named} run {schedule.num_batches} batches without a flush, but "
+                f"{self.name} flushes after each; name the schedule that built the actions"
+            )
+        return self.problem(p, schedule.num_microbatches)
 
     def idle_estimate(
         self, memory_limit: float | None = None, num_chunks: int | None = None

@@ -16,6 +16,7 @@ import pytest
 from cli.main import main
 from executor.launcher import run, torchrun_command
 from executor.reporting import REPORT_FILE
+from planner.launch import ExecutorConfig
 from tests.executor.configs import TINY, make_config, write
 from tests.executor.conftest import torchrun
 
@@ -410,3 +411,25 @@ def test_a_checkpoint_already_at_the_last_step_is_refused_with_nothing_to_do(cap
     assert "asked for --steps 1" in done.stderr
     assert "StatisticsError" not in done.stderr and "rank 0: stopped" not in done.stderr
     assert not (again / REPORT_FILE).exists()
+
+
+def test_a_config_whose_schedule_name_is_not_its_actions_is_refused_before_any_rank(
+    capsys, tmp_path
+):
+    """An interleaved config renamed "1f1b" (actions kept) ran and was reported as 1f1b;
+    with --record it then died on a ValidationError traceback. It is refused in one line
+    before torchrun starts, and nothing is written."""
+    config = ExecutorConfig.model_validate(make_config("interleaved", 1, 2, 1, 4))
+    data = config.materialized().model_dump(mode="json")
+    data["schedule"]["name"] = "1f1b"
+    path = write(tmp_path, "renamed", data)
+    out = tmp_path / "out"
+    code = main(
+        ["run", str(path), "--steps", "2", "--record", "--out", str(out)]
+        + ["--database-url", f"sqlite:///{tmp_path / 'runs.db'}"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("stagewright run: error: ")
+    assert "schedule.name is '1f1b', but its actions place 4 stages on 2 devices" in err
+    assert not out.exists() and not (tmp_path / "runs.db").exists()

@@ -229,6 +229,30 @@ def test_a_bad_executor_config_says_what_to_change(changes, message):
         ExecutorConfig.model_validate(_document(**changes))
 
 
+@pytest.mark.parametrize(
+    "built_by, named, message",
+    [
+        # The QA case: run and reported as 1f1b, then --record died on layers_per_stage.
+        ("interleaved", "1f1b", "place 4 stages on 2 devices as [0, 1, 0, 1], where 1f1b places 2"),
+        ("1f1b", "v-zb", "place 2 stages on 2 devices as [0, 1], where v-zb places 4"),
+        ("v-zb", "1f1b-v", "split the backward into B and W, which 1f1b-v does not"),
+        ("1f1b", "zb-adaptive", "do not split the backward into B and W, which zb-adaptive does"),
+        ("v-zb", "no-such-schedule", "unknown schedule 'no-such-schedule'"),
+    ],
+)
+def test_a_schedule_name_that_did_not_build_its_actions_is_refused(built_by, named, message):
+    """The name is data the run is priced, reported and recorded by: an executor config
+    whose schedule.name is another family than the one its actions are (stages placed
+    otherwise, a split backward or not) is refused, saying what differs. Each family's own
+    actions pass."""
+    data = json.loads(json.dumps(candidates(schedule=built_by, p=2)[0].launch.executor_config))
+    assert "actions" in data["schedule"]
+    assert ExecutorConfig.model_validate(data).ir.name == built_by
+    data["schedule"]["name"] = named
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ExecutorConfig.model_validate(data)
+
+
 def test_only_the_end_stages_of_an_executor_config_may_hold_no_layer():
     """The first stage may hold only the embedding and the last only the output layer (the
     V-shape paper's layout); a middle stage without a layer is refused, naming it."""
