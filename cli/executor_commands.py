@@ -113,7 +113,12 @@ def add_executor_commands(commands: Any) -> None:
         help="tensor-parallel degree: time one rank's 1/t shard of the layer, without the "
         "tensor-parallel communication (default 1)",
     )
-    profile.add_argument("--gpu", default="cpu", help="hardware profile name (default cpu)")
+    profile.add_argument(
+        "--gpu",
+        default="cpu",
+        help="hardware profile name (default cpu); the layer is timed on this machine's CPU, "
+        "so only the cpu profile is accepted",
+    )
     profile.add_argument(
         "--repeats",
         type=int,
@@ -284,7 +289,7 @@ def _require_known_gpu(args: argparse.Namespace) -> None:
 
 def _profile(args: argparse.Namespace) -> int:
     with needs_extra("executor", "profiling"):
-        from executor.profiler import profile_layer
+        from executor.profiler import device_problem, profile_layer
     if args.database_url or args.record:  # say so before measuring rather than after
         require_installed("service", "the SQL store", "sqlalchemy")
     from planner.profiles import extra_profile_dirs, point_to_dict, save_point
@@ -317,6 +322,9 @@ def _profile(args: argparse.Namespace) -> int:
             f"--out {args.out}: that is a file, not a folder; name the profile folder to write"
         )
     _require_known_gpu(args)
+    problem = device_problem(args.gpu)  # before the timing: it would be filed, then misused
+    if problem is not None:
+        raise StagewrightError(problem)
     point = profile_layer(
         model,
         args.micro_batch_size,

@@ -40,7 +40,31 @@ from planner.costmodel.layer_ops import fused_softmax_available
 from planner.profiles import LayerPoint
 from planner.specs import ModelSpec, Precision, Recompute, TrainingSpec
 
-__all__ = ["profile_layer", "saved_bytes"]
+__all__ = ["PROFILED_HARDWARE", "device_problem", "profile_layer", "saved_bytes"]
+
+PROFILED_HARDWARE = "cpu"
+"""The hardware profile of the device this profiler times on: the CPU, one thread (the
+name ``stagewright run --record`` files a CPU run under too)."""
+
+
+def device_problem(gpu: str) -> str | None:
+    """Why a point timed here must not be filed under the hardware profile ``gpu``, or None.
+    The layer is timed on this machine's CPU, whatever GPU it has: filed under a GPU's
+    profile, CPU times would re-rank that GPU's plans."""
+    if gpu == PROFILED_HARDWARE:
+        return None
+    if torch.cuda.is_available():
+        here = (
+            f"this profiler times the layer on the CPU (one thread), not on this machine's "
+            f"GPU ({torch.cuda.get_device_name(0)})"
+        )
+    else:
+        here = "there is no GPU here: the layer would be timed on the CPU (one thread)"
+    return (
+        f"--gpu {gpu}: {here}, and filed under {gpu} those CPU times would re-rank its plans; "
+        f"profile with --gpu {PROFILED_HARDWARE}, or store a GPU's measured runs with "
+        "stagewright measurements add"
+    )
 
 
 def saved_bytes(run: Callable[[], Any], parameters: Sequence[Tensor]) -> tuple[int, Any]:

@@ -484,6 +484,13 @@ def _executor_config(folder) -> str:
             ["--gpu", "nope", "--database-url", "sqlite:///points.db"],
             "unknown GPU 'nope'; known hardware profiles: a100-40g, a100-sxm-80g, cpu",
         ),
+        # A GPU's profile: the layer is timed on this machine's CPU, and the point, filed
+        # under a100-sxm-80g, re-ranked that GPU's plans with CPU times.
+        (
+            lambda m: None,
+            ["--gpu", "a100-sxm-80g", "--precision", "bf16", "--out", "points"],
+            "--gpu a100-sxm-80g: ",
+        ),
     ],
 )
 def test_profile_says_what_to_change_before_measuring(
@@ -574,3 +581,22 @@ def test_a_single_device_and_micro_batch_are_said_in_the_singular(capsys):
     assert code == 0 and out.startswith("schedule 1f1b: 1 device, 1 stage, 1 micro-batch\n")
     code, out, _ = run(capsys, *args, "--devices", "2", "--microbatches", "3")
     assert out.startswith("schedule 1f1b: 2 devices, 2 stages, 3 micro-batches\n")
+
+
+@pytest.mark.parametrize("gpu_here", [None, "NVIDIA A100-SXM4-80GB"])
+def test_profile_refuses_a_gpu_profile_whatever_gpu_this_machine_has(monkeypatch, gpu_here):
+    """The profiler times on the CPU: a GPU's hardware profile is refused without a GPU and
+    with one (named, since it is not used); the cpu profile is accepted either way."""
+    torch = pytest.importorskip("torch")
+    from executor.profiler import device_problem
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu_here is not None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: gpu_here)
+    assert device_problem("cpu") is None
+    problem = device_problem("a100-sxm-80g")
+    assert problem is not None and problem.startswith("--gpu a100-sxm-80g: ")
+    assert "profile with --gpu cpu" in problem and "\n" not in problem
+    if gpu_here is None:
+        assert "there is no GPU here" in problem
+    else:
+        assert f"not on this machine's GPU ({gpu_here})" in problem
