@@ -169,7 +169,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     # The launcher itself is torch-free: torch runs in the ranks it starts.
     require_installed("executor", "the executor", "torch")
-    from executor.launcher import run
+    from executor.launcher import RunInterrupted, run
     from executor.reporting import REPORT_FILE, describe
 
     if args.record:  # say so before the run rather than after it
@@ -181,21 +181,25 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.record:
         _require_a_core_per_rank(args.config)
-    outcome = run(
-        args.config,
-        nproc=args.nproc,
-        steps=args.steps,
-        verify=args.verify,
-        timeout_s=args.timeout,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=(
-            (1 if args.checkpoint_every is None else args.checkpoint_every)
-            if args.checkpoint_dir
-            else 0
-        ),
-        lr=args.lr,
-        out_dir=args.out,
-    )
+    try:
+        outcome = run(
+            args.config,
+            nproc=args.nproc,
+            steps=args.steps,
+            verify=args.verify,
+            timeout_s=args.timeout,
+            checkpoint_dir=args.checkpoint_dir,
+            checkpoint_every=(
+                (1 if args.checkpoint_every is None else args.checkpoint_every)
+                if args.checkpoint_dir
+                else 0
+            ),
+            lr=args.lr,
+            out_dir=args.out,
+        )
+    except RunInterrupted as exc:  # one line, no traceback; the shell's status for the signal
+        sys.stderr.write(f"stagewright run: {exc}\n")
+        return 128 + exc.signum
     recorded = _record_run(args, outcome) if args.record and outcome.verified else None
     if args.record and not outcome.verified:
         sys.stderr.write("stagewright run: not recorded: the run failed verification\n")

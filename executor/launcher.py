@@ -4,7 +4,8 @@ Checks the inputs first (the config reads and validates, ``--nproc`` matches its
 the output folder can be written), then runs ``python -m torch.distributed.run
 --nproc-per-node N -m executor.worker CONFIG`` on loopback and reads the run report rank 0
 wrote (:mod:`planner.launch.report`): measured figures of every rank next to the planner's
-prediction, which the config carries.
+prediction, which the config carries. Ctrl-C or SIGTERM ends the run (torchrun and its ranks)
+and raises :class:`RunInterrupted`, whose message is the one line to say.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +26,41 @@ from executor.inputs import check_steps_left, check_writable, read_config
 from executor.reporting import REPORT_FILE
 from planner.errors import StagewrightError
 from planner.launch import RunReport
+from planner.launch.torchrun import STOP_GRACE
 
-__all__ = ["ExecutorError", "RunOutcome", "failure_reasons", "run", "torchrun_command"]
+__all__ = [
+    "ExecutorError",
+    "RunInterrupted",
+    "RunOutcome",
+    "failure_reasons",
+    "run",
+    "torchrun_command",
+]
 
 
 class ExecutorError(StagewrightError):
     """The distributed run failed; the message carries the ranks' own one-line reasons."""
+
+
+class RunInterrupted(ExecutorError):
+    """The run was stopped by a signal (Ctrl-C, SIGTERM) before it finished."""
+
+    def __init__(self, signum: int, checkpoint_dir: Path | None) -> None:
+        self.signum = signum
+        kept = (
+            f"; checkpoints completed in {checkpoint_dir} are kept, and a run started again "
+            "resumes from the newest"
+            if checkpoint_dir is not None
+            else ""
+        )
+        super().__init__(
+            f"interrupted ({signal.Signals(signum).name}); the run did not finish: no run "
+            f"report was written{kept}"
+        )
+
+
+class _Stop(Exception):  # noqa: N818 - not an error: how a signal ends the wait for torchrun
+    pass
 
 
 @dataclass(frozen=True)
@@ -151,12 +183,7 @@ def run(
     # timeouts first. Past it, subprocess.run kills torchrun with SIGKILL, and its ranks end
     # with it (executor.lifeline).
     limit = min(120 + timeout_s * 3 + steps * 60, 7 * 24 * 3600)
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, env=environment, timeout=limit, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ExecutorError(f"the run did not finish within {limit:.0f} s and was stopped") from exc
+    done = _run_torchrun(command, environment, limit, checkpoint_dir)
     # Rank 0 writes the report only once every rank has finished its steps: a report means
     # the run completed (a failed --verify makes the ranks, and so torchrun, exit non-zero).
     report_path = out / REPORT_FILE
@@ -165,3 +192,59 @@ def run(
         raise ExecutorError(f"the run failed (exit {done.returncode}): " + " | ".join(reasons))
     report = RunReport.model_validate_json(report_path.read_text())
     return RunOutcome(report, out, done.stdout, done.stderr)
+
+
+def _run_torchrun(
+    command: list[str], environment: dict[str, str], limit: float, checkpoint_dir: Path | None
+) -> subprocess.CompletedProcess[str]:
+    """Run torchrun to its end, at most ``limit`` seconds. On SIGINT or SIGTERM (Ctrl-C
+    reaches the whole process group; a scheduler or ``kill`` may reach this process alone),
+    torchrun gets SIGTERM, which it stops its ranks on (they end on it too, at once and
+    quietly), and SIGKILL if it has not ended STOP_GRACE s later; then :class:`RunInterrupted`
+    says so, instead of a KeyboardInterrupt traceback, or torchrun's SignalException read as
+    the run's failure."""
+    got: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        got.append(signum)
+        if len(got) == 1:
+            raise _Stop
+
+    before = {}
+    if threading.current_thread() is threading.main_thread():  # only it can take signals
+        before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    process = None
+    try:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+        )
+        try:
+            out, err = process.communicate(timeout=limit)
+        except subprocess.TimeoutExpired as exc:
+            process.kill()
+            process.communicate()
+            raise ExecutorError(
+                f"the run did not finish within {limit:.0f} s and was stopped"
+            ) from exc
+        if got:  # came as torchrun ended: its output tells of the signal, not of the run
+            raise _Stop
+        return subprocess.CompletedProcess(command, process.returncode, out, err)
+    except _Stop:
+        if process is not None:
+            _end(process)
+        raise RunInterrupted(got[0], checkpoint_dir) from None
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+def _end(process: subprocess.Popen[str]) -> None:
+    """End torchrun: SIGTERM, then SIGKILL after STOP_GRACE s (its ranks end with it,
+    executor.lifeline); what it prints meanwhile is read and dropped."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.communicate(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-__all__ = ["EXIT_ORPHANED", "PARENT_DEATH_SIGNAL", "end_with_parent"]
+__all__ = ["EXIT_ORPHANED", "PARENT_DEATH_SIGNAL", "end_quietly_on_stop_signals", "end_with_parent"]
 
 EXIT_ORPHANED = 1  # the run failed: the agent that would collect it is gone
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -64,3 +64,17 @@ def end_with_parent() -> None:
         )
         sys.stderr.flush()
         os._exit(EXIT_ORPHANED)
+
+
+def end_quietly_on_stop_signals() -> None:
+    """End this process at once, without a word, on SIGINT and SIGTERM: the kernel's default
+    action for both, not Python's KeyboardInterrupt (a traceback from every rank on Ctrl-C)
+    or a Python handler (which runs only once the main thread is back from the C++ call it is
+    in: a collective's timeout for a rank waiting on a peer).
+
+    Nothing is lost that a handler would keep: a checkpoint is written under an
+    ".incomplete" name and renamed last, the report only once every rank has finished. Who
+    stopped the run says so: torchrun (it sends its ranks the signal it got), the emitted
+    launch scripts, ``stagewright run``."""
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_DFL)

@@ -12,8 +12,9 @@ A peer that dies or hangs surfaces here as an error or a timeout: the rank print
 (``rank N: stopped: ...``) and exits with status 1, so torchrun stops the job; no report is
 written, and a checkpoint being written stays marked incomplete. Exit status 3 means the run
 finished but ``--verify`` found a mismatch (the report names rank, stage and tensor). A rank
-also ends when the torchrun agent that started it ends, killed or not
-(:mod:`executor.lifeline`).
+also ends when the torchrun agent that started it ends, killed or not, and at once and
+without a word on SIGINT or SIGTERM (Ctrl-C, torchrun stopping it): whoever stopped the run
+says so (:mod:`executor.lifeline`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
-from executor.lifeline import end_with_parent
+from executor.lifeline import end_quietly_on_stop_signals, end_with_parent
 
 if __name__ == "__main__":
     # First, before torch's import (seconds): from here on this rank ends when the torchrun
     # agent that started it does, also when the agent is killed with SIGKILL.
     end_with_parent()
+    end_quietly_on_stop_signals()
 
 import torch
 import torch.distributed as dist

@@ -27,6 +27,7 @@ from planner.launch.artefacts import materialize_launch, megatron_of
 from planner.launch.torch_csv import torch_runner_problem
 from planner.launch.torchrun import (
     EXECUTOR_CONFIG_FILE,
+    RUN_INTERRUPTED_NOTE,
     launch_script,
     node_layout,
     torchrun_prefix,
@@ -84,7 +85,12 @@ def _candidate_files(request: PlanRequest, candidate: Candidate, index: int) -> 
                 f"{folder}/run-node{node}.sh",
                 # executor.worker's ranks end with torchrun (executor.lifeline).
                 launch_script(
-                    line, node=node, nodes=nodes, title=title, ranks_end_with_torchrun=True
+                    line,
+                    node=node,
+                    nodes=nodes,
+                    title=title,
+                    ranks_end_with_torchrun=True,
+                    interrupted_note=RUN_INTERRUPTED_NOTE,
                 ),
                 executable=True,
             )

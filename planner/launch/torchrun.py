@@ -17,6 +17,7 @@ __all__ = [
     "EXECUTOR_CONFIG_FILE",
     "MASTER_PORT",
     "RDZV_TIMEOUT",
+    "RUN_INTERRUPTED_NOTE",
     "STOP_GRACE",
     "launch_script",
     "node_layout",
@@ -40,6 +41,12 @@ RDZV_TIMEOUT = 900
 # that both steps fit in the 30 s Slurm gives a job between SIGTERM and SIGKILL (KillWait's
 # default), so that the script still says how it ended.
 STOP_GRACE = 10
+# What an executor run stopped by Ctrl-C or SIGTERM leaves, said after "interrupted (SIGINT)"
+# by the emitted scripts and by stagewright run.
+RUN_INTERRUPTED_NOTE = (
+    "; the run did not finish: no run report was written (checkpoints completed in "
+    "--checkpoint-dir are kept, and a run started again resumes from the newest)"
+)
 
 
 def node_layout(request: PlanRequest, config: CandidateConfig) -> tuple[int, int]:
@@ -83,13 +90,17 @@ def launch_script(
     env: str = "",
     prelude: str = "",
     ranks_end_with_torchrun: bool = False,
+    interrupted_note: str = "",
 ) -> str:
     """A bash script that runs ``command`` (a torchrun line) from its own folder on node
     ``node`` of ``nodes``; extra arguments are passed on to the command. ``env`` holds
     ``export`` lines the runtime needs; ``prelude`` runs before the script leaves the folder
     it was started from (to read paths the operator gave relative to it).
     ``ranks_end_with_torchrun`` says that the program's ranks end when torchrun does, however
-    it ends (executor.lifeline), so that the script may kill torchrun once it runs them."""
+    it ends (executor.lifeline), so that the script may kill torchrun once it runs them.
+    On Ctrl-C or SIGTERM the script ends torchrun and says so in one line, followed by
+    ``interrupted_note`` (what the interrupted program leaves behind), with exit status
+    128 + the signal's number; torchrun's own account of its shutdown is not passed on."""
     lines = [
         "#!/usr/bin/env bash",
         f"# {title}",
@@ -121,10 +132,7 @@ def launch_script(
     ]
     if env:
         lines.append(env.rstrip("\n"))
-    if nodes > 1:
-        lines.append(_meeting(command, node, nodes, ranks_end_with_torchrun))
-    else:
-        lines.append(f'{command} "$@"')
+    lines.append(_supervised(command, node, nodes, ranks_end_with_torchrun, interrupted_note))
     return "\n".join(lines) + "\n"
 
 
@@ -140,20 +148,51 @@ if ! [[ "$RDZV_TIMEOUT" =~ ^[1-9][0-9]{{0,6}}$ ]]; then
 fi"""
 
 
-def _meeting(command: str, node: int, nodes: int, ranks_end_with_torchrun: bool) -> str:
-    """Say what the node waits for and how long, then run ``command``; when torchrun ends
-    because the nodes did not all meet in time, say that in the script's words; on Ctrl-C or
-    SIGTERM, end torchrun and say so."""
+def _supervised(
+    command: str, node: int, nodes: int, ranks_end_with_torchrun: bool, note: str
+) -> str:
+    """Run ``command``; on several nodes, first say what the node waits for and how long,
+    and when torchrun ends because the nodes did not all meet in time, say that in the
+    script's words; on Ctrl-C or SIGTERM, end torchrun and say so (followed by ``note``)."""
+    several = nodes > 1
     where = f"$MASTER_ADDR:${{MASTER_PORT:-{MASTER_PORT}}}"
-    here = f"$0: node {node} of {nodes}:"
+    here = f"$0: node {node} of {nodes}:" if several else "$0:"
+    waiting_line = (
+        f"""echo "{here} waiting until all {nodes} nodes have started their script, \
+meeting at {where} (torchrun gives up after $RDZV_TIMEOUT s; RDZV_TIMEOUT=SECONDS sets that)" >&2
+"""
+        if several
+        else ""
+    )
+    timed_out_hint = (
+        f"""  if [ -n "$timed_out" ]; then
+    echo "{here} the {nodes} nodes did not all meet at {where} within" \\
+      "RDZV_TIMEOUT=$RDZV_TIMEOUT s; start every node's script within that time, each" \\
+      "with MASTER_ADDR set to node 0's address (reachable from every node) and the same" \\
+      "MASTER_PORT, or set RDZV_TIMEOUT to wait longer" >&2
+  fi
+"""
+        if several
+        else ""
+    )
     grace = STOP_GRACE * 10  # the script counts in tenths of a second
+    # What torchrun was doing when the signal came and it did not handle it yet (below).
+    waiting_for = f" while waiting for the other nodes at {where}" if several else ""
+    stopped_early = (
+        '  said+="; torchrun stopped. Scripts already started on the other nodes wait up to '
+        'their"\n  said+=" RDZV_TIMEOUT for this one: stop them too, or start this one again"'
+        if several
+        else '  said+=" while torchrun was starting; torchrun stopped"'
+    )
     # torchrun says nothing while it waits for the other nodes, and a wait that runs out ends
     # in a traceback whose last line says it in torch's words: "Timed out after N seconds
     # waiting for clients. 1/2 clients joined." on node 0, "The client socket has timed out
     # after Nms while trying to connect to (ADDR, PORT)." on the others. Its stderr passes
     # through the function line by line, and the script's own line follows when one of those
-    # was in it. The function ignores Ctrl-C and SIGTERM so that it passes on what torchrun
-    # prints while it stops its ranks; it ends when torchrun and its ranks have.
+    # was in it. The function ignores Ctrl-C and SIGTERM so that it ends only when torchrun
+    # and its ranks have. What torchrun prints once it stops on a signal (the log line
+    # "Received SIGNAL death signal, shutting down workers", then the stopping of its ranks
+    # and a SignalException traceback) is not passed on: the script's own line says it.
     #
     # Ctrl-C does not stop a torchrun that waits for the other nodes: the wait is one blocking
     # call into C++ (the static rendezvous's TCPStore), and Python raises KeyboardInterrupt
@@ -183,29 +222,24 @@ def _meeting(command: str, node: int, nodes: int, ranks_end_with_torchrun: bool)
     # left to end them. Where the script cannot tell (not Linux), SIGTERM at once, no SIGKILL.
     term_after_ranks, kill_after_ranks = (grace, 2 * grace) if ranks_end_with_torchrun else (-1, -1)
     return f"""\
-echo "{here} waiting until all {nodes} nodes have started their script, \
-meeting at {where} (torchrun gives up after $RDZV_TIMEOUT s; RDZV_TIMEOUT=SECONDS sets that)" >&2
-say_if_the_nodes_did_not_meet() {{
+{waiting_line}pass_on_what_torchrun_says() {{
   trap '' INT TERM
-  local line timed_out=""
+  local line timed_out="" stopping=""
   while IFS= read -r line || [ -n "$line" ]; do
-    printf '%s\\n' "$line" >&2
+    case "$line" in
+      *" death signal, shutting down workers"*) stopping=1 ;;
+    esac
+    [ -n "$stopping" ] || printf '%s\\n' "$line" >&2
     case "$line" in
       *"waiting for clients"*|*"client socket has timed out"*) timed_out=1 ;;
     esac
   done
-  if [ -n "$timed_out" ]; then
-    echo "{here} the {nodes} nodes did not all meet at {where} within" \\
-      "RDZV_TIMEOUT=$RDZV_TIMEOUT s; start every node's script within that time, each" \\
-      "with MASTER_ADDR set to node 0's address (reachable from every node) and the same" \\
-      "MASTER_PORT, or set RDZV_TIMEOUT to wait longer" >&2
-  fi
-}}
+{timed_out_hint}}}
 interrupted="" signals=0
 trap 'interrupted=${{interrupted:-INT}} signals=$((signals + 1))' INT
 trap 'interrupted=${{interrupted:-TERM}} signals=$((signals + 1))' TERM
 exec 3>&1
-( trap - INT QUIT; exec {command} "$@" ) 2>&1 >&3 3>&- | say_if_the_nodes_did_not_meet 3>&- &
+( trap - INT QUIT; exec {command} "$@" ) 2>&1 >&3 3>&- | pass_on_what_torchrun_says 3>&- &
 pipeline=$!
 torchrun=$(jobs -p) || true  # the pipeline's first process
 status=0
@@ -241,16 +275,15 @@ while :; do  # until torchrun's output has all been passed on (a signal cuts a w
   [ "$signals" != "$seen" ] || break
 done
 said="{here} interrupted (SIG$interrupted)"
-if [ "$handles_term" = no ]; then said+=" while waiting for the other nodes at {where}"; fi
+if [ "$handles_term" = no ]; then said+="{waiting_for}"; fi
 if [ -n "$killed" ]; then
   said+="; torchrun did not end within {STOP_GRACE} s of SIGTERM and was killed with SIGKILL"
 elif [ "$handles_term" = no ]; then
-  said+="; torchrun stopped. Scripts already started on the other nodes wait up to their"
-  said+=" RDZV_TIMEOUT for this one: stop them too, or start this one again"
+{stopped_early}
 elif [ "$handles_term" = yes ]; then
   said+="; torchrun stopped its ranks and ended"
 else
   said+="; torchrun has ended"
 fi
-echo "$said" >&2
+echo "$said{note}" >&2
 exit $((128 + $(kill -l "$interrupted")))"""

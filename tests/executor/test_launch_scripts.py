@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cli.main import main
+from planner.launch.torchrun import RUN_INTERRUPTED_NOTE
 from tests.executor.conftest import VENV_BIN, one_multinode_job_at_a_time
 from tests.unit.helpers import kill_group, signal_until_gone
 
@@ -338,6 +339,6 @@ def test_a_node_waiting_for_the_others_stops_on_ctrl_c_or_sigterm(two_nodes, tmp
         f"run-node0.sh: node 0 of 2: interrupted ({sent.name}) while waiting for the other "
         f"nodes at 127.0.0.1:{port}; torchrun stopped. Scripts already started on the other "
         "nodes wait up to their RDZV_TIMEOUT for this one: stop them too, or start this one "
-        "again"
+        "again" + RUN_INTERRUPTED_NOTE
     )
     assert "did not all meet" not in err

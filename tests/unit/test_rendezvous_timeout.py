@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from planner.launch.files import launch_files
-from planner.launch.torchrun import STOP_GRACE
+from planner.launch.torchrun import RUN_INTERRUPTED_NOTE, STOP_GRACE
 from planner.plan import plan
 from planner.specs import PlanRequest
 from tests.unit.helpers import kill_group, signal_until_gone
@@ -57,6 +57,12 @@ NODE1_TIMED_OUT = (
     "trying to connect to (10.0.0.1, 29500).\n"
 )
 HINT = "the 2 nodes did not all meet at 10.0.0.1:29500 within RDZV_TIMEOUT="
+
+
+def _note(name: str) -> str:
+    """What the script says after "interrupted": the executor's scripts add what the
+    interrupted run leaves; Megatron-LM's say nothing of it."""
+    return RUN_INTERRUPTED_NOTE if name.startswith("run-node") else ""
 
 
 @cache
@@ -240,7 +246,9 @@ def test_a_signal_to_the_script_alone_ends_a_waiting_torchrun_at_once(tmp_path, 
     assert handled == []  # torchrun got nothing it could handle: SIGTERM ended it
     assert ended < STOP_GRACE / 2
     assert err.splitlines()[-1] == (
-        f"{tmp_path}/candidate/{name}: node {name[-4]} of 2: interrupted (SIGINT)" + WAITING_SAID
+        f"{tmp_path}/candidate/{name}: node {name[-4]} of 2: interrupted (SIGINT)"
+        + WAITING_SAID
+        + _note(name)
     )
 
 
@@ -257,7 +265,7 @@ def test_a_waiting_torchrun_that_does_not_end_on_sigterm_is_killed(tmp_path):
     assert err.splitlines()[-1] == (
         f"{tmp_path}/candidate/run-node0.sh: node 0 of 2: interrupted (SIGINT) while waiting "
         "for the other nodes at 10.0.0.1:29500; torchrun did not end within "
-        f"{STOP_GRACE} s of SIGTERM and was killed with SIGKILL"
+        f"{STOP_GRACE} s of SIGTERM and was killed with SIGKILL" + RUN_INTERRUPTED_NOTE
     )
 
 
@@ -274,7 +282,7 @@ def test_torchrun_running_ranks_gets_one_signal_from_the_group_not_a_second(tmp_
     assert ended < STOP_GRACE / 2
     assert err.splitlines()[-1] == (
         f"{tmp_path}/candidate/{name}: node {name[-4]} of 2: interrupted ({sent.name}); "
-        "torchrun stopped its ranks and ended"
+        "torchrun stopped its ranks and ended" + _note(name)
     )
 
 
@@ -291,4 +299,5 @@ def test_sigterm_to_the_script_alone_reaches_torchrun_running_ranks_after_the_gr
     assert STOP_GRACE <= ended < STOP_GRACE + 3
     assert err.splitlines()[-1].endswith(
         "run-node0.sh: node 0 of 2: interrupted (SIGTERM); torchrun stopped its ranks and ended"
+        + RUN_INTERRUPTED_NOTE
     )
