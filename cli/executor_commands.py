@@ -156,12 +156,8 @@ def _add_record_option(parser: Any, what: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    # Options that only act with another: given without it, they would be ignored.
-    if args.checkpoint_every is not None and args.checkpoint_dir is None:
-        raise StagewrightError(
-            "--checkpoint-every applies only with --checkpoint-dir DIR (where the checkpoints "
-            "go); add it or leave --checkpoint-every out"
-        )
+    # Options that only act with another: given without it, they would be ignored (the run's
+    # own options are checked by executor.launcher.run, as the worker checks them).
     if args.database_url is not None and not args.record:
         raise StagewrightError(
             "--database-url is the store --record writes to, and nothing is recorded without "
@@ -190,9 +186,9 @@ def _run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             checkpoint_dir=args.checkpoint_dir,
             checkpoint_every=(
-                (1 if args.checkpoint_every is None else args.checkpoint_every)
-                if args.checkpoint_dir
-                else 0
+                1
+                if args.checkpoint_every is None and args.checkpoint_dir is not None
+                else args.checkpoint_every
             ),
             lr=args.lr,
             out_dir=args.out,

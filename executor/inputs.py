@@ -4,6 +4,7 @@ each problem is one message that says what to change."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -16,7 +17,14 @@ from planner.launch import ExecutorConfig
 from planner.launch.config import is_plan_request, run_a_request
 from planner.launch.runtimes import executor_problem
 
-__all__ = ["BadInput", "check_steps_left", "check_writable", "latest_step", "read_config"]
+__all__ = [
+    "BadInput",
+    "check_run_options",
+    "check_steps_left",
+    "check_writable",
+    "latest_step",
+    "read_config",
+]
 
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -68,6 +76,36 @@ def read_config(path: Path, lr: float | None = None) -> ExecutorConfig:
         optimizer = config.optimizer.model_copy(update={"lr": lr})
         config = config.model_copy(update={"optimizer": optimizer})
     return config
+
+
+def check_run_options(
+    *,
+    steps: int,
+    timeout_s: float,
+    checkpoint_dir: Path | None,
+    checkpoint_every: int | None,
+    lr: float | None,
+) -> None:
+    """The options of a run, as ``stagewright run`` and the worker (the emitted scripts'
+    torchrun line) both take them, checked before any rank starts or joins a group: a
+    timeout of 0 or less made every rank time out at once (and blame its peers), NaN was a
+    traceback, and ``--checkpoint-every`` (None: not given) without ``--checkpoint-dir`` was
+    ignored without a word. The learning rate's sign is checked by :func:`read_config`."""
+    if steps < 1:
+        raise BadInput("--steps must be at least 1")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise BadInput(f"--timeout must be a positive number of seconds, got {timeout_s}")
+    if checkpoint_every is not None and checkpoint_dir is None:
+        raise BadInput(
+            "--checkpoint-every applies only with --checkpoint-dir DIR (where the checkpoints "
+            "go); add it or leave --checkpoint-every out"
+        )
+    if checkpoint_every is not None and checkpoint_every < 0:
+        raise BadInput(
+            f"--checkpoint-every must be 0 (never) or a number of steps, got {checkpoint_every}"
+        )
+    if lr is not None and not math.isfinite(lr):
+        raise BadInput(f"--lr must be a finite number, got {lr}")
 
 
 def check_writable(folder: Path) -> None:

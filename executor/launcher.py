@@ -10,7 +10,6 @@ and raises :class:`RunInterrupted`, whose message is the one line to say.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import signal
@@ -22,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.inputs import check_steps_left, check_writable, read_config
+from executor.inputs import check_run_options, check_steps_left, check_writable, read_config
 from executor.reporting import REPORT_FILE
 from planner.errors import StagewrightError
 from planner.launch import RunReport
@@ -125,13 +124,23 @@ def run(
     verify: bool = False,
     timeout_s: float = 60.0,
     checkpoint_dir: Path | None = None,
-    checkpoint_every: int = 0,
+    checkpoint_every: int | None = None,
     lr: float | None = None,
     out_dir: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> RunOutcome:
     """Run the config with one process per rank and return its report (also when
-    ``--verify`` found a mismatch: check :attr:`RunOutcome.verified`)."""
+    ``--verify`` found a mismatch: check :attr:`RunOutcome.verified`). With
+    ``checkpoint_dir``, a checkpoint every ``checkpoint_every`` steps (0 or None: only after
+    the last)."""
+    # The worker checks the same (one function), but only once torchrun has started it.
+    check_run_options(
+        steps=steps,
+        timeout_s=timeout_s,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        lr=lr,
+    )
     config = read_config(config_path, lr)
     world = config.world_size
     if nproc is not None and nproc != world:
@@ -139,18 +148,6 @@ def run(
             f"{config_path} runs t x p x d = {world} ranks; --nproc {nproc} does not match "
             f"(leave --nproc out or pass {world})"
         )
-    if steps < 1:
-        raise StagewrightError("--steps must be at least 1")
-    # Checked before torchrun starts: NaN ended in a ValueError traceback once the ranks
-    # were running, 0 or less made every rank time out at once.
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise StagewrightError(f"--timeout must be a positive number of seconds, got {timeout_s}")
-    if checkpoint_dir is not None and checkpoint_every < 0:
-        raise StagewrightError(
-            f"--checkpoint-every must be 0 (never) or a number of steps, got {checkpoint_every}"
-        )
-    if lr is not None and not math.isfinite(lr):
-        raise StagewrightError(f"--lr must be a finite number, got {lr}")
     out = out_dir or Path(tempfile.mkdtemp(prefix="stagewright-run-"))
     check_writable(out)
     if checkpoint_dir is not None:
@@ -177,7 +174,7 @@ def run(
         command += ["--lr", str(lr)]
     if checkpoint_dir is not None:
         command += ["--checkpoint-dir", str(checkpoint_dir)]
-        command += ["--checkpoint-every", str(checkpoint_every)]
+        command += ["--checkpoint-every", str(checkpoint_every or 0)]
     environment = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
     # A bounded wait (at most a week): a job whose ranks all hang is stopped by the worker
     # timeouts first. Past it, subprocess.run kills torchrun with SIGKILL, and its ranks end

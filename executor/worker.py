@@ -47,7 +47,13 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401, E402
 
 from executor.comm import Comm
-from executor.inputs import BadInput, check_steps_left, check_writable, read_config
+from executor.inputs import (
+    BadInput,
+    check_run_options,
+    check_steps_left,
+    check_writable,
+    read_config,
+)
 from executor.interpreter import RankRunner
 from executor.reporting import build_report, describe, write_report
 from executor.verify import gradients_checked, verify_rank
@@ -95,7 +101,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="folder every node shares for checkpoints, resumed from when it holds one; "
         "with several configs, a subfolder per config, named as under --out",
     )
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: never)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="steps between checkpoints, with --checkpoint-dir (default 0: only after the last)",
+    )
     parser.add_argument("--lr", type=float, default=None, help="override the learning rate")
     parser.add_argument(
         "--dump-weights", action="store_true", help="also save each rank's final weights"
@@ -122,10 +133,15 @@ def _check_inputs(
 ) -> list[tuple[ExecutorConfig, Path, Path | None]]:
     """Each config with the folders its report and its checkpoints go to
     (:func:`run_folders`)."""
-    if args.steps < 1:
-        raise BadInput("--steps must be at least 1")
-    if args.checkpoint_every < 0:
-        raise BadInput("--checkpoint-every must be 0 (never) or a number of steps")
+    check_run_options(
+        steps=args.steps,
+        timeout_s=args.timeout,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        lr=args.lr,
+    )
+    if args.checkpoint_every is None:
+        args.checkpoint_every = 0
     configs = [(path, read_config(path, args.lr)) for path in args.config]
     for path, config in configs:
         if config.world_size != world:

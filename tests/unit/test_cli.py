@@ -435,7 +435,7 @@ def test_run_refuses_options_it_would_ignore_or_fail_on_before_starting(
     def must_not_start(*args, **kwargs):
         raise AssertionError("torchrun was started")
 
-    monkeypatch.setattr(executor.launcher.subprocess, "run", must_not_start)
+    monkeypatch.setattr(executor.launcher.subprocess, "Popen", must_not_start)
     monkeypatch.chdir(tmp_path)
     config = _executor_config(tmp_path)
     code, out, err = run(capsys, "run", str(config), "--steps", "1", *options)
