@@ -289,9 +289,14 @@ _SIZE_PARAMETERS = (NUM_CHUNKS.name, NUM_BATCHES.name)
 
 
 def _generator_parameters(request: SimulateRequest) -> dict[str, float]:
-    """The size parameters of the request that its schedule's family takes."""
-    family = schedule_family(request.schedule)
-    return {n: getattr(request, n) for n in _SIZE_PARAMETERS if family.has_parameter(n)}
+    """The size parameters of the request that its schedule's family takes, at the
+    family's default where the request leaves them null."""
+    given = request.generator_parameters()
+    return {
+        p.name: given.get(p.name, p.default)
+        for p in schedule_family(request.schedule).parameters
+        if p.name in _SIZE_PARAMETERS and p.default is not None
+    }
 
 
 def simulate_cells(request: SimulateRequest) -> int:

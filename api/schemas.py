@@ -416,17 +416,41 @@ class SimulateRequest(_ApiModel):
         description="BPipe transfers overlap compute (false: they block, which needs a "
         "transfer above 0).",
     )
-    num_chunks: int = Field(default=2, ge=1, le=16, description="Chunks per device (interleaved).")
-    num_batches: int = Field(
-        default=2, ge=1, le=16, description="Batches a 2bw schedule runs without a flush."
+    # The schedule's generator parameters: null (the default) is the schedule's own default
+    # and is accepted by every schedule, since generated clients send every field; a value
+    # is refused by a schedule that does not take the parameter (GET /v1/schedules lists
+    # each schedule's parameters and their defaults).
+    num_chunks: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="Chunks per device, for schedules that take it (interleaved ones); null: "
+        "the schedule's default (2).",
+    )
+    num_batches: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="Batches run without a flush, for schedules that take it (2bw); null: the "
+        "schedule's default (2).",
     )
     memory_limit: float | None = Field(
         default=None,
         gt=0,
         le=64,
         description="Activation memory limit as a fraction of 1F1B's peak, for schedules that "
-        "take one (v-adaptive, zb-adaptive: ZB-1P at 1, ZB-2P at 2).",
+        "take one (v-adaptive, zb-adaptive: ZB-1P at 1, ZB-2P at 2), which need it.",
     )
+
+    def generator_parameters(self) -> dict[str, float]:
+        """The generator parameters the request gives (not null); the schedule fills the
+        rest with its defaults and refuses one it does not take."""
+        values = {
+            "num_chunks": self.num_chunks,
+            "num_batches": self.num_batches,
+            "memory_limit": self.memory_limit,
+        }
+        return {name: value for name, value in values.items() if value is not None}
 
     @model_validator(mode="after")
     def _transfers_only_where_activations_move(self) -> SimulateRequest:

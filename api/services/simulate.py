@@ -22,10 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["simulate_schedule", "sweep_memory"]
 
 
-# Request fields that are generator parameters of the families that take them.
-_PARAMETER_FIELDS = ("num_chunks", "num_batches", "memory_limit")
-
-
 @lru_cache(maxsize=32)
 def _schedule(
     name: str,
@@ -41,15 +37,10 @@ def _schedule(
 
 
 def _parameters(body: SimulateRequest) -> tuple[tuple[str, float], ...]:
-    """The generator parameters the request sets: those it gives (a family that does not
-    take one refuses it) and the defaults of the schema's fields the family takes."""
-    family = schedule_family(body.schedule)
-    return tuple(
-        (name, getattr(body, name))
-        for name in _PARAMETER_FIELDS
-        if name in body.model_fields_set
-        or (family.has_parameter(name) and getattr(body, name) is not None)
-    )
+    """The generator parameters the request gives, in a fixed order (a cache key); the
+    generator fills the others with the family's defaults and refuses one the family
+    does not take."""
+    return tuple(sorted(body.generator_parameters().items()))
 
 
 def _times(value: float | list[float]) -> float | tuple[float, ...]:

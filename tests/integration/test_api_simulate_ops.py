@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from planner.memory_sweep import memory_sweep
-from planner.schedules import SCHEDULE_NAMES, PassTimes, generate
+from planner.schedules import SCHEDULE_NAMES, PassTimes, generate, schedule_family
 from planner.simulate import Durations, simulate
 from tests.integration.conftest import assert_problem, example
 
@@ -111,6 +111,64 @@ def test_a_client_sending_every_field_at_its_default_is_answered(client):
     body = {"schedule": "1f1b", "num_devices": 4, "num_microbatches": 8, "forward": 1}
     body |= {"backward": 1, "transfer": 0.0, "overlap_transfers": True}
     assert client.post("/v1/simulate", json=body).status_code == 200
+
+
+def test_a_client_sending_the_defaults_the_openapi_declares_is_answered(client):
+    """Generated clients send every field at the default the OpenAPI document declares:
+    num_chunks and num_batches were declared with a default of 2 and memory_limit as
+    nullable, and each was refused ("1f1b has no parameter num_chunks") by every schedule
+    that does not take it. The declared defaults must be answered for every schedule."""
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["SimulateRequest"]
+    # An optional field without a declared default is nullable: its default is null.
+    optional = set(schema["properties"]) - set(schema["required"])
+    defaults = {name: schema["properties"][name].get("default") for name in optional}
+    assert {"num_chunks", "num_batches", "memory_limit"} <= set(defaults)
+    base = {"num_devices": 4, "num_microbatches": 8, "forward": 1, "backward": 2}
+    for name in SCHEDULE_NAMES:
+        # A parameter with no default must be given (the adaptive schedules' memory limit).
+        needed = {p.name: 1.0 for p in schedule_family(name).parameters if p.default is None}
+        body = defaults | base | {"schedule": name} | needed
+        response = client.post("/v1/simulate", json=body)
+        assert response.status_code == 200, (name, response.text)
+        alone = client.post("/v1/simulate", json=base | {"schedule": name} | needed)
+        assert response.json() == alone.json(), name
+
+
+@pytest.mark.parametrize(
+    ("schedule", "field", "value"),
+    [("1f1b", "num_chunks", 2), ("v-half", "num_batches", 2), ("gpipe", "memory_limit", 0.5)],
+)
+def test_a_value_for_a_parameter_the_schedule_lacks_is_still_refused(
+    client, schedule, field, value
+):
+    body = {"schedule": schedule, "num_devices": 4, "num_microbatches": 8, "forward": 1}
+    body |= {"backward": 1, field: value}
+    assert_problem(
+        client.post("/v1/simulate", json=body), 422, f"{schedule} has no parameter {field}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("schedule", "field"), [("interleaved", "num_chunks"), ("2bw", "num_batches")]
+)
+def test_a_null_parameter_is_the_schedules_default(client, schedule, field):
+    body = {"schedule": schedule, "num_devices": 4, "num_microbatches": 8, "forward": 1}
+    body |= {"backward": 1, field: None}
+    response = client.post("/v1/simulate", json=body)
+    assert response.status_code == 200, response.text
+    expected = simulate(generate(schedule, 4, 8), Durations(1, 1))
+    assert response.json() == expected.to_contract()
+    assert client.post("/v1/simulate", json=body | {field: 2}).json() == response.json()
+
+
+def test_the_cell_limit_counts_a_null_num_chunks_at_its_default(client):
+    body = {"schedule": "interleaved", "num_devices": 64, "num_microbatches": 256}
+    body |= {"forward": 1, "backward": 1, "num_chunks": None}
+    assert_problem(
+        client.post("/v1/simulate", json=body),
+        422,
+        "num_devices x num_microbatches x num_chunks = 32768 is above",
+    )
 
 
 @pytest.mark.parametrize("bad", [-1, [1, -1, 1, 1]])
