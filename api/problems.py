@@ -26,7 +26,7 @@ from starlette.responses import Response
 from api.core.db import is_unavailable, storage_trouble
 from api.head_requests import serves
 from api.schemas import HARDWARE_NAME_PATTERN, HARDWARE_NAME_RULE, NO_NUL_PATTERN
-from planner.errors import ScheduleConfigError, SimulationError, StagewrightError
+from planner.errors import NO_NUL_RULE, ScheduleConfigError, SimulationError, StagewrightError
 from planner.profiles import UnknownHardwareError
 
 __all__ = [
@@ -323,7 +323,7 @@ async def _api_problem(request: Request, exc: Exception) -> Response:
 # The patterns of the API's own models and query parameters, said as what to send.
 _PATTERN_RULES = {
     HARDWARE_NAME_PATTERN: HARDWARE_NAME_RULE,
-    NO_NUL_PATTERN: "a NUL character (\\u0000) cannot be stored or searched for; leave it out",
+    NO_NUL_PATTERN: NO_NUL_RULE,
 }
 
 

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from planner.errors import NO_NUL_RULE
 from planner.hardware_spec import (
     HARDWARE_NAME_PATTERN,
     HARDWARE_NAME_RULE,
@@ -316,7 +317,7 @@ class MeasurementIn(_ApiModel):
     data: dict[str, Any] = Field(
         default_factory=dict,
         description="Anything else, as JSON (losses, versions, host): finite numbers only, "
-        f"nested at most {_MAX_DEPTH} deep.",
+        f"no NUL character in a key or a string, nested at most {_MAX_DEPTH} deep.",
     )
 
     @field_validator("data")
@@ -330,11 +331,14 @@ class MeasurementIn(_ApiModel):
 
 def _json_problem(value: Any, where: str, depth: int) -> str | None:
     """What makes ``value`` something not every backend stores alike (NaN or Infinity,
-    which JSON has no spelling for; nesting beyond ``_MAX_DEPTH``), or None."""
+    which JSON has no spelling for; nesting beyond ``_MAX_DEPTH``; a NUL character in a
+    key or a string, which PostgreSQL cannot hold), or None."""
     if depth > _MAX_DEPTH:
         return f"{where} is nested more than {_MAX_DEPTH} deep; flatten it"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{where} is {value}; JSON numbers must be finite (use null for 'no value')"
+    if isinstance(value, str) and "\x00" in value:
+        return f"{where}: {NO_NUL_RULE}"
     if isinstance(value, dict):
         items: Any = value.items()
     elif isinstance(value, list):
@@ -342,6 +346,8 @@ def _json_problem(value: Any, where: str, depth: int) -> str | None:
     else:
         return None
     for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return f"{where} has a key {key!r}: {NO_NUL_RULE}"
         problem = _json_problem(item, f"{where}[{key!r}]", depth + 1)
         if problem:
             return problem

@@ -8,14 +8,26 @@ once, at their boundary; nothing below them prints or exits.
 from __future__ import annotations
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 __all__ = [
+    "NO_NUL_PATTERN",
+    "NO_NUL_RULE",
     "InvalidScheduleError",
     "ScheduleConfigError",
     "SimulationError",
     "StagewrightError",
+    "error_message",
     "validation_problems",
 ]
+
+
+# Free text a person sends (names, sources, notes, descriptions) may hold anything but a NUL
+# character: PostgreSQL text holds none (SQLite's store would strip it), and nothing a person
+# writes needs one. Every free-text field states the rule as this pattern; the service's
+# problems and :func:`validation_problems` say it as ``NO_NUL_RULE``.
+NO_NUL_PATTERN = r"^[^\x00]*$"
+NO_NUL_RULE = "a NUL character (\\u0000) cannot be stored or searched for; leave it out"
 
 
 class StagewrightError(ValueError):
@@ -51,7 +63,16 @@ def validation_problems(exc: ValidationError, whole: str = "request") -> str:
     ``dotted.location: message``, joined by '; ' (``whole`` names a problem of the whole
     object)."""
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or whole}: "
-        f"{err['msg'].removeprefix('Value error, ')}"
+        f"{'.'.join(str(p) for p in err['loc']) or whole}: {error_message(err)}"
         for err in exc.errors()
     )
+
+
+def error_message(err: ErrorDetails) -> str:
+    """Pydantic's message of one problem, as a sentence that says what to change."""
+    if (
+        err["type"] == "string_pattern_mismatch"
+        and (err.get("ctx") or {}).get("pattern") == NO_NUL_PATTERN
+    ):  # instead of "String should match pattern '^[^\x00]*$'"
+        return NO_NUL_RULE
+    return err["msg"].removeprefix("Value error, ")

@@ -10,6 +10,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planner.errors import NO_NUL_PATTERN
 from planner.specs import Precision
 
 __all__ = [
@@ -37,8 +38,6 @@ HardwareName = Annotated[
         "(at most 64), e.g. 'a100-sxm-80g'.",
     ),
 ]
-# PostgreSQL text cannot hold NUL characters; nothing a person writes needs one.
-NO_NUL_PATTERN = r"^[^\x00]*$"
 Label = Annotated[str, Field(max_length=200, pattern=NO_NUL_PATTERN)]
 Note = Annotated[str, Field(max_length=2000, pattern=NO_NUL_PATTERN)]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from planner.errors import StagewrightError
+from planner.errors import StagewrightError, error_message
 from planner.json_input import loads
 from planner.measurements import (
     MeasuredRun,
@@ -320,7 +320,7 @@ def _message(err: Any, loc: list[str], models: tuple[type[BaseModel], ...]) -> s
         fields = [n for n, f in models[0].model_fields.items() if f.is_required()]
         name = " (a model's name alone is not looked up)" if loc[0] == "model" else ""
         return f"give an object, not {given!r}{name}, with at least {', '.join(fields)}"
-    return str(err["msg"]).removeprefix("Value error, ")
+    return error_message(err)
 
 
 # 9,984 or 1 024 or 51_200: groups of three digits, as a spreadsheet formats whole numbers.

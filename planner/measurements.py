@@ -41,7 +41,7 @@ from pydantic import (
 
 from planner.costmodel.evaluate import num_stages, split_layers
 from planner.costmodel.flops import model_flops_per_step
-from planner.errors import StagewrightError, validation_problems
+from planner.errors import NO_NUL_PATTERN, StagewrightError, validation_problems
 from planner.launch.config import ExecutorConfig
 from planner.launch.report import RunReport
 from planner.profiles import LayerPoint
@@ -250,7 +250,7 @@ class MeasuredRun(_Spec):
     source: str = Field(
         min_length=1,
         max_length=2000,
-        pattern=r"^[^\x00]*$",
+        pattern=NO_NUL_PATTERN,
         description="Where the numbers come from (paper and table, or who ran it where).",
     )
     measured_on: dt.date | None = Field(

@@ -9,6 +9,7 @@ from pydantic import (
     model_validator,
 )
 
+from planner.errors import NO_NUL_PATTERN
 from planner.specs._common import (
     Spec,
     numbers_not_booleans,
@@ -37,7 +38,10 @@ class ModelSpec(Spec):
     )
 
     name: str = Field(
-        description="A label for the model, e.g. 'gpt3-96b'.", min_length=1, max_length=200
+        description="A label for the model, e.g. 'gpt3-96b' (no NUL character).",
+        min_length=1,
+        max_length=200,
+        pattern=NO_NUL_PATTERN,
     )
     num_layers: int = Field(description="Transformer layers (L).", ge=1)
     hidden_size: int = Field(description="Hidden size (h).", ge=1)

@@ -228,6 +228,65 @@ def test_a_nul_in_a_measurements_filter_is_refused_alike_on_every_backend(client
     assert_problem(client.get("/v1/plans?model=a%00b"), 422, "query.model: a NUL character")
 
 
+def _with_nul(body: dict[str, Any], path: str) -> dict[str, Any]:
+    """A deep copy of ``body`` with "a\x00b" at ``path`` (dotted; numbers index lists)."""
+    out: Any = json.loads(json.dumps(body))
+    *parents, leaf = path.split(".")
+    target = out
+    for part in parents:
+        target = target[int(part)] if isinstance(target, list) else target[part]
+    target[leaf] = "a\x00b"
+    return out
+
+
+_LINK = {"gpu": "cpu", "scope": "intra_node", "kind": "shm", "bandwidth_gbps": 10}
+_LINK |= {"latency_us": 1, "source": "test"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/plans", example("tiny-cpu"), "model.name"),
+        ("/v1/measurements", {"runs": [RUN]}, "runs.0.model.name"),
+        ("/v1/measurements", {"runs": [RUN]}, "runs.0.source"),
+        ("/v1/hardware", H200X, "description"),
+        ("/v1/hardware", H200X, "source"),
+        ("/v1/hardware", H200X, "intra_node.kind"),
+        ("/v1/profiles", {"layers": [POINT]}, "layers.0.source"),
+        ("/v1/profiles", {"links": [_LINK]}, "links.0.kind"),
+        ("/v1/profiles", {"links": [_LINK]}, "links.0.source"),
+    ],
+)
+def test_a_nul_in_any_free_text_of_a_body_is_refused_alike(client, path, body, field):
+    """A model name holding a NUL was stored (201): the plan's listing showed it without
+    the NUL (the store strips it) while its request kept it, and ?model= refuses a NUL, so
+    the plan could not be found by its name. Every text a body carries into the store is
+    refused as hardware descriptions and run sources were."""
+    response = client.post(path, json=_with_nul(body, field))
+    assert_problem(response, 422, f"body.{field}: a NUL character (\\u0000) cannot be stored")
+    assert client.get("/v1/plans").json()["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"k\x00": "v"}, "data has a key 'k\\x00'"),
+        ({"k": "v\x00"}, "data['k']"),
+        ({"k": [{"deep": ["x", "a\x00"]}]}, "data['k'][0]['deep'][1]"),
+    ],
+)
+def test_a_nul_in_a_plan_measurements_data_is_refused(client, data, where):
+    """{"data": {"k\u0000": "v\u0000"}} was stored (201) on SQLite and PostgreSQL."""
+    plan = client.post("/v1/plans", json=example("tiny-cpu"))
+    assert plan.status_code == 201, plan.text
+    url = f"/v1/plans/{plan.json()['id']}/measurements"
+    response = client.post(url, json={"step_time_s": 0.4, "data": data})
+    assert_problem(response, 422, f"body.data: {where}", "a NUL character (\\u0000)")
+    assert client.get(url).json() == []
+    fine = client.post(url, json={"step_time_s": 0.4, "data": {"k": "v"}})
+    assert fine.status_code == 201, fine.text
+
+
 # -- a database that cannot write --------------------------------------------------------
 
 

@@ -165,6 +165,17 @@ def test_invalid_values_name_the_field(capsys, tmp_path):
     assert "not divisible by num_attention_heads" in err
 
 
+def test_a_nul_in_the_model_name_says_the_rule_not_a_pattern(capsys, tmp_path):
+    """The service refuses a model name with a NUL (its store cannot keep one); a request
+    file is the same request, refused with the same words."""
+    data = tiny_request()
+    data["model"]["name"] = "a\x00b"
+    code, out, err = run(capsys, "plan", write(tmp_path, data))
+    assert_one_line_error(code, out, err)
+    assert "model.name: a NUL character (\\u0000) cannot be stored" in err
+    assert "pattern" not in err
+
+
 def test_unknown_gpu_names_the_known_profiles(capsys, tmp_path):
     data = tiny_request()
     data["cluster"]["gpu"] = "b300"

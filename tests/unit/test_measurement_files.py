@@ -60,6 +60,18 @@ def test_json_problems_name_their_row_and_field():
     assert "row 3: field measured.kind is missing: give 'step' or 'pass'" in message
 
 
+def test_a_nul_in_a_runs_text_is_refused_with_the_rule():
+    runs = json.loads(SHIPPED.read_text())["runs"][:2]
+    runs[0]["model"]["name"] = "gpt\x00"
+    runs[1]["source"] = "\x00"
+    with pytest.raises(MeasurementFileError) as caught:
+        parse_runs(json.dumps(runs), "mine.json")
+    message = str(caught.value)
+    rule = "a NUL character (\\u0000) cannot be stored or searched for; leave it out"
+    assert f"row 1: field model.name: {rule}" in message
+    assert f"row 2: field source: {rule}" in message
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
