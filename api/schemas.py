@@ -143,6 +143,15 @@ class LayerPointIn(_ApiModel):
     )
     source: Note = Field(default="", description="Where the point comes from.")
 
+    @model_validator(mode="after")
+    def _a_shape_a_model_can_have(self) -> LayerPointIn:
+        # The checks of a plan request's model and of its tensor-parallel split: a point
+        # no model can have would only raise the hardware's revision (dropping its plans).
+        problem = self.to_point().shape_problem()
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
     def to_point(self) -> LayerPoint:
         return LayerPoint(
             gpu=self.gpu,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.bundled import bundled_dir
-from planner.errors import StagewrightError, validation_problems
+from planner.errors import NO_NUL_RULE, StagewrightError, error_message, validation_problems
 from planner.json_input import loads
 
 if TYPE_CHECKING:
@@ -273,6 +273,45 @@ class LayerPoint:
         second point of the same key replaces the first)."""
         return (self.shape_key(), self.seq_length, self.micro_batch_size)
 
+    def shape_problem(self) -> str | None:
+        """Why no model has a layer of this shape, or None: the checks of a plan request's
+        model (:class:`planner.specs.ModelSpec`: sizes of at least 1, hidden_size a
+        multiple of the heads), in its words, and t splitting the layer as the search
+        requires of every tensor-parallel degree it tries (the heads, the MLP and, with
+        sequence parallelism, the sequence: ``ModelSpec.tensor_split_problems``). The
+        service and the profile files refuse such a point alike."""
+        # Imported here: planner.specs loads the schedule registry, which a profile file's
+        # reader does not otherwise need.
+        from planner.specs import ModelSpec
+
+        try:
+            model = ModelSpec(
+                name="layer point",
+                num_layers=1,
+                vocab_size=1,
+                hidden_size=self.hidden_size,
+                num_attention_heads=self.num_attention_heads,
+                ffn_hidden_size=self.ffn_hidden_size,
+                seq_length=self.seq_length,
+            )
+        except ValidationError as exc:
+            return "; ".join(
+                ".".join(map(str, err["loc"])) + ": " + error_message(err)
+                if err["loc"]
+                else error_message(err)
+                for err in exc.errors()
+            )
+        uneven = model.tensor_split_problems(self.t, split_sequence=self.sequence_parallel)
+        if not uneven:
+            return None
+        return (
+            f"t = {self.t} does not divide "
+            + " or ".join(f"{name} {size}" for name, size in uneven.items())
+            + ": t tensor-parallel ranks split the heads and the MLP (and, with "
+            f"sequence_parallel, the sequence), so no model runs a layer of this shape at "
+            f"t = {self.t}; give the t the point was measured at, or correct the sizes"
+        )
+
 
 class ProfileStore(Protocol):
     """What the planner needs from wherever profiles are kept."""
@@ -495,35 +534,38 @@ def points_from_dict(data: dict[str, object]) -> list[LayerPoint]:
     raw_points = data["points"]
     if not isinstance(raw_points, list) or not all(isinstance(r, dict) for r in raw_points):
         raise ValueError("'points' must be a list of objects, one per measured point")
-    for raw in raw_points:
+    for index, raw in enumerate(raw_points):
         merged = {**shared, **raw}
-        points.append(
-            LayerPoint(
-                gpu=str(merged["gpu"]),
-                precision=str(merged.get("precision", "bf16")),
-                hidden_size=int(merged["hidden_size"]),
-                num_attention_heads=int(merged["num_attention_heads"]),
-                ffn_hidden_size=int(
-                    merged.get("ffn_hidden_size") or 4 * int(merged["hidden_size"])
-                ),
-                seq_length=int(merged["seq_length"]),
-                micro_batch_size=int(merged["micro_batch_size"]),
-                t=int(merged.get("t", 1)),
-                recompute=str(merged.get("recompute", "none")),
-                sequence_parallel=bool(merged.get("sequence_parallel", False)),
-                flash_attention=bool(merged.get("flash_attention", False)),
-                forward_ms=float(merged["forward_ms"]),
-                backward_ms=float(merged["backward_ms"]),
-                weight_ms=None if merged.get("weight_ms") is None else float(merged["weight_ms"]),
-                activation_bytes=None
-                if merged.get("activation_bytes") is None
-                else float(merged["activation_bytes"]),
-                includes_tp_comm=bool(merged.get("includes_tp_comm", True)),
-                source=str(merged.get("source", "")),
-                first_stage_extra_bytes=_optional(merged.get("first_stage_extra_bytes")),
-                last_stage_extra_bytes=_optional(merged.get("last_stage_extra_bytes")),
-            )
+        point = LayerPoint(
+            gpu=str(merged["gpu"]),
+            precision=str(merged.get("precision", "bf16")),
+            hidden_size=int(merged["hidden_size"]),
+            num_attention_heads=int(merged["num_attention_heads"]),
+            ffn_hidden_size=int(merged.get("ffn_hidden_size") or 4 * int(merged["hidden_size"])),
+            seq_length=int(merged["seq_length"]),
+            micro_batch_size=int(merged["micro_batch_size"]),
+            t=int(merged.get("t", 1)),
+            recompute=str(merged.get("recompute", "none")),
+            sequence_parallel=bool(merged.get("sequence_parallel", False)),
+            flash_attention=bool(merged.get("flash_attention", False)),
+            forward_ms=float(merged["forward_ms"]),
+            backward_ms=float(merged["backward_ms"]),
+            weight_ms=None if merged.get("weight_ms") is None else float(merged["weight_ms"]),
+            activation_bytes=None
+            if merged.get("activation_bytes") is None
+            else float(merged["activation_bytes"]),
+            includes_tp_comm=bool(merged.get("includes_tp_comm", True)),
+            source=str(merged.get("source", "")),
+            first_stage_extra_bytes=_optional(merged.get("first_stage_extra_bytes")),
+            last_stage_extra_bytes=_optional(merged.get("last_stage_extra_bytes")),
         )
+        # What POST /v1/profiles refuses, a file's point is refused for too.
+        problem = point.shape_problem()
+        if problem is None and "\x00" in point.source:
+            problem = f"source: {NO_NUL_RULE}"
+        if problem is not None:
+            raise StagewrightError(f"point {index}: {problem}")
+        points.append(point)
     return points
 
 

@@ -140,24 +140,29 @@ def _tensor_split_problem(request: PlanRequest, t: int) -> str | None:
     """Why the model's layers cannot be split over t tensor-parallel GPUs, or None:
     Megatron's column-parallel layers split the heads, the key/value heads and the MLP, and
     with sequence parallelism the layer norms and dropouts split the sequence."""
-    model = request.model
-    split_sequence = request.training.sequence_parallel and t > 1
-    groups = model.query_groups
+    uneven = request.model.tensor_split_problems(
+        t, split_sequence=request.training.sequence_parallel
+    )
     parts = [
-        what
-        for n, what in (
-            (model.num_attention_heads, f"attention heads ({model.num_attention_heads})"),
-            (groups if groups != model.num_attention_heads else 0, f"key/value heads ({groups})"),
-            (model.ffn, f"FFN width ({model.ffn})"),
-            (
-                model.seq_length if split_sequence else 0,
-                f"sequence length ({model.seq_length}), which training.sequence_parallel "
-                "splits over the tensor-parallel ranks (false searches it)",
-            ),
+        f"{_SPLIT_LABELS[name]} ({size})"
+        + (
+            ", which training.sequence_parallel splits over the tensor-parallel ranks (false "
+            "searches it)"
+            if name == "seq_length"
+            else ""
         )
-        if n % t
+        for name, size in uneven.items()
     ]
     return None if not parts else " or ".join(parts)
+
+
+# What :meth:`ModelSpec.tensor_split_problems` names, as the search's notes say it.
+_SPLIT_LABELS = {
+    "num_attention_heads": "attention heads",
+    "num_query_groups": "key/value heads",
+    "ffn_hidden_size": "FFN width",
+    "seq_length": "sequence length",
+}
 
 
 def _listing(values: list[int]) -> str:

@@ -112,6 +112,21 @@ class ModelSpec(Spec):
             )
         return self
 
+    def tensor_split_problems(self, t: int, *, split_sequence: bool = False) -> dict[str, int]:
+        """The sizes t tensor-parallel ranks cannot split evenly, by the field that sets
+        each: Megatron's column-parallel layers split the attention heads, the key/value
+        heads (``num_query_groups``) and the MLP width (``ffn_hidden_size``, the resolved
+        width when it is null) over the ranks, and sequence parallelism (``split_sequence``,
+        at t > 1) splits the sequence. Empty when t splits every one."""
+        groups = self.query_groups
+        sizes = {
+            "num_attention_heads": self.num_attention_heads,
+            "num_query_groups": groups if groups != self.num_attention_heads else 0,
+            "ffn_hidden_size": self.ffn,
+            "seq_length": self.seq_length if split_sequence and t > 1 else 0,
+        }
+        return {name: size for name, size in sizes.items() if size % t}
+
     @property
     def ffn(self) -> int:
         """f: the MLP width (each of swiglu's gate and up projections)."""

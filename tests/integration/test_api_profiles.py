@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import assert_problem
+from tests.integration.conftest import assert_problem, example
 
 H200X: dict[str, Any] = {
     "name": "h200x-test",
@@ -241,6 +241,49 @@ def test_post_profiles_links(client):
     assert response.status_code == 200  # the link existed: replaced, nothing created
     assert response.json()["updated"] == 1 and response.json()["revisions"] == {"cpu": 2}
     assert client.get("/v1/hardware/cpu").json()["inter_node"]["kind"] == "ethernet-100g"
+
+
+@pytest.mark.parametrize(
+    ("changes", "needles"),
+    [
+        (
+            {"t": 3, "num_attention_heads": 16, "hidden_size": 1024},
+            ["t = 3 does not divide num_attention_heads 16 or ffn_hidden_size 4096"],
+        ),
+        (
+            {"num_attention_heads": 7, "hidden_size": 1024},
+            ["hidden_size 1024 is not divisible by num_attention_heads 7"],
+        ),
+        ({"t": 2, "ffn_hidden_size": 1001}, ["t = 2 does not divide ffn_hidden_size 1001"]),
+        (
+            {"t": 2, "sequence_parallel": True, "seq_length": 127},
+            ["t = 2 does not divide seq_length 127", "sequence_parallel"],
+        ),
+    ],
+)
+def test_a_layer_point_no_model_can_have_is_refused_naming_it(client, changes, needles):
+    """t = 3 with 16 heads, or 7 heads of a hidden size of 1024, were stored (201) and
+    raised the profile's revision, dropping its cached plans, where a plan request refuses
+    such a model (or never searches such a t)."""
+    revision = client.get("/v1/hardware/cpu").json()["revision"]
+    stored = client.get("/v1/profiles", params={"gpu": "cpu"}).json()["total_layers"]
+    layers = [POINT, dict(POINT, micro_batch_size=4) | changes]
+    response = client.post("/v1/profiles", json={"layers": layers})
+    problem = assert_problem(response, 422, *(f"body.layers.1: {n}" for n in needles[:1]))
+    for needle in needles[1:]:
+        assert needle in problem["detail"]
+    assert problem["errors"][0]["loc"] == ["body", "layers", 1]
+    assert client.get("/v1/hardware/cpu").json()["revision"] == revision
+    assert client.get("/v1/profiles", params={"gpu": "cpu"}).json()["total_layers"] == stored
+
+
+def test_a_layer_point_is_refused_in_the_words_of_the_plan_request(client):
+    point = dict(POINT, num_attention_heads=7, hidden_size=1024)
+    refused = assert_problem(client.post("/v1/profiles", json={"layers": [point]}), 422)
+    request = example("tiny-cpu")
+    request["model"] |= {"num_attention_heads": 7, "hidden_size": 1024}
+    planned = assert_problem(client.post("/v1/plans", json=request), 422)
+    assert refused["errors"][0]["msg"] == planned["errors"][0]["msg"]
 
 
 def test_post_profiles_errors(make_client):

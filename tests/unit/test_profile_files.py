@@ -51,6 +51,50 @@ def test_a_broken_profile_file_is_named_with_what_is_wrong(tmp_path, name, text,
     assert message in str(refused.value)
 
 
+_POINT = {"gpu": "cpu", "precision": "fp32", "hidden_size": 512, "num_attention_heads": 8}
+_POINT |= {"seq_length": 128, "micro_batch_size": 2, "forward_ms": 3.0, "backward_ms": 4.0}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"t": 3, "num_attention_heads": 16, "hidden_size": 1024}, "point 1: t = 3 does not"),
+        (
+            {"num_attention_heads": 7, "hidden_size": 1024},
+            "point 1: hidden_size 1024 is not divisible by num_attention_heads 7",
+        ),
+        ({"hidden_size": 0}, "point 1: hidden_size: Input should be greater than or equal to 1"),
+        ({"source": "a\x00b"}, "point 1: source: a NUL character (\\u0000) cannot be stored"),
+    ],
+)
+def test_a_layer_point_no_model_can_have_is_refused_as_the_service_refuses_it(
+    tmp_path, changes, message
+):
+    """POST /v1/profiles refuses such a point; a profile folder's layers/*.json (read by
+    `stagewright profiles load`, STAGEWRIGHT_PROFILES and the bundled profiles) took it."""
+    path = tmp_path / "layers" / "mine.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"points": [_POINT, _POINT | {"micro_batch_size": 4} | changes]}))
+    with pytest.raises(StagewrightError) as refused:
+        JsonProfileStore.load(tmp_path)
+    assert str(refused.value).startswith(f"the profile file {path} cannot be used: {message}")
+
+
+def test_profiles_load_refuses_a_layer_point_no_model_can_have(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    folder = tmp_path / "mine"
+    (folder / "layers").mkdir(parents=True)
+    bad = _POINT | {"t": 3, "num_attention_heads": 16, "hidden_size": 1024}
+    (folder / "layers" / "a.json").write_text(json.dumps({"points": [bad]}))
+    assert main(["profiles", "load", str(folder), "--database-url", url]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "point 0: t = 3 does not divide num_attention_heads 16" in err
+    (folder / "layers" / "a.json").write_text(json.dumps({"points": [_POINT]}))
+    assert main(["profiles", "load", str(folder), "--database-url", url]) == 0
+    out, _ = capsys.readouterr()
+    assert f"your profiles ({folder}): 1 created, 0 updated, 0 unchanged" in out
+
+
 def test_plan_with_a_broken_profile_folder_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "hardware.json").write_text('{"hardware": [{"name": "x"}]}')
     monkeypatch.setenv("STAGEWRIGHT_PROFILES", str(tmp_path))
