@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from api.problems import not_json
+from api.problems import ERRORS_LISTED, FirstValidationErrors, not_json
 from api.security import Principal, bearer_scheme, get_principal
 from api.state import AppState
 from planner.json_input import DuplicateKeyError, JsonTooDeepError, loads
@@ -44,11 +44,12 @@ def strict_body(model: type[BaseModel]) -> Callable[[Request], Awaitable[None]]:
         try:
             model.model_validate_json(raw, strict=True)
         except ValidationError as exc:
+            found = exc.errors(include_url=False)
             errors: list[dict[str, Any]] = [
                 {**_said_of_a_boolean(err), "loc": ("body", *err["loc"])}
-                for err in exc.errors(include_url=False)
+                for err in found[:ERRORS_LISTED]
             ]
-            raise RequestValidationError(errors) from None
+            raise FirstValidationErrors(errors, len(found) - len(errors)) from None
 
     return check
 

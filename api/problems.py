@@ -3,9 +3,10 @@
 Every error answer has the media type ``application/problem+json`` and the fields ``type``
 (a ``urn:stagewright:problem:...`` name), ``title``, ``status``, ``detail`` (what went wrong
 and what to change) and ``instance`` (the request path); validation problems add ``errors``
-with one entry per invalid field. Bad input is a 4xx, an unreachable database a 503 with
-Retry-After, and only a bug is a 500, whose body names an id to find the traceback in the
-server log without showing it to the client.
+with one entry per invalid field, the first 20 of them (``errors_not_listed`` counts the
+others), a long value or key they quote cut to its first 64 characters. Bad input is a 4xx,
+an unreachable database a 503 with Retry-After, and only a bug is a 500, whose body names
+an id to find the traceback in the server log without showing it to the client.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from planner.errors import NO_NUL_RULE, ScheduleConfigError, SimulationError, St
 from planner.profiles import UnknownHardwareError
 
 __all__ = [
+    "ERRORS_LISTED",
     "PROBLEM_MEDIA_TYPE",
     "ApiProblem",
+    "FirstValidationErrors",
     "install_problem_handlers",
     "problem_body",
     "problem_response",
@@ -71,6 +74,21 @@ class ApiProblem(Exception):
         self.errors = list(errors) if errors is not None else None
 
 
+ERRORS_LISTED = 20
+"""A problem's ``errors`` lists at most this many entries; ``errors_not_listed`` counts the
+others (a body of 30,000 invalid entries answered 20 MB of them, the detail naming 5)."""
+
+
+class FirstValidationErrors(RequestValidationError):
+    """A validation error that carries the first :data:`ERRORS_LISTED` errors of many, and
+    how many it leaves out (``not_listed``): describing every one of 200,000 took seconds
+    of the event loop."""
+
+    def __init__(self, errors: Sequence[Any], not_listed: int) -> None:
+        super().__init__(errors)
+        self.not_listed = not_listed
+
+
 def problem_body(
     status: int,
     slug: str,
@@ -79,8 +97,11 @@ def problem_body(
     title: str | None = None,
     instance: str | None = None,
     errors: Sequence[Mapping[str, Any]] | None = None,
+    errors_not_listed: int = 0,
     error_id: str | None = None,
 ) -> dict[str, Any]:
+    """The problem document. ``errors`` beyond the first :data:`ERRORS_LISTED` are left out
+    and counted, with ``errors_not_listed`` (the errors the caller left out already)."""
     body: dict[str, Any] = {
         "type": problem_type(slug) if slug != "about:blank" else slug,
         "title": title or HTTPStatus(status).phrase,
@@ -90,7 +111,10 @@ def problem_body(
     if instance is not None:
         body["instance"] = instance
     if errors is not None:
-        body["errors"] = [dict(e) for e in errors]
+        body["errors"] = [dict(e) for e in errors[:ERRORS_LISTED]]
+        errors_not_listed += max(0, len(errors) - ERRORS_LISTED)
+    if errors_not_listed:
+        body["errors_not_listed"] = errors_not_listed
     if error_id is not None:
         body["error_id"] = error_id
     return body
@@ -331,28 +355,57 @@ def _location(loc: Sequence[str | int]) -> str:
     return ".".join(str(part) for part in loc) or "request"
 
 
+def _short(value: str) -> str:
+    """``value`` cut as :func:`echoed` cuts it, unquoted: for a location's key."""
+    if len(value) <= _ECHOED_CHARACTERS:
+        return value
+    return f"{value[:_ECHOED_CHARACTERS]}... ({len(value)} characters)"
+
+
+_LONGEST_MESSAGE = 2000
+
+
 def _message(err: Mapping[str, Any]) -> str:
+    given = err.get("input")
     if err.get("type") == "string_pattern_mismatch":
         rule = _PATTERN_RULES.get(str((err.get("ctx") or {}).get("pattern")))
         if rule is not None:  # instead of "String should match pattern '^[a-z0-9]...'"
-            given = repr(err.get("input"))
-            return f"{rule}; got {given if len(given) <= 80 else given[:77] + '...'}"
+            shown = echoed(given) if isinstance(given, str) else repr(given)[:80]
+            return f"{rule}; got {shown}"
     msg = str(err.get("msg", "invalid value"))
     # Pydantic prefixes the text of a ValueError raised by a validator; ours already reads
     # as a sentence that says what to change.
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix) :]
+    # A validator that names the value it refuses ("unknown schedule 'x...'") would answer a
+    # 500,000-character name with all of it: cut as a 404 cuts a long id.
+    if isinstance(given, str) and len(given) > _ECHOED_CHARACTERS and given in msg:
+        msg = msg.replace(repr(given), echoed(given)).replace(given, _short(given))
+    if len(msg) > _LONGEST_MESSAGE:  # whatever else it quotes
+        msg = f"{msg[:_LONGEST_MESSAGE]}... ({len(msg)} characters)"
     return msg
 
 
+def _item(err: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "loc": [p if isinstance(p, int) else _short(str(p)) for p in err.get("loc", ())],
+        "msg": _message(err),
+        "type": str(err.get("type", "value_error")),
+    }
+
+
 async def _validation(request: Request, exc: Exception) -> Response:
+    """422 naming the invalid fields: the first :data:`ERRORS_LISTED` are described (the
+    work is bounded by that, not by how many a body of a million entries has), the rest
+    counted."""
     assert isinstance(exc, RequestValidationError)
-    raw = list(exc.errors())
-    if any(err.get("type") == "json_invalid" for err in raw):
-        err = next(e for e in raw if e.get("type") == "json_invalid")
-        reason = (err.get("ctx") or {}).get("error", "malformed JSON")
-        position = err.get("loc", ("body",))[-1]
+    raw = exc.errors()
+    first = raw[:ERRORS_LISTED]
+    invalid_json = next((e for e in first if e.get("type") == "json_invalid"), None)
+    if invalid_json is not None:
+        reason = (invalid_json.get("ctx") or {}).get("error", "malformed JSON")
+        position = invalid_json.get("loc", ("body",))[-1]
         where = f" at character {position}" if isinstance(position, int) else ""
         body = problem_body(
             400,
@@ -362,16 +415,14 @@ async def _validation(request: Request, exc: Exception) -> Response:
             instance=_instance(request),
         )
         return problem_response(body)
-    items = [
-        {
-            "loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
-            "msg": _message(err),
-            "type": str(err.get("type", "value_error")),
-        }
-        for err in raw
-    ]
+    total = len(raw) + (exc.not_listed if isinstance(exc, FirstValidationErrors) else 0)
+    items = [_item(err) for err in first]
     shown = "; ".join(f"{_location(item['loc'])}: {item['msg']}" for item in items[:5])
-    more = f" (and {len(items) - 5} more, see errors)" if len(items) > 5 else ""
+    more = ""
+    if total > len(items):
+        more = f" (and {total - 5} more; errors lists the first {len(items)})"
+    elif total > 5:
+        more = f" (and {total - 5} more, see errors)"
     body = problem_body(
         422,
         "validation-error",
@@ -379,6 +430,7 @@ async def _validation(request: Request, exc: Exception) -> Response:
         title="Invalid request",
         instance=_instance(request),
         errors=items,
+        errors_not_listed=total - len(items),
     )
     return problem_response(body)
 

@@ -89,7 +89,13 @@ class Problem(_ApiModel):
     detail: str = Field(description="What went wrong in this request and what to change.")
     instance: str | None = Field(default=None, description="The path or resource concerned.")
     errors: list[ProblemItem] | None = Field(
-        default=None, description="Every invalid field (validation problems only)."
+        default=None,
+        description="The invalid fields (validation problems only): the first 20 of them.",
+    )
+    errors_not_listed: int | None = Field(
+        default=None,
+        description="How many invalid fields beyond those in errors (absent when it lists "
+        "them all).",
     )
     error_id: str | None = Field(
         default=None, description="Internal errors: the id the server log files it under."
