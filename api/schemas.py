@@ -206,7 +206,9 @@ class ProfilesIn(_ApiModel):
     (gpu, precision, sizes, t, recompute, switches) is already stored replaces it."""
 
     layers: list[LayerPointIn] = Field(
-        default_factory=list, description="Layer points, each shape at most once."
+        default_factory=list,
+        fail_fast=True,
+        description="Layer points, each shape at most once.",
     )
     links: list[LinkIn] = Field(
         default_factory=list,
@@ -326,6 +328,7 @@ class MeasurementIn(_ApiModel):
     peak_activation_bytes: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
         default_factory=list,
         max_length=65_536,
+        fail_fast=True,
         description="Peak saved-activation bytes per rank, in rank order: one per rank of "
         "the plan, or none.",
     )

@@ -6,9 +6,17 @@ memory bandwidth used to load and then fail the first plan with a division by ze
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from planner.errors import NO_NUL_PATTERN
 from planner.specs import Precision
@@ -46,6 +54,26 @@ class _ApiModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+def _entries_at_most(limit: int) -> Any:
+    """A validator that refuses an object of more than ``limit`` entries before any entry is
+    checked: pydantic checks a dict's length only after all of its entries, so a 1 MB
+    ``peak_flops`` of made-up precisions was 135,000 errors, and seconds to list them."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, dict) and len(value) > limit:
+            raise PydanticCustomError(
+                "too_long",
+                "Dictionary should have at most {max_length} items, not {actual_length}",
+                {"field_type": "Dictionary", "max_length": limit, "actual_length": len(value)},
+            )
+        return value
+
+    return BeforeValidator(check)
+
+
+_MAX_PARAMETERS = 256
+
+
 class LinkSpec(_ApiModel):
     """One kind of link between devices."""
 
@@ -78,7 +106,10 @@ class HardwareIn(_ApiModel):
 
     name: HardwareName
     description: Note = Field(default="", description="What the hardware is.")
-    peak_flops: dict[Precision, Annotated[float, Field(gt=0, le=1e18)]] = Field(
+    peak_flops: Annotated[
+        dict[Precision, Annotated[float, Field(gt=0, le=1e18)]],
+        _entries_at_most(len(get_args(Precision))),
+    ] = Field(
         min_length=1, description="Peak dense matrix FLOP/s per precision, e.g. {'bf16': 312e12}."
     )
     memory_gib: float = Field(gt=0, le=1e5, description="Device memory in GiB.")
@@ -94,9 +125,11 @@ class HardwareIn(_ApiModel):
         description="SM count, L2 bandwidth and GEMM tiles for the shape-aware layer model; "
         "null prices GEMMs without tile and wave quantization.",
     )
-    parameters: dict[Annotated[str, Field(max_length=64)], float] = Field(
+    parameters: Annotated[
+        dict[Annotated[str, Field(max_length=64)], float], _entries_at_most(_MAX_PARAMETERS)
+    ] = Field(
         default_factory=dict,
-        max_length=256,
+        max_length=_MAX_PARAMETERS,
         description="Overrides of the cost model's free parameters, {name: value}; each name "
         "must be a registered parameter (e.g. 'gemm_efficiency') and each value within "
         "its bounds. Parameters not named keep their defaults.",

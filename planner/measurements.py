@@ -98,10 +98,12 @@ class RunConfig(_Spec):
     schedule: ScheduleName = Field(description="Pipeline schedule that ran.")
     layers_per_stage: list[int] | None = Field(
         default=None,
+        fail_fast=True,
         description="Transformer layers per stage; null means the planner's even split.",
     )
     recompute_per_stage: list[RecomputeSplit] | None = Field(
         default=None,
+        fail_fast=True,
         description="Per stage, layers per recompute mode (a CP-SAT plan); null: all "
         "``recompute``.",
     )
@@ -149,6 +151,7 @@ class StepMeasurement(_Spec):
     )
     peak_memory_gib: list[Annotated[float, Field(gt=0, le=1e5)]] | None = Field(
         default=None,
+        fail_fast=True,
         description="Peak memory of each pipeline device (p entries, GiB), where known.",
     )
 

@@ -91,6 +91,7 @@ class SearchSpec(Spec):
 
     schedules: list[ScheduleName] = Field(
         default_factory=lambda: default_schedules(allow_stale_weights=False),
+        fail_fast=True,
         description="Pipeline schedules to consider. Omitted: every registered schedule that "
         "trains like a single process (synchronous), and with allow_stale_weights also the "
         "ones that update weights from stale gradients.",
@@ -111,16 +112,19 @@ class SearchSpec(Spec):
     )
     recompute: list[Recompute] = Field(
         default_factory=lambda: list[Recompute](["none", "selective", "full"]),
+        fail_fast=True,
         description="Activation recomputation modes to consider.",
         min_length=1,
     )
     micro_batch_sizes: list[int] | None = Field(
         default=None,
+        fail_fast=True,
         description="Micro-batch sizes to consider; null means 1, 2, 4, 8 (those that divide "
         "the batch).",
     )
     context_parallel: list[int] | None = Field(
         default=None,
+        fail_fast=True,
         description="Context-parallel degrees (cp) to consider: the sequence of each sample "
         "is split over cp ranks and attention runs as a ring passing key/value chunks. null "
         "means 1 without flash attention (Megatron-LM runs context parallelism only through "
@@ -130,6 +134,7 @@ class SearchSpec(Spec):
     num_chunks: list[int] = Field(
         default_factory=lambda: list(DEFAULT_NUM_CHUNKS),
         min_length=1,
+        fail_fast=True,
         description="Chunks (stages) per device, v, searched for the schedules whose devices "
         "hold several (interleaved, bpipe-interleaved): every v listed whose p x v stages "
         "each get a layer (the end stages may hold only the embedding or the output layer) "

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from api.problems import ERRORS_LISTED
 from tests.integration.conftest import assert_problem, example
+from tests.integration.test_api_profiles import H200X
+from tests.reliability.test_inputs import RUN
 
 
 def _with(section: str, **fields: Any) -> dict[str, Any]:
@@ -72,3 +76,64 @@ def test_a_long_unknown_key_is_cut_in_the_location(client):
     assert error["loc"][:2] == ["body", "model"]
     assert error["loc"][2] == "k" * 64 + "... (500000 characters)"
     assert len(response.content) < 5_000
+
+
+# -- a list stops at its first invalid entry, an object over its size before its entries -----
+
+
+def _locations(problem: dict[str, Any]) -> list[list[Any]]:
+    return [error["loc"] for error in problem["errors"]]
+
+
+def test_a_list_of_invalid_layer_points_is_checked_up_to_the_first(client):
+    response = client.post("/v1/profiles", json={"layers": [{}] * 50})
+    problem = assert_problem(response, 422, "body.layers.0.gpu: Field required")
+    assert {tuple(loc[:3]) for loc in _locations(problem)} == {("body", "layers", 0)}
+    assert "errors_not_listed" not in problem  # was 350 errors: 7 per point
+
+
+@pytest.mark.parametrize(
+    ("field", "values"),
+    [
+        ("micro_batch_sizes", ["a", "b", 2]),
+        ("context_parallel", ["a", "b"]),
+        ("num_chunks", ["a", "b"]),
+        ("recompute", ["sometimes", "never"]),
+        ("schedules", ["1f1b", "zero-bubble", "pipedream"]),
+    ],
+)
+def test_a_search_list_is_checked_up_to_its_first_invalid_entry(client, field, values):
+    response = client.post("/v1/plans", json=_with("search", **{field: values}))
+    problem = assert_problem(response, 422, f"body.search.{field}.")
+    (error,) = problem["errors"]
+    assert error["loc"][:3] == ["body", "search", field]
+
+
+def test_a_measured_runs_list_of_stages_is_checked_up_to_its_first_invalid_entry(client):
+    run = {**RUN, "config": {**RUN["config"], "layers_per_stage": ["a"] * 500}}
+    problem = assert_problem(client.post("/v1/measurements", json={"runs": [run]}), 422)
+    stages = [loc for loc in _locations(problem) if "layers_per_stage" in loc]
+    assert stages == [["body", "runs", 0, "config", "layers_per_stage", 0]]
+
+
+def test_a_plan_measurement_is_checked_up_to_its_first_invalid_peak(client):
+    body = {"step_time_s": 1.0, "peak_activation_bytes": ["a"] * 1000}
+    problem = assert_problem(client.post("/v1/plans/any/measurements", json=body), 422)
+    assert _locations(problem) == [["body", "peak_activation_bytes", 0]]
+
+
+@pytest.mark.parametrize(
+    ("field", "entries", "limit"),
+    [
+        ("peak_flops", {f"fp{i}": 1.0e15 for i in range(1000)}, 3),
+        ("parameters", {f"p{i}": "high" for i in range(1000)}, 256),
+    ],
+)
+def test_a_hardware_object_over_its_size_is_refused_before_its_entries(
+    client, field, entries, limit
+):
+    response = client.post("/v1/hardware", json={**H200X, field: entries})
+    problem = assert_problem(response, 422, f"body.{field}: Dictionary should have at most")
+    (error,) = problem["errors"]  # was 1,000 entries: one per made-up key or value
+    assert error["loc"] == ["body", field]
+    assert error["msg"] == f"Dictionary should have at most {limit} items, not 1000"
