@@ -14,6 +14,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
+from api.limits import check_list_lengths
 from api.problems import ERRORS_LISTED, FirstValidationErrors, not_json
 from api.security import Principal, bearer_scheme, get_principal
 from api.state import AppState
@@ -37,10 +38,17 @@ WRITE = [Security(bearer_scheme)]
 def strict_body(model: type[BaseModel]) -> Callable[[Request], Awaitable[None]]:
     """A dependency that validates the JSON body against ``model`` in strict mode: what the
     schema says is what is accepted (no "128" for 128, no 0 for false). FastAPI's own body
-    validation coerces; this runs first and refuses instead, with the same 422 shape."""
+    validation coerces; this runs first and refuses instead, with the same 422 shape. The
+    lists a setting bounds are measured before (``api.limits.check_list_lengths``)."""
 
     async def check(request: Request) -> None:
         raw = await request.body()  # already read (and cached) by FastAPI
+        try:
+            parsed = await request.json()  # parsed once by JsonBodyRoute
+        except ValueError:
+            pass  # not JSON: the model's validation says so
+        else:
+            check_list_lengths(model, parsed, get_state(request).settings)
         try:
             model.model_validate_json(raw, strict=True)
         except ValidationError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.core.config import ENV_PREFIX, Settings
@@ -28,7 +29,7 @@ from api.problems import (
     problem_response,
     too_costly,
 )
-from api.schemas import SimulateRequest
+from api.schemas import ProfilesIn, SimulateRequest
 from planner.errors import ScheduleConfigError
 from planner.schedules import (
     NUM_BATCHES,
@@ -44,6 +45,7 @@ __all__ = [
     "MAX_MICRO_BATCH",
     "MODEL_LIMITS",
     "BodyLimitMiddleware",
+    "check_list_lengths",
     "check_plan_request",
     "check_simulate_request",
 ]
@@ -151,6 +153,47 @@ def _raise(errors: list[dict[str, Any]]) -> None:
         raise limit_exceeded(f"the request is beyond this server's limits: {shown}", errors)
 
 
+# The lists whose length a setting bounds, per body model: where the list is, the setting,
+# what its entries are, the limit's unit and what to do instead.
+_LIST_LIMITS: dict[type[BaseModel], tuple[tuple[tuple[str, ...], str, str, str, str], ...]] = {
+    PlanRequest: (
+        (("search", "micro_batch_sizes"), "max_list_items", "sizes", "entries", "list fewer"),
+        (("search", "num_chunks"), "max_list_items", "chunk counts", "entries", "list fewer"),
+    ),
+    ProfilesIn: (
+        (
+            ("layers",),
+            "max_profile_points",
+            "layer points",
+            "per request",
+            "send them in several requests",
+        ),
+    ),
+}
+
+
+def check_list_lengths(model: type[BaseModel], body: Any, settings: Settings) -> None:
+    """422 for a list over its setting's limit, read from the parsed JSON before ``model``
+    validates it: pydantic checks (and reports) every entry first, and 150,000 strings for
+    micro-batch sizes were 150,000 errors before the limit of 16 was looked at. Whatever
+    is not a list there is left to the model to refuse."""
+    errors = []
+    for path, setting, entries, unit, instead in _LIST_LIMITS.get(model, ()):
+        value = body
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        limit = getattr(settings, setting)
+        if isinstance(value, list) and len(value) > limit:
+            errors.append(
+                limit_error(
+                    list(path),
+                    f"{len(value)} {entries} is above this server's limit of {limit} {unit}; "
+                    f"{instead}, or " + _raise_setting((setting, len(value))),
+                )
+            )
+    _raise(errors)
+
+
 def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRequest, list[str]]:
     """The request as it will be planned, and warnings about what the server changed.
 
@@ -195,26 +238,8 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
                 + _raise_setting(("max_top_k", search.top_k)),
             )
         )
-    sizes = search.micro_batch_sizes or []
-    if len(sizes) > settings.max_list_items:
-        errors.append(
-            limit_error(
-                ["search", "micro_batch_sizes"],
-                f"{len(sizes)} sizes is above this server's limit of {settings.max_list_items} "
-                "entries; list fewer, or " + _raise_setting(("max_list_items", len(sizes))),
-            )
-        )
-    chunks = search.num_chunks
-    if len(chunks) > settings.max_list_items:
-        errors.append(
-            limit_error(
-                ["search", "num_chunks"],
-                f"{len(chunks)} chunk counts is above this server's limit of "
-                f"{settings.max_list_items} entries; list fewer, or "
-                + _raise_setting(("max_list_items", len(chunks))),
-            )
-        )
-    too_big = [s for s in sizes if s > MAX_MICRO_BATCH]
+    # The lists' lengths were checked before the body was validated (check_list_lengths).
+    too_big = [s for s in search.micro_batch_sizes or [] if s > MAX_MICRO_BATCH]
     if too_big:
         errors.append(
             limit_error(

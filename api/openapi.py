@@ -54,6 +54,7 @@ def _limits(schema: dict[str, Any], settings: Settings) -> None:
         for branch in chunks.get("anyOf", [chunks]):
             if branch.get("type") == "array":
                 branch["maxItems"] = settings.max_list_items
+    _set(schema, "ProfilesIn", "layers", maxItems=settings.max_profile_points)
     post = schema.get("paths", {}).get("/v1/plans", {}).get("post", {})
     for parameter in post.get("parameters", []):
         if parameter.get("name") == "wait_s":

@@ -89,12 +89,7 @@ def read_profiles(state: AppState, *, gpu: str | None, limit: int, offset: int) 
 def write_profiles(state: AppState, body: ProfilesIn) -> ProfilesWriteResult:
     """Store layer points and links (a point of a stored shape replaces it) in one
     transaction: every hardware touched is locked first, and its revision raised once."""
-    limit = state.settings.max_profile_points
-    if len(body.layers) > limit:
-        raise problems.limit_exceeded(
-            f"{len(body.layers)} layer points is above this server's limit of {limit} per "
-            "request; send them in several requests"
-        )
+    # The number of points was checked before the body was validated (check_list_lengths).
     gpus = {p.gpu for p in body.layers} | {link.gpu for link in body.links}
     report = WriteReport()
     with state.database.session(write=True) as session:

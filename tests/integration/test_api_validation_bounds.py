@@ -137,3 +137,45 @@ def test_a_hardware_object_over_its_size_is_refused_before_its_entries(
     (error,) = problem["errors"]  # was 1,000 entries: one per made-up key or value
     assert error["loc"] == ["body", field]
     assert error["msg"] == f"Dictionary should have at most {limit} items, not 1000"
+
+
+# -- a list over its server's limit is refused before its entries are checked -----------------
+
+
+@pytest.mark.parametrize("length", [17, 150_000])
+def test_micro_batch_sizes_over_the_limit_are_refused_before_their_entries(client, length):
+    """The 16-entry limit was checked after every entry: 150,000 strings answered 17.9 MB
+    of 'Input should be a valid integer' and never said the list was too long."""
+    response = client.post("/v1/plans", json=_with("search", micro_batch_sizes=["a"] * length))
+    problem = assert_problem(
+        response,
+        422,
+        f"search.micro_batch_sizes: {length} sizes is above this server's limit of 16 entries",
+        f"STAGEWRIGHT_MAX_LIST_ITEMS={length} ",
+    )
+    assert problem["type"] == "urn:stagewright:problem:limit-exceeded"
+    assert [error["type"] for error in problem["errors"]] == ["limit"]
+
+
+def test_chunk_counts_over_the_limit_are_refused_before_their_entries(make_client):
+    client = make_client(max_list_items=3)
+    request = _with("search", schedules=["interleaved"], num_chunks=["two"] * 4)
+    problem = assert_problem(
+        client.post("/v1/plans", json=request), 422, "4 chunk counts", "limit of 3 entries"
+    )
+    assert problem["type"] == "urn:stagewright:problem:limit-exceeded"
+
+
+def test_layer_points_over_the_limit_are_refused_before_their_entries(make_client):
+    client = make_client(max_profile_points=2)
+    response = client.post("/v1/profiles", json={"layers": [{}] * 3})
+    problem = assert_problem(
+        response,
+        422,
+        "3 layer points is above this server's limit of 2 per request",
+        "STAGEWRIGHT_MAX_PROFILE_POINTS=3 ",
+    )
+    assert [error["loc"] for error in problem["errors"]] == [["body", "layers"]]
+    document = client.get("/openapi.json").json()["components"]["schemas"]
+    layers = document.get("ProfilesIn-Input", document.get("ProfilesIn"))["properties"]["layers"]
+    assert layers["maxItems"] == 2
