@@ -31,6 +31,7 @@ class MeasuredRunsIn(_ApiModel):
     runs: list[MeasuredRun] = Field(
         min_length=1,
         max_length=MAX_RUNS_PER_REQUEST,
+        fail_fast=True,
         description=f"The runs (at most {MAX_RUNS_PER_REQUEST}; send more in several requests).",
     )
 

@@ -13,7 +13,7 @@ import pytest
 from api.problems import ERRORS_LISTED
 from tests.integration.conftest import assert_problem, example
 from tests.integration.test_api_profiles import H200X
-from tests.reliability.test_inputs import RUN
+from tests.integration.test_measured_runs import RUN
 
 
 def _with(section: str, **fields: Any) -> dict[str, Any]:
@@ -179,3 +179,11 @@ def test_layer_points_over_the_limit_are_refused_before_their_entries(make_clien
     document = client.get("/openapi.json").json()["components"]["schemas"]
     layers = document.get("ProfilesIn-Input", document.get("ProfilesIn"))["properties"]["layers"]
     assert layers["maxItems"] == 2
+
+
+def test_measured_runs_are_checked_up_to_the_first_invalid_run(client):
+    """A thousand runs of empty sections were 18,000 errors from a 76 kB body."""
+    empty = {"model": {}, "cluster": {}, "training": {}, "config": {}, "measured": {}}
+    response = client.post("/v1/measurements", json={"runs": [RUN, empty, empty, RUN, empty]})
+    problem = assert_problem(response, 422, "body.runs.1.model.name: Field required")
+    assert {tuple(loc[:3]) for loc in _locations(problem)} == {("body", "runs", 1)}
