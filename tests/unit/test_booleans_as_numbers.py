@@ -5,6 +5,7 @@ belongs, naming the field: ``model.num_layers: a number is needed, not true``.""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -238,3 +239,20 @@ def test_a_field_that_takes_a_boolean_keeps_taking_it():
 
     m = M.model_validate({"either": True, "anything": False})
     assert (m.either, m.anything) == (True, False)
+
+
+def test_a_long_list_of_numbers_is_looked_through_in_one_pass():
+    """A call per entry took 0.3 s (on a server's event loop) for the 250,000 strings of a
+    1 MB context_parallel, before the list's own checks refused it."""
+    refused = json.dumps({"context_parallel": [1] * 200_000 + [True]})
+    with pytest.raises(ValidationError) as caught:
+        SearchSpec.model_validate_json(refused)
+    assert "a number is needed, not true (entry 200000)" in str(caught.value)
+    text = json.dumps({"context_parallel": ["a"] * 250_000})
+    seconds = []
+    for _ in range(5):
+        started = time.process_time()
+        with pytest.raises(ValidationError):
+            SearchSpec.model_validate_json(text, strict=True)
+        seconds.append(time.process_time() - started)
+    assert min(seconds) < 0.05, seconds  # 0.09 s with a call per entry, 0.025 s in one pass
