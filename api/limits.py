@@ -199,7 +199,19 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
 
     Raises ApiProblem 422 (listing every limit broken, each with its value) for a search
     bigger than this server takes; lowers a CP-SAT search's time_limit_s to the server's
-    CP-SAT cap."""
+    CP-SAT cap, and the default top_k of a request that names none to the server's
+    limit."""
+    warnings = []
+    search = request.search
+    if search.top_k > settings.max_top_k and "top_k" not in search.model_fields_set:
+        # The planner's default, not a number the client sent: refusing it ("top_k: 10 is
+        # above this server's limit of 5") named a value the request does not hold.
+        warnings.append(
+            f"search.top_k not given: {settings.max_top_k} candidates (this server's limit) "
+            f"rather than the default {search.top_k}"
+        )
+        search = search.model_copy(update={"top_k": settings.max_top_k})
+        request = request.model_copy(update={"search": search})
     errors: list[dict[str, Any]] = []
     for (part, name), ceiling in MODEL_LIMITS.items():
         value = getattr(getattr(request, part), name)
@@ -228,7 +240,6 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
                 + _raise_setting(("max_global_batch_size", batch)),
             )
         )
-    search = request.search
     if search.top_k > settings.max_top_k:
         errors.append(
             limit_error(
@@ -249,7 +260,6 @@ def check_plan_request(request: PlanRequest, settings: Settings) -> tuple[PlanRe
         )
     _raise(errors)
     _check_search_cost(request, settings)
-    warnings = []
     cap = settings.max_cpsat_time_s
     # Only CP-SAT runs for time_limit_s: a grid request carries the default (any other
     # value is refused), and lowering it would echo a request that is refused when posted

@@ -14,6 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from api.core.config import Settings
 from api.limits import MAX_MICRO_BATCH, MODEL_LIMITS
 from api.schemas import Problem
+from planner.specs import SearchSpec
 
 __all__ = ["openapi_document"]
 
@@ -43,7 +44,9 @@ def _limits(schema: dict[str, Any], settings: Settings) -> None:
         _set(schema, _SPEC_SCHEMAS[part], field, maximum=ceiling)
     _set(schema, "ClusterSpec", "num_nodes", maximum=settings.max_gpus)
     _set(schema, "TrainingSpec", "global_batch_size", maximum=settings.max_global_batch_size)
-    _set(schema, "SearchSpec", "top_k", maximum=settings.max_top_k)
+    # A request that names no top_k gets the default, or the server's limit if lower.
+    top_k = min(SearchSpec.model_fields["top_k"].default, settings.max_top_k)
+    _set(schema, "SearchSpec", "top_k", maximum=settings.max_top_k, default=top_k)
     for component in _components(schema, "SearchSpec"):
         sizes = component.get("properties", {}).get("micro_batch_sizes", {})
         for branch in sizes.get("anyOf", [sizes]):

@@ -258,6 +258,28 @@ def test_search_space_limits_are_422_with_the_limit(make_client):
     )
 
 
+def test_a_request_without_top_k_gets_a_server_limit_below_the_default(make_client):
+    """With STAGEWRIGHT_MAX_TOP_K under 10, every request that named no top_k was refused
+    with 'top_k: 10 is above this server's limit of 3', a value it never sent."""
+    client = make_client(planner=real_plan, max_top_k=3)
+    request = example("tiny-cpu")
+    del request["search"]["top_k"]
+    response = client.post("/v1/plans", json=request)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["request"]["search"]["top_k"] == 3 and len(plan["candidates"]) == 3
+    assert (
+        "search.top_k not given: 3 candidates (this server's limit) rather than the "
+        "default 10" in plan["warnings"]
+    )
+    # A top_k the client sends is its own: over the limit, still refused.
+    request["search"]["top_k"] = 4
+    assert_problem(client.post("/v1/plans", json=request), 422, "top_k: 4 is above", "of 3")
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    top_k = schemas.get("SearchSpec-Input", schemas.get("SearchSpec"))["properties"]["top_k"]
+    assert (top_k["default"], top_k["maximum"]) == (3, 3)
+
+
 def test_cpsat_time_is_capped_with_a_warning(make_client):
     seen = []
 
