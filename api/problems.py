@@ -201,13 +201,19 @@ def too_costly(detail: str, errors: Sequence[Mapping[str, Any]] | None = None) -
     return ApiProblem(413, "request-too-costly", detail, title="Request too costly", errors=errors)
 
 
+QUEUE_RETRY_AFTER_S = 30
+
+
 def queue_full(queued: int) -> ApiProblem:
+    """503: the queue holds ``queued`` searches, the server's limit. The detail and the
+    Retry-After header name the same wait (the detail said "a minute" beside 30 s)."""
+    waiting = "1 search is" if queued == 1 else f"{queued} searches are"
     return ApiProblem(
         503,
         "queue-full",
-        f"{queued} searches are waiting, this server's limit; retry in a minute",
+        f"{waiting} waiting, this server's limit; retry in {QUEUE_RETRY_AFTER_S} s",
         title="Planner queue full",
-        headers={"Retry-After": "30"},
+        headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)},
     )
 
 

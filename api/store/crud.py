@@ -56,7 +56,7 @@ class QueueFull(Exception):
     """The queue holds ``queued`` searches, the server's limit: nothing was stored."""
 
     def __init__(self, queued: int) -> None:
-        super().__init__(f"{queued} searches are waiting")
+        super().__init__(f"{queued} search{'' if queued == 1 else 'es'} waiting")
         self.queued = queued
 
 

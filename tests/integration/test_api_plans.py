@@ -332,8 +332,10 @@ def test_full_queue_is_503_with_retry_after(make_client, database_url):
             max_queued=1,
         )
     response = client.post("/v1/plans", json=tiny(**{"training.global_batch_size": 20}))
-    assert_problem(response, 503, "1 searches are waiting", "retry")
-    assert response.headers["retry-after"] == "30"
+    # The detail's wait is the header's (it said "retry in a minute" beside 30 s).
+    problem = assert_problem(response, 503, "1 search is waiting, this server's limit")
+    seconds = response.headers["retry-after"]
+    assert problem["detail"].endswith(f"; retry in {seconds} s") and seconds == "30"
 
 
 def test_a_planner_error_in_the_job_is_422_and_stored(make_client):
