@@ -270,12 +270,18 @@ def unauthorized_body(detail: str, instance: str) -> dict[str, Any]:
 
 
 def body_too_large_body(size: int | None, limit: int, instance: str) -> dict[str, Any]:
-    told = f"is {size:,} bytes" if size is not None else "is larger than that"
+    """413. ``size`` is the Content-Length, or None for a body sent without one (chunked),
+    refused as soon as more than ``limit`` bytes of it arrived."""
+    told = (
+        f"the request body is {size:,} bytes"
+        if size is not None
+        else "the request body (sent without a Content-Length) grew past that"
+    )
     return problem_body(
         413,
         "body-too-large",
-        f"the request body {told}; this server accepts at most {limit:,} bytes "
-        "(send fewer entries per request, e.g. split a profile upload)",
+        f"this server accepts a request body of at most {limit:,} bytes, and {told}; send "
+        "fewer entries per request (e.g. split a profile upload)",
         title="Request body too large",
         instance=instance,
     )
