@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from api.limits import check_list_lengths
-from api.problems import ERRORS_LISTED, FirstValidationErrors, not_json
+from api.problems import ERRORS_LISTED, FirstValidationErrors, empty_body, not_json
 from api.security import Principal, bearer_scheme, get_principal
 from api.state import AppState
 from planner.json_input import DuplicateKeyError, JsonTooDeepError, loads
@@ -43,6 +43,8 @@ def strict_body(model: type[BaseModel]) -> Callable[[Request], Awaitable[None]]:
 
     async def check(request: Request) -> None:
         raw = await request.body()  # already read (and cached) by FastAPI
+        if not raw.strip():
+            raise empty_body(model.__name__)
         try:
             parsed = await request.json()  # parsed once by JsonBodyRoute
         except ValueError:

@@ -184,6 +184,18 @@ def not_json(content_type: str | None) -> ApiProblem:
     )
 
 
+def empty_body(expected: str) -> ApiProblem:
+    """400: a write sent without a body (``curl -X POST URL`` with no ``-d``), which read as
+    'not valid JSON (EOF while parsing a value at line 1 column 0)'."""
+    return ApiProblem(
+        400,
+        "empty-body",
+        f"the request body is empty; send a JSON object ({expected}, described at /docs) "
+        "with Content-Type: application/json",
+        title="Empty request body",
+    )
+
+
 def limit_error(loc: Sequence[str | int], message: str) -> dict[str, Any]:
     """One entry of a limit problem's ``errors``: where, and the limit with the value."""
     return {"loc": ["body", *loc], "msg": message, "type": "limit"}

@@ -74,7 +74,23 @@ def test_json_media_types_are_read_as_json(client):
         assert response.status_code == 200, (content_type, response.text)
     # An empty body keeps its own answer, whatever it is labelled.
     empty = client.post("/v1/simulate", content=b"", headers={"content-type": "text/plain"})
-    assert_problem(empty, 400, "not valid JSON")
+    assert_problem(empty, 400, "the request body is empty")
+
+
+@pytest.mark.parametrize(("path", "body"), BODIES, ids=[p for p, _ in BODIES])
+def test_a_write_without_a_body_says_the_body_is_empty_and_what_to_send(client, path, body):
+    """`curl -X POST URL` without -d read as 'not valid JSON (EOF while parsing a value at
+    line 1 column 0)'."""
+    for headers in ({}, {"content-type": "application/json"}):
+        problem = assert_problem(
+            client.post(path, content=b"", headers=headers),
+            400,
+            "the request body is empty; send a JSON object (",
+            ", described at /docs) with Content-Type: application/json",
+        )
+        assert problem["type"] == "urn:stagewright:problem:empty-body"
+        assert "EOF" not in problem["detail"]
+    assert client.get("/v1/plans").json()["total"] == 0
 
 
 def test_the_openapi_document_lists_415_on_every_write():
