@@ -1,13 +1,16 @@
-"""Unknown or repeated query parameters are refused, not ignored.
+"""Unknown, repeated or empty query parameters are refused, not ignored.
 
 FastAPI reads the query parameters a route declares and drops any other silently, so a
 misspelt one (``?include_rejcted=true``) would answer as if it were not there; and of a
 parameter given twice (``?status=done&status=failed``) it reads the last and drops the
-other. Every route of the API (those in its OpenAPI document; not the dashboard's pages)
-runs :func:`no_unknown_query_parameters` first: a parameter the route does not declare, or
-one of its parameters given more than once, is a 422 naming it (and the ones the route
-takes), through the same problem+json handler as every other validation error. (No route
-takes a list in its query; one that did would read every value and is left alone.)
+other. An empty value meant whatever its parameter made of it: ``?source=`` matched every
+measured run, ``?model=`` no plan or run, ``?gpu=`` broke the name's rule. Every route of
+the API (those in its OpenAPI document; not the dashboard's pages) runs
+:func:`no_unknown_query_parameters` first: a parameter the route does not declare, one of
+its parameters given more than once, or one given empty, is a 422 naming it (and the ones
+the route takes, or that it can be left out), through the same problem+json handler as
+every other validation error. (No route takes a list in its query; one that did would read
+every value and is left alone.)
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _takes_several(annotation: Any) -> bool:
 
 async def no_unknown_query_parameters(request: Request) -> None:
     """Refuse the request (422) when its query names a parameter its route does not take,
-    or gives one that takes a single value more than once."""
+    gives one that takes a single value more than once, or gives one empty."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute) or not request.query_params:
         return
@@ -68,6 +71,14 @@ async def no_unknown_query_parameters(request: Request) -> None:
         "repeated_query_parameter",
         sorted(name for name, n in given.items() if n > 1 and not declared[name]),
         lambda name: f"query parameter {name!r} is given {given[name]} times; give it once",
+    )
+    _refuse(
+        request,
+        "empty_query_parameter",
+        sorted({name for name, value in request.query_params.multi_items() if value == ""}),
+        lambda name: (
+            f"query parameter {name!r} is empty; give it a value, or leave the parameter out"
+        ),
     )
 
 

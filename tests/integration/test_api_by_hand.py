@@ -124,6 +124,36 @@ def test_a_query_parameter_given_twice_is_refused_naming_it(client, url, name):
     ]
 
 
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        ("/v1/measurements?source=", "source"),  # listed every run
+        ("/v1/measurements?model=", "model"),  # listed none
+        ("/v1/measurements?gpu=", "gpu"),  # "hardware names are lower-case letters, ..."
+        ("/v1/plans?model=", "model"),  # listed none
+        ("/v1/plans?gpu=&limit=5", "gpu"),
+        ("/v1/plans?status=", "status"),
+        ("/v1/profiles?gpu=", "gpu"),
+        ("/v1/plans?limit=", "limit"),
+    ],
+)
+def test_an_empty_query_parameter_is_refused_saying_to_leave_it_out(client, url, name):
+    """An empty filter meant three things: every run (source), nothing (model), a broken
+    name rule (gpu)."""
+    assert client.post("/v1/measurements", json={"runs": [MEASURED_RUN]}).status_code == 201
+    body = assert_problem(client.get(url), 422, f"query parameter {name!r} is empty")
+    assert body["errors"] == [
+        {
+            "loc": ["query", name],
+            "msg": f"query parameter {name!r} is empty; give it a value, or leave the "
+            "parameter out",
+            "type": "empty_query_parameter",
+        }
+    ]
+    assert client.get(url.replace(f"{name}=", "other=")).status_code == 422  # unknown
+    assert client.get(url.split("?")[0]).status_code == 200
+
+
 def test_a_plan_post_with_a_repeated_wait_is_refused_before_any_search(make_client):
     client = make_client(planner=real_plan)
     refused = client.post("/v1/plans?wait_s=0&wait_s=20", json=example("tiny-cpu"))
