@@ -18,11 +18,10 @@ from pydantic import (
     model_validator,
 )
 
-from planner.errors import NO_NUL_RULE
+from planner.errors import NO_NUL_PATTERN, NO_NUL_RULE
 from planner.hardware_spec import (
     HARDWARE_NAME_PATTERN,
     HARDWARE_NAME_RULE,
-    NO_NUL_PATTERN,
     HardwareIn,
     HardwareName,
     LinkSpec,

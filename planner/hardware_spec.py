@@ -24,7 +24,6 @@ from planner.specs import Precision
 __all__ = [
     "HARDWARE_NAME_PATTERN",
     "HARDWARE_NAME_RULE",
-    "NO_NUL_PATTERN",
     "ComputeSpec",
     "HardwareIn",
     "HardwareName",
