@@ -27,7 +27,13 @@ from starlette.responses import Response
 from api.core.db import is_unavailable, storage_trouble
 from api.head_requests import serves
 from api.schemas import HARDWARE_NAME_PATTERN, HARDWARE_NAME_RULE, NO_NUL_PATTERN
-from planner.errors import NO_NUL_RULE, ScheduleConfigError, SimulationError, StagewrightError
+from planner.errors import (
+    NO_NUL_RULE,
+    ScheduleConfigError,
+    SimulationError,
+    StagewrightError,
+    error_message,
+)
 from planner.profiles import UnknownHardwareError
 
 __all__ = [
@@ -396,12 +402,9 @@ def _message(err: Mapping[str, Any]) -> str:
         if rule is not None:  # instead of "String should match pattern '^[a-z0-9]...'"
             shown = echoed(given) if isinstance(given, str) else repr(given)[:80]
             return f"{rule}; got {shown}"
-    msg = str(err.get("msg", "invalid value"))
-    # Pydantic prefixes the text of a ValueError raised by a validator; ours already reads
-    # as a sentence that says what to change.
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            msg = msg[len(prefix) :]
+    # Pydantic prefixes the text of a ValueError raised by a validator (error_message takes
+    # that off) or of an assert; ours already reads as a sentence that says what to change.
+    msg = error_message(err).removeprefix("Assertion failed, ")
     # A validator that names the value it refuses ("unknown schedule 'x...'") would answer a
     # 500,000-character name with all of it: cut as a 404 cuts a long id.
     if isinstance(given, str) and len(given) > _ECHOED_CHARACTERS and given in msg:

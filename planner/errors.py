@@ -7,8 +7,10 @@ once, at their boundary; nothing below them prints or exits.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
 
 __all__ = [
     "NO_NUL_PATTERN",
@@ -68,11 +70,12 @@ def validation_problems(exc: ValidationError, whole: str = "request") -> str:
     )
 
 
-def error_message(err: ErrorDetails) -> str:
-    """Pydantic's message of one problem, as a sentence that says what to change."""
+def error_message(err: Mapping[str, Any]) -> str:
+    """Pydantic's message of one problem (an item of ``ValidationError.errors()``, or one
+    built in its shape), as a sentence that says what to change."""
     if (
-        err["type"] == "string_pattern_mismatch"
+        err.get("type") == "string_pattern_mismatch"
         and (err.get("ctx") or {}).get("pattern") == NO_NUL_PATTERN
     ):  # instead of "String should match pattern '^[^\x00]*$'"
         return NO_NUL_RULE
-    return err["msg"].removeprefix("Value error, ")
+    return str(err.get("msg", "invalid value")).removeprefix("Value error, ")
