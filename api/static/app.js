@@ -64,16 +64,27 @@ function setApiToken(token) {
     if (token) sessionStorage.setItem(TOKEN_KEY, token); else sessionStorage.removeItem(TOKEN_KEY);
   } catch { /* storage off: the token cannot be kept */ }
 }
+function withToken(headers, token) {
+  return token ? { ...headers, "Authorization": `Bearer ${token}` } : headers;
+}
+function unreachable(error) {
+  return { status: 0, headers: new Headers(), body: { detail: `Could not reach the stagewright service (${error.message}). Check that it is running and that this browser can reach it, then reload the page.` } };
+}
 async function api(path, options = {}) {
-  let response, text;
   const token = apiToken();
-  const auth = token ? { "Authorization": `Bearer ${token}` } : {};
+  let response;
   try {
-    response = await fetch(path, { ...options, headers: { "Accept": "application/json", ...auth, ...(options.headers || {}) } });
-    text = await response.text();
+    response = await fetch(path, { ...options, headers: withToken({ "Accept": "application/json", ...(options.headers || {}) }, token) });
   } catch (error) {
-    return { status: 0, headers: new Headers(), body: { detail: `Could not reach the stagewright service (${error.message}). Check that it is running and that this browser can reach it, then reload the page.` } };
+    return unreachable(error);
   }
+  return answerOf(response, token);
+}
+// A response as {status, headers, body}: the body parsed, or a sentence where it is not JSON;
+// a refusal of the token said in the page's words. `token` is the one the request sent.
+async function answerOf(response, token) {
+  let text;
+  try { text = await response.text(); } catch (error) { return unreachable(error); }
   let body = null;
   try { body = text ? JSON.parse(text) : null; }
   catch {
@@ -98,11 +109,11 @@ function tokenLink(link, filename) {
     if (!token) return; // no token entered: the plain link does it
     ev.preventDefault();
     link.parentNode.querySelector(`[data-refusal="${link.id}"]`)?.remove();
-    let response;
-    try { response = await fetch(link.href, { headers: { "Authorization": `Bearer ${token}` } }); }
-    catch (error) { response = null; }
+    let response = null, failure = null;
+    try { response = await fetch(link.href, { headers: withToken({}, token) }); }
+    catch (error) { failure = error; }
     if (!response || !response.ok) {
-      const said = response ? (await api(link.getAttribute("href"))).body : null;
+      const said = response ? (await answerOf(response, token)).body : unreachable(failure).body;
       link.after(el("span", { class: "bad", "data-refusal": link.id }, ` (${problemText(said)})`));
       return;
     }
