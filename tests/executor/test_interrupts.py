@@ -6,7 +6,6 @@ the signal kept."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,47 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from planner.launch.torchrun import RUN_INTERRUPTED_NOTE
 from tests.executor.conftest import VENV_BIN
+from tests.executor.test_launch_scripts import _emit, _folder_of
 from tests.unit.helpers import kill_group, signal_until_gone
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads process groups in /proc"
 )
 
-REQUEST = {
-    "model": {
-        "name": "tiny-gpt",
-        "num_layers": 4,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "seq_length": 32,
-        "vocab_size": 128,
-    },
-    "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 2},
-    "training": {
-        "global_batch_size": 8,
-        "precision": "fp32",
-        "optimizer": "adam",
-        "distributed_optimizer": False,
-        "sequence_parallel": False,
-    },
-    "search": {"schedules": ["1f1b"], "recompute": ["none"], "micro_batch_sizes": [1]},
-}
-
 
 def _pipeline_candidate(tmp_path: Path) -> Path:
     """The folder of the emitted (t, p, d) = (1, 2, 1) candidate: two ranks that send each
     other activations, so a rank stopping mid-step leaves its peer waiting."""
-    request = tmp_path / "request.json"
-    request.write_text(json.dumps(REQUEST))
-    assert main(["plan", str(request), "--emit", str(tmp_path / "launch")]) == 0
-    for path in sorted((tmp_path / "launch").glob("candidate-*/candidate.json")):
-        config = json.loads(path.read_text())["config"]
-        if (config["t"], config["p"], config["d"]) == (1, 2, 1):
-            return path.parent
-    raise AssertionError("no candidate with p=2")
+    emitted = _emit(
+        tmp_path,
+        {"num_nodes": 1, "gpus_per_node": 2},
+        {"schedules": ["1f1b"], "recompute": ["none"]},
+    )
+    return _folder_of(emitted, t=1, p=2, d=1)
 
 
 def _interrupt_once_training(
